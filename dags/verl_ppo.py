@@ -1,0 +1,63 @@
+"""verl PPO post-training on a Ray cluster: provision → preprocess → prefetch → submit → wait → teardown."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG, chain
+
+from verl_pipeline.airflow.operators import (
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    PROVISION_TASK,
+    SUBMIT_TASK,
+    TEARDOWN_TASK,
+    WAIT_TASK,
+    PrefetchModelOperator,
+    PreprocessDataOperator,
+    ProvisionRayClusterOperator,
+    SubmitVerlJobOperator,
+    TeardownRayClusterOperator,
+    WaitForVerlJobOperator,
+)
+from verl_pipeline.airflow.params import build_params
+
+DOC = """
+### verl PPO on Ray
+
+Provisions the Ray cluster of the chosen profile (embedded default: a local Ray head on loopback),
+converts the data to verl's parquet, prefetches the model, submits the verl job through Ray's Jobs
+API and waits for it without holding a worker slot, then tears the cluster down — always.
+
+On a cluster **without GPUs** the job runs **preflight** (verl's own config composition and
+validation for the target shape, data and model checks, reward scoring of the ground truths)
+instead of training. Profiles live in `configs/`; see the README.
+"""
+
+with DAG(
+    dag_id="verl_ppo",
+    description="verl PPO/GRPO post-training on a Ray cluster",
+    doc_md=DOC,
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    tags=["verl", "ray", "rl"],
+    params=build_params(),
+    default_args={
+        "owner": "ml-platform",
+        "retries": 2,
+        "retry_delay": timedelta(seconds=20),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+    },
+) as dag:
+    provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
+    preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK)
+    prefetch = PrefetchModelOperator(task_id=PREFETCH_TASK)
+    submit = SubmitVerlJobOperator(task_id=SUBMIT_TASK)
+    wait = WaitForVerlJobOperator(task_id=WAIT_TASK)
+    # Teardown must not be retried into a long backoff: it runs once more at most, quickly.
+    teardown = TeardownRayClusterOperator(task_id=TEARDOWN_TASK, retries=1, retry_delay=timedelta(seconds=5))
+
+    chain(provision, preprocess, prefetch, submit, wait, teardown)
+    teardown.as_teardown(setups=provision)

@@ -1,0 +1,1 @@
+"""Airflow adapters (hook, trigger, operators, params) around the package's plain steps."""

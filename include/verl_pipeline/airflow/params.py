@@ -1,0 +1,33 @@
+"""The DAG's Params (the UI trigger form), JSON-schema validated by Airflow before a run starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from verl_pipeline.config import DEFAULT_PROFILE, list_profiles
+
+
+def build_params() -> dict[str, Any]:
+    """Params of ``verl_ppo``. ``null`` means "the profile's value"."""
+    profiles = list_profiles() or [DEFAULT_PROFILE]
+    return {
+        "profile": Param(DEFAULT_PROFILE, type="string", enum=profiles,
+                         description="Run profile from configs/profiles (model profile + cluster profile)."),
+        "data_source": Param(None, type=["null", "string"],
+                             description="builtin:arithmetic, or an absolute path to a GSM8K-format JSONL file "
+                                         "or a directory with train.jsonl/test.jsonl. Empty: the profile's."),
+        "model_source": Param(None, type=["null", "string"],
+                              description="builtin:tiny-qwen2, hf://org/name@revision or an absolute model "
+                                          "directory. Empty: the model profile's."),
+        "nnodes": Param(None, type=["null", "integer"], minimum=1, maximum=1024,
+                        description="Nodes of the target cluster (global batch grows with it). Empty: profile."),
+        "n_gpus_per_node": Param(None, type=["null", "integer"], minimum=1, maximum=16,
+                                 description="GPUs per node of the target cluster. Empty: profile."),
+        "total_training_steps": Param(None, type=["null", "integer"], minimum=1,
+                                      description="verl trainer.total_training_steps. Empty: profile."),
+        "mode": Param("auto", type="string", enum=["auto", "train", "preflight"],
+                      description="auto: train when the cluster has GPUs, preflight (checks only, no "
+                                  "training) when it has none."),
+    }

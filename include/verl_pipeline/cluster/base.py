@@ -1,0 +1,153 @@
+"""The backend lifecycle every cluster kind implements, and the readiness gate they share."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from verl_pipeline.exceptions import ClusterError, ConfigError
+from verl_pipeline.jobs.client import RayJobsClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterHandle:
+    """Everything needed to reach (and, when owned, tear down) a provisioned cluster.
+
+    It travels through XCom and a state file, so it holds no secrets: a token is looked up from
+    ``conn_id`` (Airflow) or ``$VERL_PIPELINE_RAY_TOKEN`` when needed.
+    """
+
+    backend: str
+    name: str
+    dashboard_url: str
+    #: True when the pipeline started the cluster and teardown must stop it.
+    owned: bool
+    auth_mode: str = "disabled"
+    conn_id: str | None = None
+    gcs_address: str | None = None
+    expected_nodes: int = 1
+    expected_cpus: float = 0
+    expected_gpus: float = 0
+    #: Backend-specific facts (PIDs, temp dir, ports …).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClusterHandle:
+        return cls(**data)
+
+    def client(self, token: str | None = None) -> RayJobsClient:
+        """A Jobs API client for this cluster (no I/O until used).
+
+        Sets ``RAY_AUTH_MODE`` in this process to the cluster's mode: Ray's SDK reads it, and an
+        unset mode turns token auth on by itself when ``~/.ray/auth_token`` exists.
+        """
+        os.environ["RAY_AUTH_MODE"] = self.auth_mode
+        if token is None and self.auth_mode == "token":
+            token = os.environ.get("VERL_PIPELINE_RAY_TOKEN")
+        return RayJobsClient(self.dashboard_url, token=token)
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    ready: bool
+    nodes_alive: int
+    cpus: float
+    gpus: float
+    ray_version: str | None
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def probe(client: RayJobsClient) -> ClusterStatus:
+    """One look at the cluster: Jobs API version, alive nodes and their total resources."""
+    try:
+        version = client.version()
+        nodes = [n for n in client.nodes() if n.alive]
+    except ClusterError as e:
+        return ClusterStatus(False, 0, 0, 0, None, str(e))
+    cpus = sum(n.resources.get("CPU", 0.0) for n in nodes)
+    gpus = sum(n.resources.get("GPU", 0.0) for n in nodes)
+    return ClusterStatus(True, len(nodes), cpus, gpus, str(version.get("ray_version")), "ok")
+
+
+def wait_ready(
+    handle: ClusterHandle,
+    *,
+    timeout_s: float,
+    client: RayJobsClient | None = None,
+    still_starting: Any = None,
+    poll_s: float = 1.0,
+) -> ClusterStatus:
+    """Block until the Jobs API answers and the expected nodes, CPUs and GPUs are all alive.
+
+    ``still_starting`` is an optional callable raising ClusterError when the backend knows the
+    cluster died while starting (so the caller does not wait out the whole timeout).
+    """
+    client = client or handle.client()
+    deadline = time.monotonic() + timeout_s
+    last = ClusterStatus(False, 0, 0, 0, None, "not probed yet")
+    while True:
+        last = probe(client)
+        if (
+            last.ready
+            and last.nodes_alive >= handle.expected_nodes
+            and last.cpus >= handle.expected_cpus
+            and last.gpus >= handle.expected_gpus
+        ):
+            log.info(
+                "Ray cluster %s ready: %d node(s), %.0f CPU, %.0f GPU, Ray %s, Jobs API at %s",
+                handle.name, last.nodes_alive, last.cpus, last.gpus, last.ray_version, handle.dashboard_url,
+            )
+            return last
+        if still_starting is not None:
+            still_starting()
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"Ray cluster {handle.name} at {handle.dashboard_url} was not ready after {timeout_s:.0f}s: "
+                f"expected {handle.expected_nodes} node(s) / {handle.expected_cpus:g} CPU / "
+                f"{handle.expected_gpus:g} GPU, saw {last.nodes_alive} node(s) / {last.cpus:g} CPU / "
+                f"{last.gpus:g} GPU ({last.detail}). Raise cluster ready_timeout_s or check the cluster."
+            )
+        time.sleep(poll_s)
+
+
+class ClusterBackend(abc.ABC):
+    """One way of getting a Ray cluster. Implementations do no I/O in ``__init__``."""
+
+    kind: str
+
+    @abc.abstractmethod
+    def provision(self, name: str) -> ClusterHandle:
+        """Create (or reach) the cluster and return once it is ready."""
+
+    @abc.abstractmethod
+    def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
+        """Release whatever ``provision`` created. Safe to call twice and after a failed provision."""
+
+    def status(self, handle: ClusterHandle) -> ClusterStatus:
+        return probe(handle.client())
+
+
+def get_backend(spec: dict[str, Any]) -> ClusterBackend:
+    """The backend for a cluster profile's ``backend`` section."""
+    kind = spec.get("backend")
+    if kind == "local":
+        from verl_pipeline.cluster.local import LocalBackend
+
+        return LocalBackend.from_spec(spec)
+    if kind == "address":
+        from verl_pipeline.cluster.address import AddressBackend
+
+        return AddressBackend.from_spec(spec)
+    raise ConfigError("cluster.backend", kind, "unknown backend", "use one of: local, address")

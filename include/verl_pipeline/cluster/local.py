@@ -1,0 +1,243 @@
+"""The embedded default: a Ray head started on this machine, on loopback, owned by the pipeline.
+
+``ray start --head --block`` runs as the leader of a new session, so the head and everything it
+spawns share one process group. Teardown stops exactly those processes (by PID, process group and
+the private temp dir in their command lines), SIGTERM first and SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.cluster import procs
+from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, wait_ready
+from verl_pipeline.exceptions import ClusterError, ConfigError
+from verl_pipeline.paths import short_hash, slug, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+#: Every port a Ray node opens, by ``ray start`` flag. 0 in a profile means "pick a free one".
+PORT_FLAGS = {
+    "gcs": "--port",
+    "dashboard": "--dashboard-port",
+    "dashboard_agent_listen": "--dashboard-agent-listen-port",
+    "dashboard_agent_grpc": "--dashboard-agent-grpc-port",
+    "node_manager": "--node-manager-port",
+    "object_manager": "--object-manager-port",
+    "metrics_export": "--metrics-export-port",
+    "runtime_env_agent": "--runtime-env-agent-port",
+    "ray_client_server": "--ray-client-server-port",
+}
+_WORKER_PORT_SPAN = 200
+STATE_FILE = "verl_pipeline_cluster.json"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _free_range(span: int) -> int:
+    """The first port of ``span`` consecutive ports that are all free right now."""
+    for base in range(20000, 60000 - span, span):
+        ok = True
+        for port in range(base, base + span, 17):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise ClusterError(f"no free range of {span} ports for Ray workers on this machine")
+
+
+def ray_executable() -> str:
+    """The ``ray`` CLI of the running interpreter's environment."""
+    candidate = Path(sys.executable).parent / "ray"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("ray")
+    if not found:
+        raise ClusterError("the `ray` command is not installed: pip install 'ray[default]'")
+    return found
+
+
+@dataclass(frozen=True)
+class LocalBackend(ClusterBackend):
+    """Start a one-node Ray cluster on loopback with explicit resources and ports."""
+
+    num_cpus: int = 2
+    num_gpus: int = 0
+    object_store_memory_mb: int = 512
+    ready_timeout_s: float = 120.0
+    temp_dir: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+    min_worker_port: int = 0
+    stop_grace_s: float = 10.0
+    kind: str = "local"
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> LocalBackend:
+        known = {"backend", "num_cpus", "num_gpus", "object_store_memory_mb", "ready_timeout_s", "temp_dir",
+                 "ports", "min_worker_port", "stop_grace_s"}
+        for key in spec:
+            if key not in known:
+                raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the local backend",
+                                  f"use one of {sorted(known - {'backend'})}")
+        ports = dict(spec.get("ports") or {})
+        for key, value in ports.items():
+            if key not in PORT_FLAGS:
+                raise ConfigError(f"cluster.ports.{key}", value, "unknown Ray port", f"use one of {sorted(PORT_FLAGS)}")
+            if not isinstance(value, int) or not (value == 0 or 1024 <= value <= 65535):
+                raise ConfigError(f"cluster.ports.{key}", value, "must be 0 (pick a free port) or 1024-65535")
+        b = cls(
+            num_cpus=int(spec.get("num_cpus", 2)),
+            num_gpus=int(spec.get("num_gpus", 0)),
+            object_store_memory_mb=int(spec.get("object_store_memory_mb", 512)),
+            ready_timeout_s=float(spec.get("ready_timeout_s", 120)),
+            temp_dir=spec.get("temp_dir"),
+            ports=ports,
+            min_worker_port=int(spec.get("min_worker_port", 0)),
+            stop_grace_s=float(spec.get("stop_grace_s", 10)),
+        )
+        if b.num_cpus < 1:
+            raise ConfigError("cluster.num_cpus", b.num_cpus, "a Ray head needs at least 1 CPU", "num_cpus: 2")
+        if b.num_gpus < 0:
+            raise ConfigError("cluster.num_gpus", b.num_gpus, "must be >= 0", "num_gpus: 0")
+        if b.object_store_memory_mb < 80:
+            raise ConfigError("cluster.object_store_memory_mb", b.object_store_memory_mb,
+                              "Ray needs at least 80 MB of object store", "object_store_memory_mb: 512")
+        return b
+
+    def temp_dir_for(self, name: str) -> Path:
+        # Short on purpose: Ray puts unix sockets under it and socket paths are limited to 107 bytes.
+        if self.temp_dir:
+            return Path(self.temp_dir).expanduser().resolve()
+        return Path("/tmp") / f"vp-{slug(name, 16)}-{short_hash(name, length=8)}"
+
+    def provision(self, name: str) -> ClusterHandle:
+        temp_dir = self.temp_dir_for(name)
+        leftovers = procs.alive(procs.with_cmdline(str(temp_dir)))
+        if leftovers:
+            log.warning("Stopping %d leftover Ray processes of an earlier attempt in %s", len(leftovers), temp_dir)
+            procs.terminate(leftovers, grace_s=self.stop_grace_s)
+        temp_dir.mkdir(parents=True, exist_ok=True)
+
+        ports = {key: (self.ports.get(key) or free_port()) for key in PORT_FLAGS}
+        worker_base = self.min_worker_port or _free_range(_WORKER_PORT_SPAN)
+        cmd = [
+            ray_executable(), "start", "--head", "--block",
+            "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+            f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}",
+            f"--object-store-memory={self.object_store_memory_mb * 1024 * 1024}",
+            f"--temp-dir={temp_dir}",
+            f"--min-worker-port={worker_base}", f"--max-worker-port={worker_base + _WORKER_PORT_SPAN - 1}",
+            "--disable-usage-stats",
+        ] + [f"{flag}={ports[key]}" for key, flag in PORT_FLAGS.items()]
+
+        env = dict(os.environ)
+        # Explicit on the server (and on every client via ClusterHandle.client): without it Ray turns
+        # token auth on by itself when ~/.ray/auth_token exists. Loopback only, so no token.
+        env["RAY_AUTH_MODE"] = "disabled"
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        # Job entrypoints run `python …` through a shell on the head: make it this environment's.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env.pop("RAY_ADDRESS", None)
+
+        log_path = temp_dir / "ray-start.log"
+        log.info("Starting a local Ray head: %s", " ".join(cmd))
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(  # noqa: S603 - argument list, no shell
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, close_fds=True,
+            )
+        root = procs.ProcRef(proc.pid, procs.psutil.Process(proc.pid).create_time())
+        handle = ClusterHandle(
+            backend=self.kind,
+            name=name,
+            dashboard_url=f"http://127.0.0.1:{ports['dashboard']}",
+            owned=True,
+            auth_mode="disabled",
+            gcs_address=f"127.0.0.1:{ports['gcs']}",
+            expected_nodes=1,
+            expected_cpus=self.num_cpus,
+            expected_gpus=self.num_gpus,
+            extra={
+                "temp_dir": str(temp_dir),
+                "root": root.to_list(),
+                "pgid": proc.pid,
+                "ports": ports,
+                "worker_ports": [worker_base, worker_base + _WORKER_PORT_SPAN - 1],
+                "log": str(log_path),
+                "stop_grace_s": self.stop_grace_s,
+            },
+        )
+        # Written before waiting: a teardown after a crash here still finds what was started.
+        write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
+
+        def still_starting() -> None:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise ClusterError(f"`ray start` exited with code {proc.returncode} before the cluster was ready:\n{tail}")
+
+        try:
+            wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
+        except BaseException:
+            self.teardown(handle)
+            raise
+        handle.extra["pids"] = [r.to_list() for r in procs.tree(proc.pid)]
+        write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
+        return handle
+
+    def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
+        return stop_local(handle)
+
+
+def stop_local(handle: ClusterHandle) -> dict[str, Any]:
+    """Stop every process of a local cluster. Returns what was stopped; raises if any survive."""
+    extra = handle.extra
+    temp_dir = str(extra.get("temp_dir", ""))
+    grace = float(extra.get("stop_grace_s", 10))
+    state = Path(temp_dir) / STATE_FILE if temp_dir else None
+    if state and state.exists():
+        # The state file may know PIDs that the XCom copy of the handle does not (or the reverse).
+        saved = json.loads(state.read_text()).get("extra", {})
+        extra = {**saved, **extra, "pids": (extra.get("pids") or []) + (saved.get("pids") or [])}
+    refs: set[procs.ProcRef] = set()
+    if extra.get("root"):
+        root = procs.ProcRef.from_list(extra["root"])
+        refs.add(root)
+        if root.process() is not None:
+            refs.update(procs.tree(root.pid))
+    refs.update(procs.ProcRef.from_list(p) for p in extra.get("pids") or [])
+    if extra.get("pgid"):
+        refs.update(procs.in_process_group(int(extra["pgid"])))
+    if temp_dir:
+        refs.update(procs.with_cmdline(temp_dir))
+    before = procs.alive(refs)
+    t0 = time.monotonic()
+    left = procs.terminate(before, grace_s=grace)
+    # Agents and workers re-parent when the raylet dies: look once more by group and temp dir.
+    late = set()
+    if extra.get("pgid"):
+        late.update(procs.in_process_group(int(extra["pgid"])))
+    if temp_dir:
+        late.update(procs.with_cmdline(temp_dir))
+    left += procs.terminate(procs.alive(late), grace_s=grace)
+    if left:
+        raise ClusterError(f"Ray processes survived SIGKILL: {sorted(r.pid for r in left)}")
+    log.info("Stopped local Ray cluster %s: %d processes in %.1fs", handle.name, len(before), time.monotonic() - t0)
+    return {"stopped_processes": len(before), "seconds": round(time.monotonic() - t0, 2)}

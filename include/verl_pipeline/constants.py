@@ -1,0 +1,42 @@
+"""Enumerations shared by the package (``str`` enums so they serialise as plain strings)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Mode(str, Enum):
+    """What the submitted Ray job does."""
+
+    #: ``train`` on a cluster with GPUs, ``preflight`` on one without.
+    AUTO = "auto"
+    #: ``python -m verl.trainer.main_ppo`` with the rendered overrides.
+    TRAIN = "train"
+    #: The project's preflight entrypoint: verl's config composition + validation, data and
+    #: model checks, reward scoring of the ground truths; no training.
+    PREFLIGHT = "preflight"
+
+
+class BackendKind(str, Enum):
+    """Where the Ray cluster comes from."""
+
+    LOCAL = "local"
+    ADDRESS = "address"
+
+
+class JobState(str, Enum):
+    """Ray job states (mirrors ``ray.job_submission.JobStatus`` without importing Ray)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    def is_terminal(self) -> bool:
+        return self in (JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED)
+
+
+#: Line prefix the preflight entrypoint prints before its JSON summary, so the wait task can
+#: find the summary in the job's logs.
+PREFLIGHT_SUMMARY_MARKER = "VERL_PIPELINE_PREFLIGHT_SUMMARY "

@@ -1,0 +1,1 @@
+"""Data sources and conversion to verl's parquet row schema."""

@@ -1,0 +1,1 @@
+"""Ray Jobs API access, submission ids and job summaries."""

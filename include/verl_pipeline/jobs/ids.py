@@ -1,0 +1,28 @@
+"""Deterministic Ray submission ids: a retried task finds its job instead of submitting another."""
+
+from __future__ import annotations
+
+import re
+
+from verl_pipeline.paths import short_hash, slug
+
+_ATTEMPT = re.compile(r"-a(\d+)$")
+
+
+def submission_prefix(dag_id: str, run_id: str, task_id: str) -> str:
+    """The part of the id shared by every attempt of one task in one DAG run."""
+    return f"verl-{slug(dag_id, 24)}-{short_hash(dag_id, run_id, task_id, length=12)}"
+
+
+def submission_id(dag_id: str, run_id: str, task_id: str, attempt: int = 1) -> str:
+    if attempt < 1:
+        raise ValueError("attempt starts at 1")
+    return f"{submission_prefix(dag_id, run_id, task_id)}-a{attempt}"
+
+
+def attempt_of(sub_id: str, prefix: str) -> int | None:
+    """The attempt number of ``sub_id`` when it belongs to ``prefix``, else None."""
+    if not sub_id.startswith(prefix + "-a"):
+        return None
+    m = _ATTEMPT.search(sub_id)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,1 @@
+"""Model sources: the built-in tiny model and the HuggingFace hub."""

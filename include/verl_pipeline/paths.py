@@ -1,0 +1,79 @@
+"""Filesystem helpers: the pipeline's home directory, atomic writes, content hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+#: Repository root when the package is installed editable from a checkout (``include/verl_pipeline``).
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def package_dir() -> Path:
+    """Directory of this package (what ``py_modules`` ships to a Ray cluster)."""
+    return _PACKAGE_DIR
+
+
+def pipeline_home() -> Path:
+    """Root for the pipeline's state, data, model cache and checkpoints on this machine.
+
+    ``$VERL_PIPELINE_HOME`` when set, else ``~/.cache/verl-pipeline``.
+    """
+    env = os.environ.get("VERL_PIPELINE_HOME")
+    home = Path(env).expanduser() if env else Path.home() / ".cache" / "verl-pipeline"
+    return home.resolve()
+
+
+def configs_dir() -> Path:
+    """Directory holding the YAML profiles.
+
+    ``$VERL_PIPELINE_CONFIGS`` when set, else ``configs/`` of the checkout the package was
+    installed from.
+    """
+    env = os.environ.get("VERL_PIPELINE_CONFIGS")
+    if env:
+        return Path(env).expanduser().resolve()
+    return _PACKAGE_DIR.parent.parent / "configs"
+
+
+def slug(text: str, max_len: int = 40) -> str:
+    """A lowercase ``[a-z0-9-]`` version of ``text``, for ids and directory names."""
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:max_len].strip("-") or "x"
+
+
+def short_hash(*parts: object, length: int = 10) -> str:
+    """A stable hex digest of ``parts`` (joined with NUL)."""
+    h = hashlib.sha256("\0".join(str(p) for p in parts).encode())
+    return h.hexdigest()[:length]
+
+
+@contextmanager
+def atomic_path(dest: Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``dest``; on success it is renamed over ``dest``.
+
+    Readers never see a half-written file, and a crash leaves ``dest`` untouched.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, dest)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_json_atomic(dest: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``dest`` atomically."""
+    with atomic_path(dest) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

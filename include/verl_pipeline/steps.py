@@ -1,0 +1,147 @@
+"""The pipeline's steps as plain functions: the Airflow operators and the CLI both call these."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.cluster.base import ClusterHandle, get_backend, probe
+from verl_pipeline.config import RunSpec
+from verl_pipeline.constants import Mode
+from verl_pipeline.exceptions import ClusterError
+from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.trainer.render import RenderedJob, render_job
+
+log = logging.getLogger(__name__)
+
+
+def validate_spec_with_verl(spec: RunSpec) -> dict[str, Any]:
+    """Run verl's own composition + validation for the run's target shape, before any cluster.
+
+    verl's model config loads a tokenizer, so the built-in tiny model stands in for the run's
+    model here (a seconds-long structural check of batch sizes, parallelism and keys); the job
+    repeats the validation on the cluster with the real model and data.
+    """
+    from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.config import ModelSource
+    from verl_pipeline.trainer.overrides import render_overrides
+    from verl_pipeline.trainer.render import job_settings
+    from verl_pipeline.trainer.validate import validate
+
+    stand_in = prefetch(ModelSource("builtin", "tiny-qwen2"), spec.model_cache).path
+    settings = job_settings(spec, train_files="/placeholder/train.parquet", val_files="/placeholder/val.parquet",
+                            model_path=stand_in)
+    v = validate(render_overrides(settings))
+    log.info("verl accepted the configuration for %d x %d GPU(s) in %.1fs (critic: %s)", spec.nnodes,
+             spec.n_gpus_per_node, v.seconds, v.use_critic)
+    return {"n_gpus": v.n_gpus, "use_critic": v.use_critic, "seconds": v.seconds}
+
+
+def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) -> ClusterHandle:
+    """Start (or reach) the run's cluster and wait until it is ready.
+
+    ``endpoint`` is ``(dashboard_url, token)`` resolved from an Airflow connection for the
+    ``address`` backend.
+    """
+    backend = get_backend(spec.cluster)
+    if endpoint is not None:
+        from verl_pipeline.cluster.address import AddressBackend
+
+        if isinstance(backend, AddressBackend):
+            backend = backend.with_endpoint(*endpoint)
+    handle = backend.provision(spec.run_name)
+    write_json_atomic(spec.run_dir / "cluster.json", handle.to_dict())
+    return handle
+
+
+def find_handle(spec: RunSpec) -> ClusterHandle | None:
+    """The run's cluster handle from its run directory (when XCom does not have it)."""
+    path = spec.run_dir / "cluster.json"
+    if path.is_file():
+        return ClusterHandle.from_dict(json.loads(path.read_text()))
+    if spec.cluster.get("backend") == "local":
+        from verl_pipeline.cluster.local import STATE_FILE, LocalBackend
+
+        state = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.run_name) / STATE_FILE
+        if state.is_file():
+            return ClusterHandle.from_dict(json.loads(state.read_text()))
+    return None
+
+
+def resolve_mode(spec: RunSpec, handle: ClusterHandle, token: str | None = None) -> Mode:
+    """``auto`` → ``train`` when the cluster has GPUs, ``preflight`` when it has none."""
+    if spec.mode is not Mode.AUTO:
+        return spec.mode
+    status = probe(handle.client(token))
+    if not status.ready:
+        raise ClusterError(f"cannot tell whether cluster {handle.name} has GPUs: {status.detail}")
+    if status.gpus > 0:
+        log.warning("MODE auto -> train: the cluster has %g GPU(s); submitting verl.trainer.main_ppo", status.gpus)
+        return Mode.TRAIN
+    log.warning(
+        "MODE auto -> PREFLIGHT: the cluster has no GPUs, so verl cannot train here. The job composes and "
+        "validates verl's config for %d x %d GPU(s), checks data and model and scores the ground truths, "
+        "but does NOT train.", spec.nnodes, spec.n_gpus_per_node,
+    )
+    return Mode.PREFLIGHT
+
+
+def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode: Mode) -> RenderedJob:
+    critic = models.get("critic") or {}
+    return render_job(
+        spec, mode=mode, train_files=data["train_path"], val_files=data["val_path"],
+        model_path=models["actor"]["path"], critic_path=critic.get("path"),
+    )
+
+
+def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
+    """Keep the merged configuration and the exact job next to the run's outputs."""
+    write_json_atomic(spec.run_dir / "run_spec.json", spec.to_dict())
+    write_json_atomic(spec.run_dir / "job.json", job.to_dict())
+    return spec.run_dir
+
+
+def teardown(handle: ClusterHandle | None, *, job_id: str | None = None, token: str | None = None) -> dict[str, Any]:
+    """Stop the run's job if it still runs, then release the cluster when the pipeline owns it."""
+    result: dict[str, Any] = {"job_stopped": False}
+    if handle is None:
+        log.info("No cluster was provisioned for this run: nothing to tear down")
+        return result
+    if job_id:
+        try:
+            client = handle.client(token)
+            info = client.get_job(job_id)
+            if info is not None and not info.status.is_terminal():
+                log.warning("Ray job %s is still %s: stopping it", job_id, info.status.value)
+                result["job_stopped"] = client.stop(job_id)
+                _wait_terminal(client, job_id)
+        except ClusterError as e:
+            # An unreachable cluster cannot run the job any more; the backend teardown still runs.
+            log.warning("Could not reach cluster %s to stop job %s: %s", handle.name, job_id, e)
+    backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
+    result.update(backend.teardown(handle))
+    return result
+
+
+def _backend_spec(handle: ClusterHandle) -> dict[str, Any]:
+    if handle.backend == "address":
+        return {"dashboard_url": handle.dashboard_url, "auth_mode": handle.auth_mode}
+    return {}
+
+
+def _wait_terminal(client: Any, job_id: str, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = client.get_job(job_id)
+        if info is None or info.status.is_terminal():
+            return
+        time.sleep(0.5)
+    log.warning("Ray job %s did not stop within %.0fs", job_id, timeout_s)
+
+
+__all__ = ["find_handle", "provision", "render", "resolve_mode", "save_run_files", "teardown",
+           "validate_spec_with_verl"]

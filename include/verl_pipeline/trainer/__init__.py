@@ -1,0 +1,1 @@
+"""verl configuration: Hydra override rendering, job rendering, validation and preflight."""

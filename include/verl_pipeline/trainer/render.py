@@ -1,0 +1,114 @@
+"""Render the Ray job for a run: entrypoint (verl overrides) and runtime_env."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from verl_pipeline.config import RunSpec
+from verl_pipeline.constants import Mode
+from verl_pipeline.paths import package_dir
+from verl_pipeline.trainer.overrides import entrypoint, render_overrides
+
+#: verl's recommended environment for every worker (see verl's runtime_env.yaml), plus tokenizers
+#: parallelism off: forked dataloader workers deadlock with it on.
+BASE_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+}
+
+TRAIN_COMMAND = ("python", "-m", "verl.trainer.main_ppo")
+PREFLIGHT_COMMAND = ("python", "-m", "verl_pipeline.trainer.preflight")
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    mode: Mode
+    entrypoint: str
+    overrides: list[str]
+    runtime_env: dict[str, Any]
+    settings: dict[str, Any]
+    derived: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mode"] = self.mode.value
+        return d
+
+
+def job_settings(
+    spec: RunSpec, *, train_files: str, val_files: str, model_path: str, critic_path: str | None = None
+) -> dict[str, Any]:
+    """Every verl setting of the run: the profile's, then what the pipeline owns (paths, shape, logging)."""
+    settings = dict(spec.verl)
+    project = settings.pop("trainer.project_name", None) or "verl_pipeline"
+    settings.update(
+        {
+            "data.train_files": train_files,
+            "data.val_files": val_files,
+            "actor_rollout_ref.model.path": model_path,
+            "trainer.nnodes": spec.nnodes,
+            "trainer.n_gpus_per_node": spec.n_gpus_per_node,
+            "trainer.total_training_steps": spec.total_training_steps,
+            "trainer.project_name": project,
+            "trainer.experiment_name": spec.run_key,
+            # Absolute and on shared storage so resume_mode=auto finds the latest checkpoint.
+            "trainer.default_local_dir": str(spec.checkpoint_dir),
+            "trainer.resume_mode": "auto",
+            # `file` writes one JSON line per step to $VERL_FILE_LOGGER_PATH: the pipeline reads metrics there.
+            "trainer.logger": ["console", "file"],
+        }
+    )
+    if settings.get("trainer.save_freq") in (None, -1):
+        # Retries resume from checkpoints, so a run must write some: at least one at the end.
+        settings["trainer.save_freq"] = max(1, spec.total_training_steps)
+    if settings.get("algorithm.adv_estimator", "gae") == "gae" or settings.get("critic.enable"):
+        settings["critic.model.path"] = critic_path or model_path
+    return settings
+
+
+def render_job(
+    spec: RunSpec,
+    *,
+    mode: Mode,
+    train_files: str,
+    val_files: str,
+    model_path: str,
+    critic_path: str | None = None,
+) -> RenderedJob:
+    """The exact entrypoint and runtime_env that will be submitted for ``spec`` in ``mode``."""
+    if mode is Mode.AUTO:
+        raise ValueError("resolve Mode.AUTO against the cluster before rendering")
+    settings = job_settings(spec, train_files=train_files, val_files=val_files, model_path=model_path,
+                            critic_path=critic_path)
+    overrides = render_overrides(settings)
+    if mode is Mode.TRAIN:
+        command: tuple[str, ...] = TRAIN_COMMAND
+    else:
+        command = (*PREFLIGHT_COMMAND, "--summary-path", str(spec.run_dir / "preflight.json"), "--")
+    env = dict(BASE_ENV)
+    env["VERL_FILE_LOGGER_PATH"] = str(spec.metrics_path)
+    env.update({str(k): str(v) for k, v in (spec.runtime.get("env") or {}).items()})
+    runtime_env: dict[str, Any] = {"env_vars": env}
+    if spec.runtime.get("ship_package", True):
+        runtime_env["py_modules"] = [str(package_dir())]
+    return RenderedJob(
+        mode=mode,
+        entrypoint=entrypoint(command, overrides),
+        overrides=overrides,
+        runtime_env=runtime_env,
+        settings=settings,
+        derived=dict(spec.derived),
+    )
+
+
+def split_entrypoint_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``[opts…, "--", overrides…]`` as the preflight entrypoint receives it."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return [], argv
+
+
+__all__ = ["BASE_ENV", "RenderedJob", "job_settings", "render_job", "split_entrypoint_overrides"]

@@ -1,0 +1,385 @@
+"""Static checks of the docker-compose stack (docker-compose.yaml, .env.example, .gitignore).
+
+``docker compose config`` validates the schema and the interpolation; these tests check what it
+cannot: the services the DAGs need, identical shared mount paths on every Airflow and Ray
+container, loopback-only ports, GPU reservations, Ray auth mode, the Celery profile and that every
+variable is documented. The last tests run ``docker compose config`` itself when a Compose v2
+binary is available (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yaml"
+ENV_EXAMPLE = ROOT / ".env.example"
+GITIGNORE = ROOT / ".gitignore"
+
+REQUIRED_SERVICES = (
+    "postgres",
+    "airflow-init",
+    "airflow-api-server",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+    "ray-head",
+    "ray-worker",
+)
+CELERY_SERVICES = frozenset({"redis", "airflow-worker"})
+# Long-running Airflow components that execute or schedule DAG code.
+AIRFLOW_RUNTIME_SERVICES = (
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+    "airflow-worker",
+)
+SHARED_PATHS = ("/shared/data", "/shared/models", "/shared/checkpoints")
+LOOPBACK = "127.0.0.1"
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|FERNET|TOKEN")
+
+# `$$` is Compose's escape for a literal `$`; it is matched first so that `$${HOSTNAME}` is skipped.
+_VAR_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)|\$([A-Za-z_][A-Za-z0-9_]*)")
+_INTERPOLATION = re.compile(r"\$\{[^}]*\}")
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _require(path: Path) -> None:
+    if not path.is_file():
+        pytest.skip(f"{path.relative_to(ROOT)} does not exist yet")
+
+
+def _referenced_vars(text: str) -> set[str]:
+    names = set()
+    for m in _VAR_REF.finditer(text):
+        name = m.group(1) or m.group(2)
+        if name:
+            names.add(name)
+    return names
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        out = {}
+        for item in env:
+            key, _, value = str(item).partition("=")
+            out[key] = value
+        return out
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def _split_short_volume(spec: str) -> tuple[str | None, str]:
+    """(source, target) of a short-syntax volume; ``${...}`` may contain colons, so mask it first."""
+    masked: list[str] = []
+
+    def mask(m: re.Match[str]) -> str:
+        masked.append(m.group(0))
+        return f"\0{len(masked) - 1}\0"
+
+    parts = _INTERPOLATION.sub(mask, spec).split(":")
+
+    def unmask(s: str) -> str:
+        return re.sub(r"\0(\d+)\0", lambda m: masked[int(m.group(1))], s)
+
+    if len(parts) == 1:
+        return None, unmask(parts[0])
+    return unmask(parts[0]), unmask(parts[1])
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, str | None]:
+    """Container path -> source for every volume of a service."""
+    out: dict[str, str | None] = {}
+    for vol in service.get("volumes") or []:
+        if isinstance(vol, dict):
+            out[str(vol["target"])] = vol.get("source")
+        else:
+            source, target = _split_short_volume(str(vol))
+            out[target] = source
+    return out
+
+
+def _default_of(value: str, var: str) -> str | None:
+    """The ``:-`` / ``-`` default of ``${var...}`` in value, None when there is none."""
+    m = re.fullmatch(rf"\$\{{{var}(?::?-(?P<default>[^}}]*))?\}}", value)
+    assert m, f"expected ${{{var}...}}, got {value!r}"
+    return m.group("default")
+
+
+def _env_example_assignments() -> dict[str, str]:
+    out = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        m = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip().strip("'\"")
+    return out
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    _require(COMPOSE_FILE)
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(data, dict), "docker-compose.yaml is not a mapping"
+    assert isinstance(data.get("services"), dict) and data["services"], "no services defined"
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def airflow_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in services.items() if n.startswith("airflow-")}
+
+
+@pytest.fixture(scope="module")
+def ray_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in services.items() if n.startswith("ray-")}
+
+
+# -- services ------------------------------------------------------------------------------------
+def test_required_services_exist(services: dict[str, dict[str, Any]]) -> None:
+    missing = [name for name in REQUIRED_SERVICES if name not in services]
+    assert not missing, f"docker-compose.yaml lacks services: {missing}"
+
+
+def test_required_services_start_without_a_profile(services: dict[str, dict[str, Any]]) -> None:
+    gated = {n: services[n]["profiles"] for n in REQUIRED_SERVICES if services.get(n, {}).get("profiles")}
+    assert not gated, f"these services would not start with a plain `docker compose up`: {gated}"
+
+
+def test_celery_services_only_in_celery_profile(services: dict[str, dict[str, Any]]) -> None:
+    for name in CELERY_SERVICES:
+        assert name in services, f"{name} missing (the celery profile needs redis + airflow-worker)"
+        assert services[name].get("profiles") == ["celery"], f"{name} must be in profile `celery` only"
+    in_profile = {n for n, s in services.items() if "celery" in (s.get("profiles") or [])}
+    assert in_profile == CELERY_SERVICES, f"unexpected services in the celery profile: {in_profile}"
+    # Nothing Celery-ish may start outside the profile.
+    for name, svc in services.items():
+        if name in CELERY_SERVICES:
+            continue
+        command = svc.get("command") or ""
+        command = " ".join(command) if isinstance(command, list) else str(command)
+        assert not command.strip().startswith("celery"), f"{name} runs celery outside the profile"
+        assert not str(svc.get("image", "")).startswith("redis"), f"{name} runs redis outside the profile"
+
+
+def test_default_executor_is_local(airflow_services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in airflow_services.items():
+        value = _env(svc).get("AIRFLOW__CORE__EXECUTOR")
+        assert value, f"{name}: AIRFLOW__CORE__EXECUTOR not set"
+        if value.startswith("${"):
+            assert _default_of(value, "AIRFLOW_EXECUTOR") == "LocalExecutor", f"{name}: {value}"
+        else:
+            assert value == "LocalExecutor", f"{name}: {value}"
+
+
+def test_airflow_runtime_settings(services: dict[str, dict[str, Any]]) -> None:
+    for name in AIRFLOW_RUNTIME_SERVICES:
+        if name not in services:
+            continue
+        env = _env(services[name])
+        assert "@postgres" in env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""), f"{name}: not on postgres"
+        assert env.get("AIRFLOW__CORE__PARALLELISM") == "4", f"{name}: parallelism"
+        assert env.get("AIRFLOW__CORE__LOAD_EXAMPLES", "").lower() == "false", f"{name}: load_examples"
+        assert env.get("VERL_PIPELINE_CONFIGS") == "/opt/verl-pipeline/configs", f"{name}: configs"
+        sources = {target: src for target, src in _mounts(services[name]).items()}
+        assert sources.get("/opt/airflow/dags") == "./dags", f"{name}: ./dags not mounted as the DAGs folder"
+
+
+def test_api_server_command_and_port(services: dict[str, dict[str, Any]]) -> None:
+    api = services["airflow-api-server"]
+    assert api.get("command") in ("api-server", ["api-server"])
+    ports = [str(p) for p in api.get("ports") or []]
+    assert len(ports) == 1 and ports[0].endswith(":8080"), ports
+
+
+def test_ray_head_and_worker_commands(services: dict[str, dict[str, Any]]) -> None:
+    head = services["ray-head"]["command"]
+    head = " ".join(head) if isinstance(head, list) else str(head)
+    for flag in ("ray start", "--head", "--block", "--dashboard-host=0.0.0.0", "--port=6379", "--num-gpus="):
+        assert flag in head, f"ray-head command lacks {flag}: {head}"
+    worker_svc = services["ray-worker"]
+    worker = worker_svc["command"]
+    worker = " ".join(worker) if isinstance(worker, list) else str(worker)
+    assert "ray start" in worker and "--block" in worker and "--address=ray-head:6379" in worker, worker
+    assert "--head" not in worker
+    assert "replicas" in (worker_svc.get("deploy") or {}), "ray-worker needs a configurable deploy.replicas"
+    head_ports = [str(p) for p in services["ray-head"].get("ports") or []]
+    assert any(p.endswith(":8265") for p in head_ports), f"dashboard not published: {head_ports}"
+
+
+# -- mounts, ports, GPUs, auth -------------------------------------------------------------------
+def test_shared_mounts_identical_everywhere(
+    airflow_services: dict[str, dict[str, Any]], ray_services: dict[str, dict[str, Any]]
+) -> None:
+    assert airflow_services and ray_services
+    sources: dict[str, set[str | None]] = {p: set() for p in SHARED_PATHS}
+    for name, svc in {**airflow_services, **ray_services}.items():
+        mounts = _mounts(svc)
+        for path in SHARED_PATHS:
+            assert path in mounts, f"{name} does not mount {path}"
+            assert mounts[path], f"{name}: {path} is an anonymous volume (not shared)"
+            sources[path].add(mounts[path])
+        assert _env(svc).get("VERL_PIPELINE_HOME") == "/shared", f"{name}: VERL_PIPELINE_HOME != /shared"
+    for path, srcs in sources.items():
+        assert len(srcs) == 1, f"{path} comes from different sources in different services: {srcs}"
+
+
+def test_ports_bound_to_loopback_only(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        for port in svc.get("ports") or []:
+            if isinstance(port, dict):
+                assert port.get("host_ip") == LOOPBACK, f"{name}: port {port} not bound to {LOOPBACK}"
+                assert port.get("published"), f"{name}: port {port} has no fixed host port"
+            else:
+                assert isinstance(port, str), f"{name}: port {port!r} must be '127.0.0.1:HOST:CONTAINER'"
+                assert port.startswith(f"{LOOPBACK}:"), f"{name}: port {port!r} is not bound to {LOOPBACK}"
+                assert port.count(":") >= 2, f"{name}: port {port!r} lacks the container port"
+
+
+def test_ray_services_reserve_nvidia_gpus_and_shm(ray_services: dict[str, dict[str, Any]]) -> None:
+    assert {"ray-head", "ray-worker"} <= set(ray_services)
+    for name, svc in ray_services.items():
+        reservations = ((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}
+        devices = reservations.get("devices") or []
+        gpu = [d for d in devices if d.get("driver") == "nvidia" and "gpu" in (d.get("capabilities") or [])]
+        assert gpu, f"{name}: no deploy.resources.reservations.devices entry for nvidia GPUs"
+        assert svc.get("shm_size"), f"{name}: shm_size not set (Ray/NCCL/vLLM need a large /dev/shm)"
+
+
+def test_ray_auth_mode_set_from_env(
+    airflow_services: dict[str, dict[str, Any]], ray_services: dict[str, dict[str, Any]]
+) -> None:
+    for name, svc in {**airflow_services, **ray_services}.items():
+        value = _env(svc).get("RAY_AUTH_MODE")
+        assert value, f"{name}: RAY_AUTH_MODE not set"
+        default = _default_of(value, "RAY_AUTH_MODE")
+        assert default in (None, "disabled"), f"{name}: RAY_AUTH_MODE defaults to {default!r}"
+
+
+def test_no_literal_secrets_in_compose(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        for key, value in _env(svc).items():
+            if SECRET_NAME.search(key) and not key.endswith("_FILE"):
+                assert value.startswith("${"), f"{name}: {key} must come from a variable, not a literal"
+            m = re.search(r"://[^:/@\s]+:([^@]*)@", value)
+            if m:
+                assert m.group(1).startswith("${"), f"{name}: {key} embeds a literal password"
+
+
+# -- .env.example and .gitignore -----------------------------------------------------------------
+def test_env_is_gitignored() -> None:
+    _require(GITIGNORE)
+    lines = [ln.strip() for ln in GITIGNORE.read_text().splitlines()]
+    patterns = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert ".env" in patterns or "/.env" in patterns, ".env must be listed in .gitignore"
+    if "!.env.example" not in patterns:
+        ignoring = [p for p in patterns if not p.startswith("!")]
+        hiding = [p for p in ignoring if fnmatch.fnmatch(".env.example", p.lstrip("/"))]
+        assert not hiding, f".gitignore would also hide .env.example: {hiding}"
+
+
+def test_env_example_documents_every_variable() -> None:
+    _require(COMPOSE_FILE)
+    _require(ENV_EXAMPLE)
+    used = _referenced_vars(COMPOSE_FILE.read_text())
+    assert used, "docker-compose.yaml references no variables (secrets must come from .env)"
+    documented = set(_env_example_assignments())
+    missing = sorted(used - documented)
+    assert not missing, f".env.example does not set: {missing}"
+
+
+def test_env_example_holds_no_real_secrets() -> None:
+    _require(ENV_EXAMPLE)
+    for key, value in _env_example_assignments().items():
+        if SECRET_NAME.search(key):
+            assert value == "" or "CHANGE_ME" in value, f".env.example: {key} must be a placeholder"
+
+
+def test_referenced_vars_helper() -> None:
+    text = 'a: ${FOO:-x}\nb: "$${HOSTNAME}"\nc: $BAR\nd: $$$${BAZ} ${QUX:?err}'
+    assert _referenced_vars(text) == {"FOO", "BAR", "QUX"}
+    assert _split_short_volume("${A:-name}:/shared/data:ro") == ("${A:-name}", "/shared/data")
+    assert _split_short_volume("/anon") == (None, "/anon")
+
+
+# -- docker compose config -----------------------------------------------------------------------
+def _compose_cli() -> list[str]:
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker CLI on PATH")
+    try:
+        r = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"`docker compose version` failed: {e}")
+    if r.returncode != 0:
+        pytest.skip(f"no Compose v2 plugin: {(r.stderr or r.stdout).strip()[:200]}")
+    return [docker, "compose"]
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without what would change the result of `compose config`."""
+    documented = set(_env_example_assignments()) if ENV_EXAMPLE.is_file() else set()
+    return {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_") and k not in documented}
+
+
+def _run_config(env_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        *_compose_cli(),
+        "-f",
+        str(COMPOSE_FILE),
+        "--project-directory",
+        str(ROOT),
+        "--env-file",
+        str(env_file),
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_clean_env(), cwd=ROOT)
+
+
+@pytest.mark.parametrize("profile_args", [(), ("--profile", "celery")], ids=["default", "celery"])
+def test_docker_compose_config_validates(tmp_path: Path, profile_args: tuple[str, ...]) -> None:
+    _require(COMPOSE_FILE)
+    _require(ENV_EXAMPLE)
+    env_file = tmp_path / ".env"
+    shutil.copyfile(ENV_EXAMPLE, env_file)
+    r = _run_config(env_file, *profile_args, "config", "-q")
+    assert r.returncode == 0, f"docker compose config -q failed:\n{r.stderr}"
+    # The interpolated model too: loopback-only ports and the GPU reservations survive .env values.
+    r = _run_config(env_file, *profile_args, "config", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    resolved = json.loads(r.stdout)["services"]
+    for name, svc in resolved.items():
+        for port in svc.get("ports") or []:
+            assert port.get("host_ip") == LOOPBACK, f"{name}: resolved port {port}"
+    for name in ("ray-head", "ray-worker"):
+        devices = resolved[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d.get("driver") == "nvidia" for d in devices), name
+    if profile_args:
+        assert CELERY_SERVICES <= set(resolved)
+    else:
+        assert not CELERY_SERVICES & set(resolved)
+
+
+def test_docker_compose_requires_secrets(tmp_path: Path) -> None:
+    _require(COMPOSE_FILE)
+    _require(ENV_EXAMPLE)
+    env_file = tmp_path / ".env"
+    env_file.write_text("")
+    r = _run_config(env_file, "config", "-q")
+    assert r.returncode != 0, "compose accepted a config without any secret set"
+    assert "required variable" in r.stderr and "missing a value" in r.stderr, r.stderr
