@@ -208,8 +208,17 @@ class RunSpec:
         }
 
 
-def build_run_spec(params: dict[str, Any] | None, *, run_name: str) -> RunSpec:
-    """Resolve and validate a run from its params (DAG params or CLI flags)."""
+def build_run_spec(
+    params: dict[str, Any] | None,
+    *,
+    run_name: str,
+    model_profile: str | None = None,
+    cluster_profile: str | None = None,
+) -> RunSpec:
+    """Resolve and validate a run from its params (DAG params or CLI flags).
+
+    ``model_profile``/``cluster_profile`` replace the run profile's choices (CLI ``render``).
+    """
     params = dict(params or {})
     unknown = sorted(set(params) - set(PARAM_KEYS))
     if unknown:
@@ -217,8 +226,8 @@ def build_run_spec(params: dict[str, Any] | None, *, run_name: str) -> RunSpec:
                           f"use only {list(PARAM_KEYS)}")
     profile_name = params.get("profile") or DEFAULT_PROFILE
     prof = load_yaml_profile("profiles", profile_name)
-    model_profile = str(prof.get("model_profile", ""))
-    cluster_profile = str(prof.get("cluster_profile", ""))
+    model_profile = model_profile or str(prof.get("model_profile", ""))
+    cluster_profile = cluster_profile or str(prof.get("cluster_profile", ""))
     mprof = load_yaml_profile("models", model_profile)
     cprof = load_yaml_profile("clusters", cluster_profile)
 

@@ -29,7 +29,10 @@ def hydra_value(value: Any) -> str:
     text = str(value)
     if _PLAIN.match(text) and text.lower() not in ("null", "true", "false") and not _looks_numeric(text):
         return text
-    escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    # Hydra keeps a backslash literal unless it precedes a quote (or ends the string): only then
+    # are backslashes doubled, and the quote itself escaped.
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
     return f"'{escaped}'"
 
 

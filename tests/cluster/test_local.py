@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ray_processes
+from verl_pipeline.cluster import procs
+from verl_pipeline.cluster.address import AddressBackend
+from verl_pipeline.cluster.base import ClusterHandle, get_backend, probe
+from verl_pipeline.cluster.local import LocalBackend, free_port
+from verl_pipeline.exceptions import ClusterError, ConfigError
+
+pytestmark = pytest.mark.integration
+
+
+def test_local_head_up_and_down_leaves_nothing(tmp_path: Path) -> None:
+    dashboard = free_port()
+    temp_dir = Path("/tmp") / f"vp-t-{os.getpid()}"
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "temp_dir": str(temp_dir),
+                                      "ports": {"dashboard": dashboard}, "stop_grace_s": 3})
+    handle = backend.provision("pytest/up-down")
+    try:
+        assert handle.dashboard_url == f"http://127.0.0.1:{dashboard}"
+        status = probe(handle.client())
+        assert status.ready and status.nodes_alive == 1 and status.cpus == 1 and status.gpus == 0
+        assert ray_processes(str(temp_dir)), "the Ray processes should name their temp dir"
+        pids = [procs.ProcRef.from_list(p) for p in handle.extra["pids"]]
+        assert len(pids) >= 5
+    finally:
+        result = backend.teardown(handle)
+    assert result["stopped_processes"] >= 5
+    assert procs.alive(pids) == []
+    assert ray_processes(str(temp_dir)) == []
+    assert not probe(handle.client()).ready
+    # A second teardown is harmless.
+    assert backend.teardown(handle)["stopped_processes"] == 0
+
+
+def test_teardown_from_state_file_only(tmp_path: Path) -> None:
+    """A teardown that lost the handle (e.g. XCom) still finds the processes by the run's temp dir."""
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "stop_grace_s": 3})
+    handle = backend.provision("pytest/state-only")
+    temp_dir = handle.extra["temp_dir"]
+    bare = ClusterHandle(backend="local", name=handle.name, dashboard_url=handle.dashboard_url, owned=True,
+                         extra={"temp_dir": temp_dir})
+    backend.teardown(bare)
+    assert ray_processes(temp_dir) == []
+
+
+def test_bad_local_settings_are_rejected_before_starting() -> None:
+    with pytest.raises(ConfigError, match="num_cpus"):
+        LocalBackend.from_spec({"backend": "local", "num_cpus": 0})
+    with pytest.raises(ConfigError, match="unknown Ray port"):
+        LocalBackend.from_spec({"backend": "local", "ports": {"gcs_port": 1}})
+    with pytest.raises(ConfigError, match="0 \\(pick a free port\\) or 1024-65535"):
+        LocalBackend.from_spec({"backend": "local", "ports": {"gcs": 80}})
+    with pytest.raises(ConfigError, match="unknown setting"):
+        LocalBackend.from_spec({"backend": "local", "gpus": 1})
+    with pytest.raises(ConfigError, match="unknown backend"):
+        get_backend({"backend": "yarn"})
+
+
+def test_address_backend_times_out_with_a_clear_error() -> None:
+    port = free_port()  # nothing listens there
+    backend = AddressBackend.from_spec({"backend": "address", "dashboard_url": f"http://127.0.0.1:{port}",
+                                        "ready_timeout_s": 2})
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="was not ready after 2s.*unreachable"):
+        backend.provision("pytest/nowhere")
+    assert time.monotonic() - t0 < 10
+
+
+def test_address_backend_reaches_a_running_cluster_and_never_stops_it(ray_cluster: ClusterHandle) -> None:
+    backend = AddressBackend.from_spec({"backend": "address", "dashboard_url": ray_cluster.dashboard_url})
+    handle = backend.provision("pytest/address")
+    assert not handle.owned
+    assert backend.teardown(handle)["stopped_processes"] == 0
+    assert probe(ray_cluster.client()).ready
+
+
+def test_address_backend_requires_a_url() -> None:
+    with pytest.raises(ConfigError, match="dashboard URL"):
+        AddressBackend.from_spec({"backend": "address"})
+    with pytest.raises(ConfigError, match="http"):
+        AddressBackend.from_spec({"backend": "address", "dashboard_url": "ray://head:10001"})

@@ -1,0 +1,80 @@
+"""Test environment: a throwaway AIRFLOW_HOME and pipeline home, offline hub, explicit Ray auth.
+
+Set at import time, before anything imports Airflow (which reads AIRFLOW_HOME once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_TMP = Path(tempfile.mkdtemp(prefix="vp-tests-"))
+os.environ["AIRFLOW_HOME"] = str(_TMP / "airflow")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+os.environ["VERL_PIPELINE_HOME"] = str(_TMP / "home")
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.pop("RAY_ADDRESS", None)
+
+GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.fixture
+def gsm8k_dir() -> Path:
+    """The real GSM8K (MIT) shipped beside the repo in ../shared; skip when absent (a user's clone)."""
+    if not (GSM8K_DIR / "train.jsonl").is_file():
+        pytest.skip(f"GSM8K not found at {GSM8K_DIR}")
+    return GSM8K_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    from verl_pipeline.config import ModelSource
+    from verl_pipeline.models.prefetch import prefetch
+
+    return Path(prefetch(ModelSource("builtin", "tiny-qwen2"), _TMP / "shared-models").path)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated metadata DB in the throwaway AIRFLOW_HOME."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    airflow = Path(sys.executable).parent / "airflow"
+    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, env=dict(os.environ))
+    return home
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """One real local Ray head (loopback) shared by the tests that only need a cluster to talk to."""
+    from verl_pipeline.cluster import procs
+    from verl_pipeline.cluster.local import LocalBackend
+
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 2, "stop_grace_s": 3})
+    handle = backend.provision("pytest/shared-cluster")
+    yield handle
+    backend.teardown(handle)
+    assert procs.alive(procs.with_cmdline(handle.extra["temp_dir"])) == []
+
+
+def ray_processes(temp_dir: str) -> list[int]:
+    """PIDs of live processes that name ``temp_dir`` or belong to a Ray session under it."""
+    from verl_pipeline.cluster import procs
+
+    return [r.pid for r in procs.alive(procs.with_cmdline(temp_dir))]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verl_pipeline.config import ModelSource, build_run_spec, list_profiles
+from verl_pipeline.constants import Mode
+from verl_pipeline.exceptions import ConfigError
+
+
+def test_default_profile_resolves() -> None:
+    spec = build_run_spec({}, run_name="verl_ppo/r1")
+    assert spec.profile == "smoke"
+    assert spec.mode is Mode.AUTO
+    assert spec.model == ModelSource("builtin", "tiny-qwen2")
+    assert spec.cluster["backend"] == "local"
+    assert spec.checkpoint_dir.is_absolute()
+    assert spec.verl["data.train_batch_size"] == 16
+
+
+def test_every_profile_resolves() -> None:
+    for name in list_profiles():
+        spec = build_run_spec({"profile": name}, run_name="r")
+        assert spec.profile == name
+
+
+def test_params_override_profile_and_scale_batches() -> None:
+    spec = build_run_spec({"nnodes": 4, "n_gpus_per_node": 8, "total_training_steps": 9, "mode": "preflight"},
+                          run_name="r")
+    assert (spec.nnodes, spec.n_gpus_per_node, spec.total_training_steps, spec.mode) == (4, 8, 9, Mode.PREFLIGHT)
+    assert spec.verl["data.train_batch_size"] == 64
+    assert spec.verl["actor_rollout_ref.actor.ppo_mini_batch_size"] == 32
+    assert "4 node(s)" in spec.derived["data.train_batch_size"]
+
+
+def test_run_dirs_are_per_run() -> None:
+    a = build_run_spec({}, run_name="verl_ppo/run-a")
+    b = build_run_spec({}, run_name="verl_ppo/run-b")
+    assert a.checkpoint_dir != b.checkpoint_dir
+    assert a.run_dir != b.run_dir
+
+
+BAD = [
+    ({"profile": "nope"}, "profile", "no such profile"),
+    ({"profile": "../etc/passwd"}, "profile", "is not a profile name"),
+    ({"nnodes": 0}, "nnodes", "between 1 and 1024"),
+    ({"nnodes": "two"}, "nnodes", "must be an integer"),
+    ({"n_gpus_per_node": 17}, "n_gpus_per_node", "between 1 and 16"),
+    ({"total_training_steps": 0}, "total_training_steps", "between 1"),
+    ({"mode": "fast"}, "mode", "unknown mode"),
+    ({"model_source": "builtin:gpt5"}, "model_source", "unknown built-in model"),
+    ({"model_source": "hf://not a repo"}, "model_source", "is not a hub reference"),
+    ({"model_source": "relative/model"}, "model_source", "absolute directory"),
+    ({"data_source": "builtin:nope"}, "data_source", "unknown built-in data source"),
+    ({"data_source": "/does/not/exist.jsonl"}, "data_source", "no such file"),
+    ({"data_source": "data.jsonl"}, "data_source", "absolute path"),
+    ({"n_gpus_per_node": 3}, "data.train_batch_size", "must be divisible by nnodes x n_gpus_per_node"),
+    ({"nnodes": 5, "n_gpus_per_node": 3}, "data.train_batch_size", "divisible"),
+    ({"learning_rate": 1}, "learning_rate", "not a parameter of this pipeline"),
+]
+
+
+@pytest.mark.parametrize(("params", "key", "rule"), BAD)
+def test_bad_params_are_rejected_with_key_and_rule(params: dict, key: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_run_spec(params, run_name="r")
+    assert err.value.key == key
+    assert rule in str(err.value)
+
+
+def test_divisibility_error_suggests_a_value_that_passes() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_run_spec({"n_gpus_per_node": 3}, run_name="r")
+    assert err.value.fix and "data.train_batch_size=" in err.value.fix
+    suggested = int(err.value.fix.split("=")[1])
+    assert suggested % 3 == 0
+
+
+def test_directory_data_source_needs_train_jsonl(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="train.jsonl"):
+        build_run_spec({"data_source": str(tmp_path)}, run_name="r")
+
+
+def test_tensor_parallel_must_divide_gpus_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from verl_pipeline.paths import configs_dir
+
+    cfg = tmp_path / "configs"
+    shutil.copytree(configs_dir(), cfg)
+    text = (cfg / "models" / "tiny-ppo.yaml").read_text().replace("tensor_model_parallel_size: 1",
+                                                                  "tensor_model_parallel_size: 4")
+    (cfg / "models" / "tiny-ppo.yaml").write_text(text)
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    with pytest.raises(ConfigError) as err:
+        build_run_spec({"n_gpus_per_node": 2}, run_name="r")
+    assert err.value.key == "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    assert "[1, 2]" in str(err.value.fix)
+    assert build_run_spec({"n_gpus_per_node": 8}, run_name="r").n_gpus == 8

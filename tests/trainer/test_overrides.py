@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.trainer.overrides import entrypoint, flatten, hydra_value, render_overrides
+
+NASTY = [
+    "plain",
+    "with space",
+    "it's",
+    'double "quotes"',
+    "$(rm -rf /)",
+    "`touch /tmp/pwned`; echo hi",
+    "a=b,c",
+    "[not, a, list]",
+    "back\\slash",
+    "ends with\\",
+    "quote\\'s",
+    "123",
+    "1e-06",
+    "true",
+    "null",
+    "/abs/path/file.parquet",
+    "hf://Qwen/Qwen2.5-0.5B@main",
+]
+
+
+@pytest.mark.parametrize("text", NASTY)
+def test_hydra_parses_rendered_strings_back_unchanged(text: str) -> None:
+    override = f"data.some_key={hydra_value(text)}"
+    parsed = OverridesParser.create().parse_override(override)
+    assert parsed.value() == text
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(True, "true"), (False, "false"), (None, "null"), (8, "8"), (0.5, "0.5"), (["console", "file"], "[console,file]")],
+)
+def test_hydra_value_primitives(value: object, expected: str) -> None:
+    assert hydra_value(value) == expected
+
+
+def test_lists_parse_as_lists() -> None:
+    parsed = OverridesParser.create().parse_override(f"trainer.logger={hydra_value(['console', 'file'])}")
+    assert parsed.value() == ["console", "file"]
+
+
+@pytest.mark.parametrize("text", NASTY)
+def test_entrypoint_is_shell_safe(text: str) -> None:
+    overrides = render_overrides({"data.train_files": text, "trainer.nnodes": 2})
+    line = entrypoint(["python", "-m", "verl.trainer.main_ppo"], overrides)
+    # The shell hands the program exactly the words we rendered: no expansion, no injection.
+    assert shlex.split(line) == ["python", "-m", "verl.trainer.main_ppo", *overrides]
+
+
+def test_render_overrides_is_sorted_and_rejects_bad_keys() -> None:
+    assert render_overrides({"b.x": 1, "a.y": 2}) == ["a.y=2", "b.x=1"]
+    with pytest.raises(ConfigError, match="not a valid verl config key"):
+        render_overrides({"data.train files": 1})
+    with pytest.raises(ConfigError):
+        render_overrides({"x=1 y": 1})
+
+
+def test_flatten_nested_profile_sections() -> None:
+    assert flatten({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": None}) == {"a.b.c": 1, "a.d": [1, 2], "e": None}
