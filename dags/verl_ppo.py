@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG, chain
+from airflow.sdk import DAG, TriggerRule, chain
 
 from verl_pipeline.airflow.operators import (
     PREFETCH_TASK,
@@ -61,3 +61,6 @@ with DAG(
 
     chain(provision, preprocess, prefetch, submit, wait, teardown)
     teardown.as_teardown(setups=provision)
+    # A teardown normally runs only when its setup succeeded; a provision that failed (or was killed)
+    # after starting Ray processes must still be cleaned up, so teardown runs whatever happened.
+    teardown.trigger_rule = TriggerRule.ALL_DONE

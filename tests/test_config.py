@@ -78,7 +78,7 @@ def test_divisibility_error_suggests_a_value_that_passes() -> None:
 
 
 def test_directory_data_source_needs_train_jsonl(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="train.jsonl"):
+    with pytest.raises(ConfigError, match=r"train\.jsonl"):
         build_run_spec({"data_source": str(tmp_path)}, run_name="r")
 
 

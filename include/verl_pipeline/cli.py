@@ -85,8 +85,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         _out(args, handle.to_dict(),
              f"Ray cluster {handle.name} ready in {time.monotonic() - t0:.1f}s: dashboard {handle.dashboard_url}")
     elif args.action == "down":
-        result = steps.teardown(steps.find_handle(spec))
-        (spec.run_dir / "cluster.json").unlink(missing_ok=True)
+        result = steps.teardown(steps.find_handle(spec), run_dir=spec.run_dir)
         _out(args, result)
     else:
         handle = _handle(spec)
@@ -113,10 +112,10 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _prefetch_all(spec: RunSpec, model: str | None = None, cache: str | None = None) -> dict[str, Any]:
+    import os
+
     from verl_pipeline.config import ModelSource
     from verl_pipeline.models.prefetch import prefetch
-
-    import os
 
     token = os.environ.get("HF_TOKEN")
     cache_root = Path(cache).resolve() if cache else spec.model_cache
@@ -130,7 +129,8 @@ def _prefetch_all(spec: RunSpec, model: str | None = None, cache: str | None = N
 def cmd_prefetch(args: argparse.Namespace) -> int:
     spec = _spec(args)
     out = _prefetch_all(spec, args.model, args.cache)
-    _out(args, out, "\n".join(f"{role}: {r['path']} ({r['files']} files, {r['bytes']} bytes)" for role, r in out.items()))
+    lines = [f"{role}: {r['path']} ({r['files']} files, {r['bytes']} bytes)" for role, r in out.items()]
+    _out(args, out, "\n".join(lines))
     return 0
 
 

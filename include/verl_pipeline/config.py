@@ -162,6 +162,11 @@ class RunSpec:
         return f"{slug(self.run_name, 32)}-{short_hash(self.run_name, length=8)}"
 
     @property
+    def cluster_name(self) -> str:
+        """Names the run's cluster: unique per run and per storage root (two homes never share one)."""
+        return f"{self.run_name}#{short_hash(self.storage_root, length=6)}"
+
+    @property
     def run_dir(self) -> Path:
         """Per-run files: merged config, job summary, metrics."""
         return self.storage_root / "runs" / self.run_key

@@ -24,8 +24,8 @@ def validate_spec_with_verl(spec: RunSpec) -> dict[str, Any]:
     model here (a seconds-long structural check of batch sizes, parallelism and keys); the job
     repeats the validation on the cluster with the real model and data.
     """
-    from verl_pipeline.models.prefetch import prefetch
     from verl_pipeline.config import ModelSource
+    from verl_pipeline.models.prefetch import prefetch
     from verl_pipeline.trainer.overrides import render_overrides
     from verl_pipeline.trainer.render import job_settings
     from verl_pipeline.trainer.validate import validate
@@ -51,7 +51,7 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
 
         if isinstance(backend, AddressBackend):
             backend = backend.with_endpoint(*endpoint)
-    handle = backend.provision(spec.run_name)
+    handle = backend.provision(spec.cluster_name)
     write_json_atomic(spec.run_dir / "cluster.json", handle.to_dict())
     return handle
 
@@ -64,7 +64,7 @@ def find_handle(spec: RunSpec) -> ClusterHandle | None:
     if spec.cluster.get("backend") == "local":
         from verl_pipeline.cluster.local import STATE_FILE, LocalBackend
 
-        state = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.run_name) / STATE_FILE
+        state = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.cluster_name) / STATE_FILE
         if state.is_file():
             return ClusterHandle.from_dict(json.loads(state.read_text()))
     return None
@@ -103,8 +103,17 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
     return spec.run_dir
 
 
-def teardown(handle: ClusterHandle | None, *, job_id: str | None = None, token: str | None = None) -> dict[str, Any]:
-    """Stop the run's job if it still runs, then release the cluster when the pipeline owns it."""
+def teardown(
+    handle: ClusterHandle | None,
+    *,
+    job_id: str | None = None,
+    token: str | None = None,
+    run_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Stop the run's job if it still runs, then release the cluster when the pipeline owns it.
+
+    With ``run_dir``, the run's ``cluster.json`` is renamed ``cluster.stopped.json`` afterwards.
+    """
     result: dict[str, Any] = {"job_stopped": False}
     if handle is None:
         log.info("No cluster was provisioned for this run: nothing to tear down")
@@ -122,6 +131,9 @@ def teardown(handle: ClusterHandle | None, *, job_id: str | None = None, token: 
             log.warning("Could not reach cluster %s to stop job %s: %s", handle.name, job_id, e)
     backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
     result.update(backend.teardown(handle))
+    record = run_dir / "cluster.json" if run_dir else None
+    if record is not None and record.exists():
+        record.replace(record.with_name("cluster.stopped.json"))
     return result
 
 

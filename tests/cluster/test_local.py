@@ -68,7 +68,7 @@ def test_address_backend_times_out_with_a_clear_error() -> None:
     backend = AddressBackend.from_spec({"backend": "address", "dashboard_url": f"http://127.0.0.1:{port}",
                                         "ready_timeout_s": 2})
     t0 = time.monotonic()
-    with pytest.raises(ClusterError, match="was not ready after 2s.*unreachable"):
+    with pytest.raises(ClusterError, match=r"was not ready after 2s.*unreachable"):
         backend.provision("pytest/nowhere")
     assert time.monotonic() - t0 < 10
 

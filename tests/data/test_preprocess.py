@@ -77,7 +77,8 @@ def _write(path: Path, lines: list[str]) -> Path:
 
 def test_bad_records_are_rejected_with_line_and_reason(tmp_path: Path) -> None:
     good = [json.dumps({"question": f"What is {i}+1?", "answer": f"{i}+1={i + 1}\n#### {i + 1}"}) for i in range(20)]
-    bad = ["{broken json", json.dumps({"question": "q", "answer": "no marker"}), json.dumps({"question": " ", "answer": "#### 1"}),
+    bad = ["{broken json", json.dumps({"question": "q", "answer": "no marker"}),
+           json.dumps({"question": " ", "answer": "#### 1"}),
            json.dumps({"question": 5, "answer": "#### 1"}), json.dumps(["not", "object"])]
     src = _write(tmp_path / "data.jsonl", good + bad)
     with pytest.raises(DataError) as err:

@@ -44,7 +44,7 @@ def test_prefetch_local_path(tmp_path: Path, tiny_model_path: Path) -> None:
 
 
 def test_verify_names_the_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="config.json"):
+    with pytest.raises(ModelError, match=r"config\.json"):
         verify_model_dir(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelError, match="tokenizer"):

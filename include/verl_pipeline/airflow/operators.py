@@ -14,6 +14,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from verl_pipeline.airflow.links import RayJobLink, ray_job_url
 from verl_pipeline.config import RunSpec, build_run_spec
 from verl_pipeline.exceptions import ConfigError, DataError, PipelineError
 
@@ -25,6 +26,12 @@ PREFETCH_TASK = "prefetch_model"
 SUBMIT_TASK = "submit_verl_job"
 WAIT_TASK = "wait_for_verl_job"
 TEARDOWN_TASK = "teardown_ray_cluster"
+
+
+def _connection(conn_id: str) -> Any:
+    from airflow.sdk import BaseHook
+
+    return BaseHook.get_connection(conn_id)
 
 
 def run_name(context: Any) -> str:
@@ -62,7 +69,7 @@ class _PipelineOperator(BaseOperator):
             return None
         from verl_pipeline.airflow.hooks import endpoint_from_connection
 
-        return endpoint_from_connection(self.get_connection(conn_id))[1]
+        return endpoint_from_connection(_connection(conn_id))[1]
 
 
 class ProvisionRayClusterOperator(_PipelineOperator):
@@ -94,7 +101,7 @@ class ProvisionRayClusterOperator(_PipelineOperator):
             if spec.cluster.get("backend") == "address" and conn_id and not spec.cluster.get("dashboard_url"):
                 from verl_pipeline.airflow.hooks import endpoint_from_connection
 
-                endpoint = endpoint_from_connection(self.get_connection(conn_id))
+                endpoint = endpoint_from_connection(_connection(conn_id))
             handle = steps.provision(spec, endpoint=endpoint)
         except PipelineError as e:
             raise _fail(e) from e
@@ -128,7 +135,7 @@ class PrefetchModelOperator(_PipelineOperator):
 
         token = None
         if self.hf_conn_id:
-            token = self.get_connection(self.hf_conn_id).password or None
+            token = _connection(self.hf_conn_id).password or None
         try:
             spec = spec_from_context(context)
             out = {"actor": prefetch(spec.model, spec.model_cache, token=token).to_dict()}
@@ -143,6 +150,7 @@ class SubmitVerlJobOperator(_PipelineOperator):
     """Render the verl job (entrypoint + runtime_env) and submit it, or reattach to this run's live job."""
 
     template_fields: Sequence[str] = ("cluster_task_id", "data_task_id", "model_task_id")
+    operator_extra_links = (RayJobLink(),)
 
     def __init__(
         self,
@@ -183,6 +191,7 @@ class SubmitVerlJobOperator(_PipelineOperator):
         except PipelineError as e:
             raise _fail(e) from e
         self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action, sub.attempt)
+        RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
         return {**sub.to_dict(), "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url}
 
 
@@ -193,6 +202,7 @@ class WaitForVerlJobOperator(_PipelineOperator):
     """
 
     template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id")
+    operator_extra_links = (RayJobLink(),)
 
     def __init__(
         self,
@@ -220,6 +230,7 @@ class WaitForVerlJobOperator(_PipelineOperator):
         job_id = sub["submission_id"]
         self._job_id, self._cluster = job_id, cluster
         hook = RayJobsHook(cluster, conn_id=self.conn_id)
+        RayJobLink().persist(context, ray_job_url(hook.handle.dashboard_url, job_id))
         info = hook.get_job(job_id)
         if info is None:
             raise AirflowException(f"Ray job {job_id} does not exist on {hook.handle.dashboard_url}")
@@ -296,15 +307,18 @@ class TeardownRayClusterOperator(_PipelineOperator):
         cluster = self._pull(context, self.cluster_task_id)
         sub = self._pull(context, self.submit_task_id) or {}
         handle = ClusterHandle.from_dict(cluster) if cluster else None
-        if handle is None:
-            # Provision may have died after starting processes: find them from the run's state.
-            try:
-                handle = steps.find_handle(spec_from_context(context))
-            except PipelineError as e:
-                self.log.warning("Cannot resolve the run's spec (%s); nothing known to tear down", e)
+        run_dir = None
+        try:
+            spec = spec_from_context(context)
+            run_dir = spec.run_dir
+            if handle is None:
+                # Provision may have died after starting processes: find them from the run's state.
+                handle = steps.find_handle(spec)
+        except PipelineError as e:
+            self.log.warning("Cannot resolve the run's spec (%s); tearing down only what XCom knows", e)
         try:
             result = steps.teardown(handle, job_id=sub.get("submission_id"),
-                                    token=self._token(handle.conn_id) if handle else None)
+                                    token=self._token(handle.conn_id) if handle else None, run_dir=run_dir)
         except PipelineError as e:
             raise _fail(e) from e
         self.log.info("Teardown: %s", result)

@@ -160,7 +160,7 @@ class LocalBackend(ClusterBackend):
         log_path = temp_dir / "ray-start.log"
         log.info("Starting a local Ray head: %s", " ".join(cmd))
         with open(log_path, "ab") as out:
-            proc = subprocess.Popen(  # noqa: S603 - argument list, no shell
+            proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, close_fds=True,
             )
@@ -191,7 +191,9 @@ class LocalBackend(ClusterBackend):
         def still_starting() -> None:
             if proc.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-2000:]
-                raise ClusterError(f"`ray start` exited with code {proc.returncode} before the cluster was ready:\n{tail}")
+                raise ClusterError(
+                    f"`ray start` exited with code {proc.returncode} before the cluster was ready:\n{tail}"
+                )
 
         try:
             wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
@@ -239,5 +241,8 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     left += procs.terminate(procs.alive(late), grace_s=grace)
     if left:
         raise ClusterError(f"Ray processes survived SIGKILL: {sorted(r.pid for r in left)}")
+    if state and state.exists():
+        # Kept for the record (and Ray's session logs stay beside it), but no longer "the live cluster".
+        os.replace(state, state.with_name("verl_pipeline_cluster.stopped.json"))
     log.info("Stopped local Ray cluster %s: %d processes in %.1fs", handle.name, len(before), time.monotonic() - t0)
     return {"stopped_processes": len(before), "seconds": round(time.monotonic() - t0, 2)}

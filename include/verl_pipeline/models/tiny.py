@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from verl_pipeline.data.generator import generate_problems
 from verl_pipeline.paths import write_json_atomic
@@ -28,7 +29,7 @@ _CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-_ARCH = {
+_ARCH: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
     "hidden_size": 64,

@@ -32,7 +32,7 @@ def _score_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Score each row's ground truth, written as a model would answer, with verl's reward function."""
     from verl.utils.reward_score import default_compute_score
 
-    failures = []
+    failures: list[dict[str, Any]] = []
     scored = 0
     for row in rows:
         truth = row["reward_model"]["ground_truth"]
@@ -67,7 +67,7 @@ def _generate(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], max_n
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.eval()
     out = []
     for r in rows:

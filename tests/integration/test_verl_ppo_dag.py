@@ -1,0 +1,99 @@
+"""The whole DAG with ``dag.test()`` against a real local Ray cluster (embedded default, preflight)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import ray_processes
+from verl_pipeline.cluster.local import LocalBackend
+from verl_pipeline.config import build_run_spec
+from verl_pipeline.data.preprocess import ROW_SCHEMA
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / "verl_ppo.py"))
+    assert bag.import_errors == {}
+    return bag.dags["verl_ppo"]
+
+
+def _xcom(dag_run: Any, task_id: str) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key="return_value")
+        ).first()
+        return None if row is None else XComModel.deserialize_value(row)
+
+
+def _states(dag_run: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+
+
+def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Path) -> None:
+    from omegaconf import OmegaConf
+    from verl.utils import hf_tokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    dag = _dag()
+    dr = dag.test(run_conf={"total_training_steps": 3})
+    states = _states(dr)
+    assert str(dr.state) == "success", states
+    assert set(states.values()) == {"success"}
+
+    cluster = _xcom(dr, "provision_ray_cluster")
+    data = _xcom(dr, "preprocess_data")
+    models = _xcom(dr, "prefetch_model")
+    sub = _xcom(dr, "submit_verl_job")
+    waited = _xcom(dr, "wait_for_verl_job")
+    teardown = _xcom(dr, "teardown_ray_cluster")
+
+    # Data: verl's exact row schema, readable by verl's RLHFDataset with the model's tokenizer.
+    for key in ("train_path", "val_path"):
+        assert pq.read_schema(data[key]).equals(ROW_SCHEMA)
+    ds = RLHFDataset(data_files=[data["train_path"]], tokenizer=hf_tokenizer(models["actor"]["path"]),
+                     config=OmegaConf.create({"max_prompt_length": 256, "cache_dir": str(airflow_db / "rlhf")}))
+    assert len(ds) == data["counts"]["train_rows"] > 0
+
+    # The job: submitted in preflight (the cluster has no GPUs), SUCCEEDED, all ground truths scored 1.0.
+    assert sub["mode"] == "preflight" and sub["action"] == "submitted"
+    assert waited["status"] == "SUCCEEDED" and waited["job_id"] == sub["submission_id"]
+    pre = waited["preflight"]
+    assert pre["ok"] is True and pre["all_ground_truths_score_1"] is True
+    assert pre["checks"] == {"verl_config": True, "data": True, "reward": True, "generation": True}
+    assert pre["scored"] == {"train": data["counts"]["train_rows"], "val": data["counts"]["val_rows"]}
+    summary = json.loads((Path(sub["run_dir"]) / "preflight.json").read_text())
+    assert summary["checks"]["verl_config"]["n_gpus"] == 1
+    job = json.loads((Path(sub["run_dir"]) / "job.json").read_text())
+    assert "trainer.total_training_steps=3" in job["overrides"]
+
+    # Teardown: every process the local backend started is gone.
+    assert teardown["stopped_processes"] > 0
+    assert ray_processes(cluster["extra"]["temp_dir"]) == []
+
+
+def test_invalid_params_fail_before_any_cluster_starts(airflow_db: Path) -> None:
+    dag = _dag()
+    dr = dag.test(run_conf={"n_gpus_per_node": 3})
+    states = _states(dr)
+    assert str(dr.state) == "failed"
+    assert states["provision_ray_cluster"] == "failed"
+    assert states["teardown_ray_cluster"] == "success"
+    for task in ("preprocess_data", "prefetch_model", "submit_verl_job", "wait_for_verl_job"):
+        assert states[task] == "upstream_failed"
+    spec = build_run_spec({}, run_name=f"verl_ppo/{dr.run_id}")
+    temp_dir = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.cluster_name)
+    assert not temp_dir.exists()
+    assert ray_processes(str(temp_dir)) == []

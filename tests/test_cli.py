@@ -1,0 +1,70 @@
+"""``verl-pipeline`` by hand, as a user runs it: real subprocesses, real local Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ray_processes
+
+CLI = [sys.executable, "-m", "verl_pipeline"]
+
+
+def run(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VERL_PIPELINE_HOME": str(home)}
+    r = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=600)
+    if check:
+        assert r.returncode == 0, f"{args}: rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def test_render_json_for_a_large_shape(tmp_path: Path) -> None:
+    r = run("render", "--model-profile", "qwen2.5-0.5b-ppo", "--nnodes", "32", "--n-gpus-per-node", "8",
+            "--model-source", "builtin:tiny-qwen2", "--json", home=tmp_path)
+    out = json.loads(r.stdout)
+    assert out["mode"] == "train"
+    assert out["settings"]["data.train_batch_size"] == 256 * 32
+    assert out["settings"]["trainer.nnodes"] == 32
+    assert out["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
+    assert "32 node(s)" in out["derived"]["data.train_batch_size"]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    r = run("render", "--nnodes", "3", "--n-gpus-per-node", "5", home=tmp_path, check=False)
+    assert r.returncode == 2
+    assert r.stderr.startswith("verl-pipeline: error: data.train_batch_size=48")
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run("status", home=tmp_path, check=False)
+    assert r.returncode == 2 and "cluster up" in r.stderr
+
+
+@pytest.mark.integration
+def test_every_step_by_hand(tmp_path: Path) -> None:
+    pre = json.loads(run("preprocess", "--json", home=tmp_path).stdout)
+    assert Path(pre["train_path"]).is_file() and pre["counts"]["train_rows"] == 256
+    fetched = json.loads(run("prefetch", "--json", home=tmp_path).stdout)
+    assert (Path(fetched["actor"]["path"]) / "config.json").is_file()
+
+    up = json.loads(run("cluster", "up", "--json", home=tmp_path).stdout)
+    temp_dir = up["extra"]["temp_dir"]
+    try:
+        status = json.loads(run("cluster", "status", "--json", home=tmp_path).stdout)
+        assert status["status"]["ready"] and status["status"]["cpus"] == 2
+        sub = json.loads(run("submit", "--json", home=tmp_path).stdout)
+        assert sub["action"] == "submitted" and sub["mode"] == "preflight"
+        logs = run("logs", "--follow", home=tmp_path).stdout
+        assert "VERL_PIPELINE_PREFLIGHT_SUMMARY" in logs
+        info = json.loads(run("status", "--json", home=tmp_path).stdout)
+        assert info["status"] == "SUCCEEDED" and info["submission_id"] == sub["submission_id"]
+        again = json.loads(run("submit", "--json", home=tmp_path).stdout)
+        assert again["action"] == "already_succeeded"
+    finally:
+        down = json.loads(run("cluster", "down", "--json", home=tmp_path).stdout)
+    assert down["stopped_processes"] > 0
+    assert ray_processes(temp_dir) == []
+    assert run("cluster", "status", home=tmp_path, check=False).returncode != 0
