@@ -19,6 +19,7 @@ from verl_pipeline.airflow.operators import (
     SubmitVerlJobOperator,
     TeardownRayClusterOperator,
     WaitForVerlJobOperator,
+    cleanup_failed_run,
 )
 from verl_pipeline.airflow.params import build_params
 
@@ -43,6 +44,8 @@ with DAG(
     max_active_runs=1,
     tags=["verl", "ray", "rl"],
     params=build_params(),
+    # A run marked failed by hand or cut by a DAG-run timeout skips its teardown task: clean up here.
+    on_failure_callback=cleanup_failed_run,
     default_args={
         "owner": "ml-platform",
         "retries": 2,

@@ -63,7 +63,7 @@ def ray_cluster() -> Iterator[object]:
     from verl_pipeline.cluster.local import LocalBackend
 
     backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 2, "stop_grace_s": 3})
-    handle = backend.provision("pytest/shared-cluster")
+    handle = backend.provision(f"pytest/shared-cluster-{os.getpid()}")
     yield handle
     backend.teardown(handle)
     assert procs.alive(procs.with_cmdline(handle.extra["temp_dir"])) == []

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from verl_pipeline.constants import Mode
+from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir, pipeline_home, short_hash, slug
 from verl_pipeline.trainer.overrides import flatten
@@ -155,6 +155,7 @@ class RunSpec:
     mode: Mode
     verl: dict[str, Any] = field(default_factory=dict)
     derived: dict[str, str] = field(default_factory=dict)
+    trainer_command: tuple[str, ...] = DEFAULT_TRAINER_COMMAND
 
     # -- where things go --------------------------------------------------------------------------
     @property
@@ -210,6 +211,7 @@ class RunSpec:
             "mode": self.mode.value,
             "verl": self.verl,
             "derived": self.derived,
+            "trainer_command": list(self.trainer_command),
         }
 
 
@@ -265,6 +267,10 @@ def build_run_spec(
         raise ConfigError(f"clusters/{cluster_profile}.cluster.backend", None, "is required", "backend: local")
 
     verl_settings, derived = derive_verl_settings(mprof, prof, nnodes=nnodes, n_gpus_per_node=n_gpus_per_node)
+    command = prof.get("trainer_command") or list(DEFAULT_TRAINER_COMMAND)
+    if not isinstance(command, list) or not command or not all(isinstance(w, str) and w for w in command):
+        raise ConfigError("trainer_command", command, "must be a non-empty list of words",
+                          "[python, -m, verl.trainer.main_ppo]")
     spec = RunSpec(
         run_name=run_name,
         profile=profile_name,
@@ -283,6 +289,7 @@ def build_run_spec(
         mode=mode,
         verl=verl_settings,
         derived=derived,
+        trainer_command=tuple(command),
     )
     check_shape(spec)
     return spec

@@ -37,6 +37,10 @@ class JobState(str, Enum):
         return self in (JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED)
 
 
+#: What a training job runs unless the run profile names another entrypoint (``trainer_command``),
+#: e.g. a verl recipe's own main module.
+DEFAULT_TRAINER_COMMAND = ("python", "-m", "verl.trainer.main_ppo")
+
 #: Line prefix the preflight entrypoint prints before its JSON summary, so the wait task can
 #: find the summary in the job's logs.
 PREFLIGHT_SUMMARY_MARKER = "VERL_PIPELINE_PREFLIGHT_SUMMARY "

@@ -45,6 +45,13 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
     ``endpoint`` is ``(dashboard_url, token)`` resolved from an Airflow connection for the
     ``address`` backend.
     """
+    existing = find_handle(spec)
+    if existing is not None and existing.backend == spec.cluster.get("backend") and existing.owned:
+        status = probe(existing.client())
+        if status.ready and status.nodes_alive >= existing.expected_nodes and status.gpus >= existing.expected_gpus:
+            # A retried or re-run provision of the same run: keep the live cluster (and the job on it).
+            log.info("Reusing the run's healthy cluster %s at %s", existing.name, existing.dashboard_url)
+            return existing
     backend = get_backend(spec.cluster)
     if endpoint is not None:
         from verl_pipeline.cluster.address import AddressBackend
@@ -53,6 +60,44 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
             backend = backend.with_endpoint(*endpoint)
     handle = backend.provision(spec.cluster_name)
     write_json_atomic(spec.run_dir / "cluster.json", handle.to_dict())
+    return handle
+
+
+def ensure_cluster(
+    spec: RunSpec,
+    handle: ClusterHandle,
+    *,
+    token: str | None = None,
+    endpoint: tuple[str, str | None] | None = None,
+) -> ClusterHandle:
+    """The run's cluster if it is healthy (every expected node, CPU and GPU alive), else a new one.
+
+    An owned cluster is torn down and provisioned again; a cluster the pipeline does not own is
+    only waited for (its owner has to bring it back).
+    """
+    status = probe(handle.client(token))
+    healthy = (status.ready and status.nodes_alive >= handle.expected_nodes
+               and status.gpus >= handle.expected_gpus and status.cpus >= handle.expected_cpus)
+    if healthy:
+        return handle
+    log.warning("Cluster %s is unhealthy (%d/%d nodes, %g/%g GPU, %s): %s", handle.name, status.nodes_alive,
+                handle.expected_nodes, status.gpus, handle.expected_gpus, status.detail,
+                "re-provisioning" if handle.owned else "waiting for it")
+    if not handle.owned:
+        from verl_pipeline.cluster.base import wait_ready
+
+        wait_ready(handle, timeout_s=float(spec.cluster.get("ready_timeout_s", 300)), client=handle.client(token))
+        return handle
+    backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
+    backend.teardown(handle)
+    return provision(spec, endpoint=endpoint)
+
+
+def current_handle(spec: RunSpec, fallback: dict[str, Any] | None = None) -> ClusterHandle | None:
+    """The run's latest cluster (a re-provisioned one replaces the first), else ``fallback`` (XCom)."""
+    handle = find_handle(spec)
+    if handle is None and fallback:
+        handle = ClusterHandle.from_dict(fallback)
     return handle
 
 

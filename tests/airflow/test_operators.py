@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -12,6 +13,8 @@ from verl_pipeline.airflow.operators import (
 )
 from verl_pipeline.airflow.triggers import RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
+from verl_pipeline.config import build_run_spec
+from verl_pipeline.jobs.attempts import Attempt, record_attempt
 
 
 class FakeTI:
@@ -53,11 +56,26 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
         assert ctx["ti"].xcoms["pushed:_link_RayJobLink"].endswith(f"/#/jobs/{job_id}")
         # Completion reads everything from the event (instance state is gone after deferral).
         fresh = WaitForVerlJobOperator(task_id="wait_for_verl_job")
+        spec = build_run_spec({}, run_name=f"verl_ppo/{ctx['run_id']}")
+        metrics = spec.run_dir / "metrics-a1.jsonl"
+        record_attempt(spec.run_dir, Attempt(job_id, 1, 0.0, ray_cluster.dashboard_url, 0, str(metrics)))
+        metrics.write_text("".join(json.dumps({"step": s, "data": {"training/global_step": s}}) + "\n"
+                                   for s in range(1, spec.total_training_steps + 1)))
         out = fresh.execute_complete(ctx, {"status": "success", "job_id": job_id, "job_status": "SUCCEEDED"})
         assert out["job_id"] == job_id and out["status"] == "SUCCEEDED"
-        with pytest.raises(AirflowException, match="ended FAILED: boom"):
+        assert out["training"]["last_step"] == spec.total_training_steps
+        # SUCCEEDED short of total_training_steps is a failure, not a success.
+        metrics.write_text(json.dumps({"step": 1, "data": {"training/global_step": 1}}) + "\n")
+        with pytest.raises(AirflowFailException, match=r"reached step 1 of trainer\.total_training_steps=2"):
+            fresh.execute_complete(ctx, {"status": "success", "job_id": job_id, "job_status": "SUCCEEDED"})
+        # The user's failures fail without retry; infrastructure failures are retried.
+        with pytest.raises(AirflowFailException, match=r"ended FAILED \[user failure"):
             fresh.execute_complete(ctx, {"status": "failed", "job_id": job_id, "job_status": "FAILED",
                                          "message": "boom"})
+        with pytest.raises(AirflowException, match=r"infrastructure failure: node died") as err:
+            fresh.execute_complete(ctx, {"status": "failed", "job_id": job_id, "job_status": "FAILED",
+                                         "message": "ray.exceptions.NodeDiedError: the node died"})
+        assert not isinstance(err.value, AirflowFailException)
     finally:
         client.stop(job_id)
 

@@ -186,7 +186,7 @@ class SubmitVerlJobOperator(_PipelineOperator):
             self.log.info("runtime_env: %s", job.runtime_env)
             sub = submit_or_reattach(
                 handle.client(token), job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
-                task_id=self.task_id,
+                task_id=self.task_id, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
             )
         except PipelineError as e:
             raise _fail(e) from e
@@ -198,10 +198,14 @@ class SubmitVerlJobOperator(_PipelineOperator):
 class WaitForVerlJobOperator(_PipelineOperator):
     """Wait for the verl job without holding a worker slot (deferrable); job logs go to this task's log.
 
-    No timeout by default: RL runs last days. Set ``execution_timeout`` to cap one.
+    Failures are classified (:mod:`verl_pipeline.jobs.classify`): the user's fail at once without
+    retries; infrastructure failures fail this try, and the retry (exponential backoff from
+    ``default_args``) re-provisions the cluster when it is unhealthy and submits the next attempt
+    with ``trainer.resume_mode=auto`` from the last checkpoint. A retry that finds the run's job
+    still alive reattaches to it. No timeout by default: RL runs last days.
     """
 
-    template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id")
+    template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id", "data_task_id", "model_task_id")
     operator_extra_links = (RayJobLink(),)
 
     def __init__(
@@ -209,64 +213,158 @@ class WaitForVerlJobOperator(_PipelineOperator):
         *,
         cluster_task_id: str = PROVISION_TASK,
         submit_task_id: str = SUBMIT_TASK,
+        data_task_id: str = PREPROCESS_TASK,
+        model_task_id: str = PREFETCH_TASK,
         poll_interval: float = 5.0,
+        max_poll_errors: int = 12,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cluster_task_id = cluster_task_id
         self.submit_task_id = submit_task_id
+        self.data_task_id = data_task_id
+        self.model_task_id = model_task_id
         self.poll_interval = poll_interval
+        self.max_poll_errors = max_poll_errors
         self._job_id: str | None = None
         self._cluster: dict[str, Any] | None = None
 
-    def execute(self, context: Any) -> Any:
-        from verl_pipeline.airflow.hooks import RayJobsHook
+    # -- helpers ----------------------------------------------------------------------------------
+    def _handle(self, context: Any, spec: RunSpec) -> Any:
+        from verl_pipeline import steps
+
+        handle = steps.current_handle(spec, self._pull(context, self.cluster_task_id))
+        if handle is None:
+            raise AirflowException("no cluster recorded for this run: did provision_ray_cluster fail?")
+        return handle
+
+    def _latest_job_id(self, spec: RunSpec, sub: dict[str, Any]) -> str:
+        from verl_pipeline.jobs.attempts import read_attempts
+
+        attempts = read_attempts(spec.run_dir)
+        return attempts[-1].submission_id if attempts else str(sub["submission_id"])
+
+    def _defer(self, context: Any, handle: Any, job_id: str) -> None:
         from verl_pipeline.airflow.triggers import RayJobTrigger
 
-        cluster = self._pull(context, self.cluster_task_id)
-        sub = self._pull(context, self.submit_task_id)
-        if not cluster or not sub:
-            raise AirflowException("no submitted job to wait for: did the submit task fail?")
-        job_id = sub["submission_id"]
-        self._job_id, self._cluster = job_id, cluster
-        hook = RayJobsHook(cluster, conn_id=self.conn_id)
-        RayJobLink().persist(context, ray_job_url(hook.handle.dashboard_url, job_id))
-        info = hook.get_job(job_id)
-        if info is None:
-            raise AirflowException(f"Ray job {job_id} does not exist on {hook.handle.dashboard_url}")
-        if info.status.is_terminal():
-            return self._finish(context, {"status": "success" if info.status.value == "SUCCEEDED" else "failed",
-                                          "job_id": job_id, "job_status": info.status.value,
-                                          "message": info.message, "driver_exit_code": info.driver_exit_code})
-        self.log.info("Ray job %s is %s: deferring (poll every %.0fs)", job_id, info.status.value, self.poll_interval)
+        self._job_id, self._cluster = job_id, handle.to_dict()
+        RayJobLink().persist(context, ray_job_url(handle.dashboard_url, job_id))
+        self.log.info("Ray job %s is running: deferring (poll every %.0fs)", job_id, self.poll_interval)
         self.defer(
-            trigger=RayJobTrigger(cluster=cluster, job_id=job_id, conn_id=self.conn_id or hook.conn_id,
-                                  poll_interval=self.poll_interval),
+            trigger=RayJobTrigger(cluster=handle.to_dict(), job_id=job_id, conn_id=self.conn_id or handle.conn_id,
+                                  poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors),
             method_name="execute_complete",
             timeout=None,
         )
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+    def _raise_failure(self, job_id: str, status: str, message: str, logs: str) -> None:
+        from verl_pipeline.jobs.classify import classify
+
+        c = classify(message, logs, status=status)
+        self.log.warning("Ray job %s ended %s: classified as %s (%s): %s", job_id, status, c.kind.value, c.reason,
+                         c.evidence)
+        text = f"Ray job {job_id} ended {status} [{c.kind.value} failure: {c.reason}]: {message}"
+        if c.retryable:
+            raise AirflowException(text + " — retrying re-provisions the cluster if needed and resumes from the "
+                                          "last checkpoint")
+        raise AirflowFailException(text + f" — not retried. Evidence: {c.evidence}")
+
+    def _logs(self, handle: Any, job_id: str) -> str:
+        try:
+            return str(handle.client(self._token(handle.conn_id)).logs(job_id))
+        except PipelineError:
+            return ""
+
+    # -- execution --------------------------------------------------------------------------------
+    def execute(self, context: Any) -> Any:
+        from verl_pipeline.constants import JobState
+        from verl_pipeline.exceptions import ClusterError
+
+        sub = self._pull(context, self.submit_task_id)
+        if not sub:
+            raise AirflowException("no submitted job to wait for: did the submit task fail?")
+        try:
+            spec = spec_from_context(context)
+        except PipelineError as e:
+            raise _fail(e) from e
+        handle = self._handle(context, spec)
+        job_id = self._latest_job_id(spec, sub)
+        client = handle.client(self._token(handle.conn_id))
+        try:
+            info = client.get_job(job_id)
+            reachable = True
+        except ClusterError as e:
+            self.log.warning("Cluster %s is unreachable: %s", handle.name, e)
+            info, reachable = None, False
+        if info is not None and not info.status.is_terminal():
+            self._defer(context, handle, job_id)  # also the retry of a killed waiter: reattach
+        if info is not None and info.status is JobState.SUCCEEDED:
+            return self._finish(context, {"status": "success", "job_id": job_id, "job_status": "SUCCEEDED"})
+        first_try = int(getattr(context["ti"], "try_number", 1) or 1) <= 1
+        if first_try:
+            if info is None:
+                message = "the cluster is unreachable" if not reachable else "the job is unknown to the cluster"
+                raise AirflowException(f"Ray job {job_id}: {message} (Ray Jobs API unreachable) — retrying")
+            self._raise_failure(job_id, info.status.value, info.message, self._logs(handle, job_id))
+        if info is not None:
+            from verl_pipeline.jobs.classify import classify
+
+            c = classify(info.message, self._logs(handle, job_id), status=info.status.value)
+            if not c.retryable:
+                self._raise_failure(job_id, info.status.value, info.message, "")
+        return self._recover(context, spec, handle, sub)
+
+    def _recover(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any]) -> Any:
+        """After an infrastructure failure: a healthy cluster, then the next attempt, resumed."""
+        from verl_pipeline import steps
+        from verl_pipeline.constants import Mode
+        from verl_pipeline.jobs.submit import submit_or_reattach
+
+        data = self._pull(context, self.data_task_id)
+        models = self._pull(context, self.model_task_id)
+        if not data or not models:
+            raise AirflowException("cannot resubmit: data or model results of this run are missing")
+        try:
+            token = self._token(handle.conn_id)
+            handle = steps.ensure_cluster(spec, handle, token=token)
+            job = steps.render(spec, data=data, models=models, mode=Mode(sub["mode"]))
+            new = submit_or_reattach(handle.client(token), job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
+                                     task_id=self.submit_task_id, run_dir=spec.run_dir,
+                                     checkpoint_dir=spec.checkpoint_dir)
+        except PipelineError as e:
+            raise _fail(e) from e
+        self.log.warning("Recovered: Ray job %s (%s, attempt %d) on cluster %s", new.submission_id, new.action,
+                         new.attempt, handle.dashboard_url)
+        if new.action == "already_succeeded":
+            return self._finish(context, {"status": "success", "job_id": new.submission_id,
+                                          "job_status": "SUCCEEDED"})
+        self._defer(context, handle, new.submission_id)
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
+        if event is None:
+            # Resumed without a trigger event (the process that deferred died and the task was run
+            # again): look at the job afresh — reattach if it still runs.
+            return self.execute(context)
         return self._finish(context, event)
 
     def _finish(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        from verl_pipeline.airflow.hooks import RayJobsHook
         from verl_pipeline.jobs.submit import preflight_summary
 
         job_id = event.get("job_id", "?")
         status = event.get("status")
-        cluster = self._pull(context, self.cluster_task_id)
+        spec = spec_from_context(context)
+        handle = self._handle(context, spec)
         sub = self._pull(context, self.submit_task_id) or {}
         if status != "success":
-            raise AirflowException(
-                f"Ray job {job_id} ended {event.get('job_status', status)}: {event.get('message')}"
-                f" (driver exit code {event.get('driver_exit_code')})"
-            )
+            message = str(event.get("message") or "")
+            if status == "error":
+                # The trigger could not reach the job (cluster gone): an infrastructure failure.
+                raise AirflowException(f"Ray job {job_id}: {message} — retrying")
+            self._raise_failure(job_id, str(event.get("job_status", status)), message, self._logs(handle, job_id))
         result: dict[str, Any] = {"job_id": job_id, "status": event.get("job_status", "SUCCEEDED"),
                                   "mode": sub.get("mode"), "run_dir": sub.get("run_dir")}
         if sub.get("mode") == "preflight":
-            logs = RayJobsHook(cluster, conn_id=self.conn_id).logs(job_id)
-            summary = preflight_summary(logs)
+            summary = preflight_summary(self._logs(handle, job_id))
             if summary is None:
                 raise AirflowException(f"preflight job {job_id} succeeded but printed no summary")
             reward = summary["checks"].get("reward", {})
@@ -279,7 +377,41 @@ class WaitForVerlJobOperator(_PipelineOperator):
                 "seconds": summary.get("seconds"),
             }
             self.log.info("Preflight summary for %s: %s", job_id, result["preflight"])
+        else:
+            result["training"] = self._check_progress(spec, job_id)
         return result
+
+    def _check_progress(self, spec: RunSpec, job_id: str) -> dict[str, Any]:
+        """A SUCCEEDED training job must have reached total_training_steps; a resumed one must have
+        started right after its checkpoint and advanced."""
+        from pathlib import Path
+
+        from verl_pipeline.jobs.attempts import metric_steps, read_attempts
+
+        attempts = read_attempts(spec.run_dir)
+        mine = next((a for a in attempts if a.submission_id == job_id), None)
+        if mine is None or not mine.metrics_path:
+            raise AirflowException(f"no attempt record for {job_id} in {spec.run_dir}: cannot check its progress")
+        steps_logged = metric_steps(Path(mine.metrics_path))
+        total = spec.total_training_steps
+        if not steps_logged or max(steps_logged) < total:
+            raise AirflowFailException(
+                f"Ray job {job_id} SUCCEEDED but reached step {max(steps_logged, default=0)} of "
+                f"trainer.total_training_steps={total} (metrics: {mine.metrics_path}); a run that stops early "
+                "is a failure"
+            )
+        if mine.resume_from_step and min(steps_logged) != mine.resume_from_step + 1:
+            raise AirflowFailException(
+                f"Ray job {job_id} should have resumed after checkpoint step {mine.resume_from_step} but its "
+                f"first step was {min(steps_logged)}: check trainer.resume_mode and trainer.default_local_dir"
+            )
+        previous = [s for a in attempts if a.attempt < mine.attempt and a.metrics_path
+                    for s in metric_steps(Path(a.metrics_path))]
+        redone = max(0, max(previous, default=0) - mine.resume_from_step)
+        out = {"attempts": len(attempts), "attempt": mine.attempt, "resumed_from_step": mine.resume_from_step,
+               "first_step": min(steps_logged), "last_step": max(steps_logged), "steps_redone": redone}
+        self.log.info("Training of %s: %s", job_id, out)
+        return out
 
     def on_kill(self) -> None:
         if self._job_id and self._cluster:
@@ -307,19 +439,47 @@ class TeardownRayClusterOperator(_PipelineOperator):
         cluster = self._pull(context, self.cluster_task_id)
         sub = self._pull(context, self.submit_task_id) or {}
         handle = ClusterHandle.from_dict(cluster) if cluster else None
+        job_id = sub.get("submission_id")
         run_dir = None
         try:
             spec = spec_from_context(context)
             run_dir = spec.run_dir
-            if handle is None:
-                # Provision may have died after starting processes: find them from the run's state.
-                handle = steps.find_handle(spec)
+            # The run's latest cluster (a retry may have re-provisioned it; provision may have died
+            # after starting processes) and its latest job attempt.
+            handle = steps.current_handle(spec, cluster)
+            from verl_pipeline.jobs.attempts import read_attempts
+
+            attempts = read_attempts(spec.run_dir)
+            if attempts:
+                job_id = attempts[-1].submission_id
         except PipelineError as e:
             self.log.warning("Cannot resolve the run's spec (%s); tearing down only what XCom knows", e)
         try:
-            result = steps.teardown(handle, job_id=sub.get("submission_id"),
+            result = steps.teardown(handle, job_id=job_id,
                                     token=self._token(handle.conn_id) if handle else None, run_dir=run_dir)
         except PipelineError as e:
             raise _fail(e) from e
         self.log.info("Teardown: %s", result)
         return result
+
+
+def cleanup_failed_run(context: Any) -> None:
+    """DAG ``on_failure_callback``: stop the run's job and cluster when the run failed without its
+    teardown task running (a run marked failed by hand, a DAG-run timeout). Safe to call twice."""
+    from verl_pipeline import steps
+    from verl_pipeline.jobs.attempts import read_attempts
+
+    dag_run = context.get("dag_run")
+    run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
+    dag = context.get("dag")
+    dag_id = getattr(dag, "dag_id", None) or getattr(dag_run, "dag_id", "verl_ppo")
+    params = dict(context.get("params") or {})
+    try:
+        spec = build_run_spec({k: v for k, v in params.items()}, run_name=f"{dag_id}/{run_id}")
+        handle = steps.find_handle(spec)
+        attempts = read_attempts(spec.run_dir)
+        result = steps.teardown(handle, job_id=attempts[-1].submission_id if attempts else None,
+                                run_dir=spec.run_dir)
+        log.warning("Run %s failed: cleaned up its job and cluster: %s", run_id, result)
+    except PipelineError as e:
+        log.error("Run %s failed and its cleanup failed too: %s", run_id, e)

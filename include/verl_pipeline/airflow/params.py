@@ -27,7 +27,7 @@ def build_params() -> dict[str, Any]:
                                  description="GPUs per node of the target cluster. Empty: profile."),
         "total_training_steps": Param(None, type=["null", "integer"], minimum=1,
                                       description="verl trainer.total_training_steps. Empty: profile."),
-        "mode": Param("auto", type="string", enum=["auto", "train", "preflight"],
+        "mode": Param(None, type=["null", "string"], enum=[None, "auto", "train", "preflight"],
                       description="auto: train when the cluster has GPUs, preflight (checks only, no "
-                                  "training) when it has none."),
+                                  "training) when it has none. Empty: the profile's (auto in the shipped ones)."),
     }

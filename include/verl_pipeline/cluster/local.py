@@ -1,4 +1,8 @@
-"""The embedded default: a Ray head started on this machine, on loopback, owned by the pipeline.
+"""The embedded default: Ray nodes started on this machine, on loopback, owned by the pipeline.
+
+One head node, plus ``nodes - 1`` worker nodes joined to it (several Ray nodes on one host, each
+with its own ports, for multi-node and node-failure tests). Worker nodes carry the custom resource
+``local_worker_node`` so work can be placed on them.
 
 ``ray start --head --block`` runs as the leader of a new session, so the head and everything it
 spawns share one process group. Teardown stops exactly those processes (by PID, process group and
@@ -39,6 +43,8 @@ PORT_FLAGS = {
     "ray_client_server": "--ray-client-server-port",
 }
 _WORKER_PORT_SPAN = 200
+#: Ports only the head opens (worker nodes join the head's GCS and have no dashboard).
+_HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}
 STATE_FILE = "verl_pipeline_cluster.json"
 
 
@@ -48,9 +54,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _free_range(span: int) -> int:
-    """The first port of ``span`` consecutive ports that are all free right now."""
-    for base in range(20000, 60000 - span, span):
+def _free_range(span: int, after: int = 20000) -> int:
+    """The first port of ``span`` consecutive ports (from ``after`` on) that all look free right now."""
+    for base in range(after, 60000 - span, span):
         ok = True
         for port in range(base, base + span, 17):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -81,6 +87,7 @@ class LocalBackend(ClusterBackend):
 
     num_cpus: int = 2
     num_gpus: int = 0
+    nodes: int = 1
     object_store_memory_mb: int = 512
     ready_timeout_s: float = 120.0
     temp_dir: str | None = None
@@ -91,7 +98,7 @@ class LocalBackend(ClusterBackend):
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LocalBackend:
-        known = {"backend", "num_cpus", "num_gpus", "object_store_memory_mb", "ready_timeout_s", "temp_dir",
+        known = {"backend", "num_cpus", "num_gpus", "nodes", "object_store_memory_mb", "ready_timeout_s", "temp_dir",
                  "ports", "min_worker_port", "stop_grace_s"}
         for key in spec:
             if key not in known:
@@ -106,6 +113,7 @@ class LocalBackend(ClusterBackend):
         b = cls(
             num_cpus=int(spec.get("num_cpus", 2)),
             num_gpus=int(spec.get("num_gpus", 0)),
+            nodes=int(spec.get("nodes", 1)),
             object_store_memory_mb=int(spec.get("object_store_memory_mb", 512)),
             ready_timeout_s=float(spec.get("ready_timeout_s", 120)),
             temp_dir=spec.get("temp_dir"),
@@ -115,6 +123,9 @@ class LocalBackend(ClusterBackend):
         )
         if b.num_cpus < 1:
             raise ConfigError("cluster.num_cpus", b.num_cpus, "a Ray head needs at least 1 CPU", "num_cpus: 2")
+        if not 1 <= b.nodes <= 8:
+            raise ConfigError("cluster.nodes", b.nodes, "the local backend runs 1 to 8 Ray nodes on this machine",
+                              "nodes: 1")
         if b.num_gpus < 0:
             raise ConfigError("cluster.num_gpus", b.num_gpus, "must be >= 0", "num_gpus: 0")
         if b.object_store_memory_mb < 80:
@@ -127,6 +138,34 @@ class LocalBackend(ClusterBackend):
         if self.temp_dir:
             return Path(self.temp_dir).expanduser().resolve()
         return Path("/tmp") / f"vp-{slug(name, 16)}-{short_hash(name, length=8)}"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # Explicit on the server (and on every client via ClusterHandle.client): without it Ray turns
+        # token auth on by itself when ~/.ray/auth_token exists. Loopback only, so no token.
+        env["RAY_AUTH_MODE"] = "disabled"
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        # Job entrypoints run `python …` through a shell on the head: make it this environment's.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+    def _start(self, cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        log.info("Starting a local Ray node: %s", " ".join(cmd))
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
+                start_new_session=True, close_fds=True,
+            )
+
+    def _node_args(self, temp_dir: Path, ports: dict[str, int], worker_base: int) -> list[str]:
+        return [
+            f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}",
+            f"--object-store-memory={self.object_store_memory_mb * 1024 * 1024}",
+            f"--temp-dir={temp_dir}",
+            f"--min-worker-port={worker_base}", f"--max-worker-port={worker_base + _WORKER_PORT_SPAN - 1}",
+            "--disable-usage-stats",
+        ] + [f"{PORT_FLAGS[key]}={port}" for key, port in ports.items()]
 
     def provision(self, name: str) -> ClusterHandle:
         temp_dir = self.temp_dir_for(name)
@@ -141,29 +180,11 @@ class LocalBackend(ClusterBackend):
         cmd = [
             ray_executable(), "start", "--head", "--block",
             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-            f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}",
-            f"--object-store-memory={self.object_store_memory_mb * 1024 * 1024}",
-            f"--temp-dir={temp_dir}",
-            f"--min-worker-port={worker_base}", f"--max-worker-port={worker_base + _WORKER_PORT_SPAN - 1}",
-            "--disable-usage-stats",
-        ] + [f"{flag}={ports[key]}" for key, flag in PORT_FLAGS.items()]
-
-        env = dict(os.environ)
-        # Explicit on the server (and on every client via ClusterHandle.client): without it Ray turns
-        # token auth on by itself when ~/.ray/auth_token exists. Loopback only, so no token.
-        env["RAY_AUTH_MODE"] = "disabled"
-        env["RAY_USAGE_STATS_ENABLED"] = "0"
-        # Job entrypoints run `python …` through a shell on the head: make it this environment's.
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        env.pop("RAY_ADDRESS", None)
-
-        log_path = temp_dir / "ray-start.log"
-        log.info("Starting a local Ray head: %s", " ".join(cmd))
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, close_fds=True,
-            )
+            *self._node_args(temp_dir, ports, worker_base),
+        ]
+        log_path = temp_dir / "ray-start-node0.log"
+        proc = self._start(cmd, log_path)
+        started = [(proc, log_path)]
         root = procs.ProcRef(proc.pid, procs.psutil.Process(proc.pid).create_time())
         handle = ClusterHandle(
             backend=self.kind,
@@ -183,26 +204,58 @@ class LocalBackend(ClusterBackend):
                 "worker_ports": [worker_base, worker_base + _WORKER_PORT_SPAN - 1],
                 "log": str(log_path),
                 "stop_grace_s": self.stop_grace_s,
+                "nodes": [{"rank": 0, "root": root.to_list(), "pgid": proc.pid, "log": str(log_path)}],
             },
         )
         # Written before waiting: a teardown after a crash here still finds what was started.
         write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
 
         def still_starting() -> None:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise ClusterError(
-                    f"`ray start` exited with code {proc.returncode} before the cluster was ready:\n{tail}"
-                )
+            for p, path in started:
+                if p.poll() is not None:
+                    tail = path.read_text(errors="replace")[-2000:]
+                    raise ClusterError(
+                        f"`ray start` exited with code {p.returncode} before the cluster was ready:\n{tail}"
+                    )
 
         try:
-            wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
+            status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
+            if self.nodes > 1:
+                head_ip = self._head_ip(handle)
+                handle.gcs_address = f"{head_ip}:{ports['gcs']}"
+                for rank in range(1, self.nodes):
+                    node_ports = {key: free_port() for key in PORT_FLAGS if key not in _HEAD_ONLY_PORTS}
+                    base = _free_range(_WORKER_PORT_SPAN, after=worker_base + rank * _WORKER_PORT_SPAN)
+                    cmd = [
+                        ray_executable(), "start", "--block", f"--address={handle.gcs_address}",
+                        '--resources={"local_worker_node": 1}',
+                        *self._node_args(temp_dir, node_ports, base),
+                    ]
+                    node_log = temp_dir / f"ray-start-node{rank}.log"
+                    p = self._start(cmd, node_log)
+                    started.append((p, node_log))
+                    ref = procs.ProcRef(p.pid, procs.psutil.Process(p.pid).create_time())
+                    handle.extra["nodes"].append({"rank": rank, "root": ref.to_list(), "pgid": p.pid,
+                                                  "log": str(node_log)})
+                    write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
+                handle.expected_nodes = self.nodes
+                handle.expected_cpus = self.num_cpus * self.nodes
+                handle.expected_gpus = self.num_gpus * self.nodes
+                status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
+            del status
         except BaseException:
             self.teardown(handle)
             raise
-        handle.extra["pids"] = [r.to_list() for r in procs.tree(proc.pid)]
+        handle.extra["pids"] = [r.to_list() for p, _ in started for r in procs.tree(p.pid)]
         write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
         return handle
+
+    @staticmethod
+    def _head_ip(handle: ClusterHandle) -> str:
+        heads = [n for n in handle.client().nodes() if n.alive and n.is_head]
+        if not heads:
+            raise ClusterError(f"cluster {handle.name} reports no alive head node")
+        return heads[0].ip
 
     def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
         return stop_local(handle)
@@ -217,16 +270,21 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     if state and state.exists():
         # The state file may know PIDs that the XCom copy of the handle does not (or the reverse).
         saved = json.loads(state.read_text()).get("extra", {})
-        extra = {**saved, **extra, "pids": (extra.get("pids") or []) + (saved.get("pids") or [])}
+        extra = {**saved, **extra, "pids": (extra.get("pids") or []) + (saved.get("pids") or []),
+                 "nodes": (extra.get("nodes") or []) + (saved.get("nodes") or [])}
     refs: set[procs.ProcRef] = set()
-    if extra.get("root"):
-        root = procs.ProcRef.from_list(extra["root"])
+    roots = [extra["root"]] if extra.get("root") else []
+    roots += [n["root"] for n in extra.get("nodes") or [] if n.get("root")]
+    pgids = {int(extra["pgid"])} if extra.get("pgid") else set()
+    pgids |= {int(n["pgid"]) for n in extra.get("nodes") or [] if n.get("pgid")}
+    for item in roots:
+        root = procs.ProcRef.from_list(item)
         refs.add(root)
         if root.process() is not None:
             refs.update(procs.tree(root.pid))
     refs.update(procs.ProcRef.from_list(p) for p in extra.get("pids") or [])
-    if extra.get("pgid"):
-        refs.update(procs.in_process_group(int(extra["pgid"])))
+    for pgid in pgids:
+        refs.update(procs.in_process_group(pgid))
     if temp_dir:
         refs.update(procs.with_cmdline(temp_dir))
     before = procs.alive(refs)
@@ -234,8 +292,8 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     left = procs.terminate(before, grace_s=grace)
     # Agents and workers re-parent when the raylet dies: look once more by group and temp dir.
     late = set()
-    if extra.get("pgid"):
-        late.update(procs.in_process_group(int(extra["pgid"])))
+    for pgid in pgids:
+        late.update(procs.in_process_group(pgid))
     if temp_dir:
         late.update(procs.with_cmdline(temp_dir))
     left += procs.terminate(procs.alive(late), grace_s=grace)

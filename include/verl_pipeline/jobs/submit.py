@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from verl_pipeline.constants import JobState
+from verl_pipeline.jobs.attempts import Attempt, latest_checkpoint_step, now, read_attempts, record_attempt
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.ids import attempt_of, submission_id
 from verl_pipeline.trainer.render import RenderedJob
@@ -34,8 +37,16 @@ def submit_or_reattach(
     run_id: str,
     task_id: str,
     metadata: dict[str, str] | None = None,
+    run_dir: Path | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> Submission:
-    """Reattach to a live (or succeeded) job of this run, else submit the next attempt."""
+    """Reattach to a live (or succeeded) job of this run, else submit the next attempt.
+
+    With ``run_dir``, attempts are numbered after every attempt ever recorded there (also those
+    of a cluster that has since been replaced), each attempt's verl file-logger output goes to
+    ``metrics-a<N>.jsonl`` (verl truncates its file on start), and the attempt is recorded with the
+    checkpoint step it will resume from.
+    """
     prefix = submission_id(dag_id, run_id, task_id, 1)[: -len("-a1")]
     mine = []
     for info in client.list_jobs():
@@ -51,12 +62,23 @@ def submit_or_reattach(
         n, info = mine[-1]
         log.info("Ray job %s of this run already succeeded: not submitting again", info.submission_id)
         return Submission(info.submission_id, "already_succeeded", n, info.status.value)
-    attempt = (mine[-1][0] + 1) if mine else 1
+    recorded = read_attempts(run_dir) if run_dir else []
+    attempt = max([n for n, _ in mine] + [a.attempt for a in recorded] + [0]) + 1
     sub_id = submission_id(dag_id, run_id, task_id, attempt)
+    runtime_env = copy.deepcopy(job.runtime_env)
+    metrics_path = None
+    if run_dir is not None:
+        metrics_path = run_dir / f"metrics-a{attempt}.jsonl"
+        runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    resume_from = latest_checkpoint_step(checkpoint_dir) if checkpoint_dir else 0
     meta = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "mode": job.mode.value,
-            **(metadata or {})}
-    log.info("Submitting Ray job %s (attempt %d, mode %s)", sub_id, attempt, job.mode.value)
-    client.submit(entrypoint=job.entrypoint, submission_id=sub_id, runtime_env=job.runtime_env, metadata=meta)
+            "attempt": str(attempt), **(metadata or {})}
+    log.info("Submitting Ray job %s (attempt %d, mode %s, resume from step %d)", sub_id, attempt, job.mode.value,
+             resume_from)
+    client.submit(entrypoint=job.entrypoint, submission_id=sub_id, runtime_env=runtime_env, metadata=meta)
+    if run_dir is not None:
+        record_attempt(run_dir, Attempt(sub_id, attempt, now(), client.dashboard_url, resume_from,
+                                        str(metrics_path) if metrics_path else None))
     return Submission(sub_id, "submitted", attempt, JobState.PENDING.value)
 
 

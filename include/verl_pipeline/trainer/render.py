@@ -18,7 +18,6 @@ BASE_ENV = {
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
 }
 
-TRAIN_COMMAND = ("python", "-m", "verl.trainer.main_ppo")
 PREFLIGHT_COMMAND = ("python", "-m", "verl_pipeline.trainer.preflight")
 
 
@@ -84,7 +83,7 @@ def render_job(
                             critic_path=critic_path)
     overrides = render_overrides(settings)
     if mode is Mode.TRAIN:
-        command: tuple[str, ...] = TRAIN_COMMAND
+        command: tuple[str, ...] = spec.trainer_command
     else:
         command = (*PREFLIGHT_COMMAND, "--summary-path", str(spec.run_dir / "preflight.json"), "--")
     env = dict(BASE_ENV)

@@ -1,0 +1,72 @@
+"""The run's record of submitted attempts (``attempts.jsonl`` in the run directory).
+
+Ray's job table lives in the cluster's GCS and is gone when a cluster is re-provisioned; this
+record survives, so attempt numbers never repeat and a resumed attempt knows which checkpoint it
+should start from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ATTEMPTS_FILE = "attempts.jsonl"
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    submission_id: str
+    attempt: int
+    submitted_at: float
+    dashboard_url: str
+    #: Last checkpointed step when this attempt was submitted (0: none, starts from scratch).
+    resume_from_step: int
+    metrics_path: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_attempts(run_dir: Path) -> list[Attempt]:
+    path = run_dir / ATTEMPTS_FILE
+    if not path.is_file():
+        return []
+    return [Attempt(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def record_attempt(run_dir: Path, attempt: Attempt) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ATTEMPTS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(attempt.to_dict()) + "\n")
+        f.flush()
+
+
+def latest_checkpoint_step(checkpoint_dir: Path) -> int:
+    """The step verl's tracker file names (what ``resume_mode=auto`` resumes from), 0 when none."""
+    tracker = checkpoint_dir / TRACKER_FILE
+    try:
+        return int(tracker.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def metric_steps(metrics_path: Path) -> list[int]:
+    """``training/global_step`` of every line verl's file logger wrote (``{"step": N, "data": {…}}``)."""
+    if not metrics_path.is_file():
+        return []
+    steps = []
+    for line in metrics_path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        steps.append(int(row.get("data", {}).get("training/global_step", row.get("step", 0))))
+    return steps
+
+
+def now() -> float:
+    return round(time.time(), 3)

@@ -1,0 +1,81 @@
+"""Why did a Ray job fail: the infrastructure (retry, resume) or the user's code/config (fail now)?
+
+Decided from the job's status message and the tail of its logs. Patterns are checked in order:
+infrastructure signatures first (a node death surfaces as an exception in user code too), then the
+user's. Anything unrecognised counts as the user's: retrying a deterministic failure wastes GPUs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+
+class FailureKind(str, Enum):
+    INFRASTRUCTURE = "infrastructure"
+    USER = "user"
+
+
+@dataclass(frozen=True)
+class Classification:
+    kind: FailureKind
+    reason: str
+    evidence: str
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind is FailureKind.INFRASTRUCTURE
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+
+_INFRA: list[tuple[str, str]] = [
+    ("node died", r"NodeDiedError|node .{0,80}(has )?died|The node .{0,120} (is dead|has been marked dead)"),
+    ("actor died with its node", r"ActorDiedError.{0,400}(node|raylet)|owner.{0,40}died"),
+    ("raylet or GCS lost", r"raylet (died|is dead|crashed)|GCS .{0,40}(unavailable|failed|lost|died)|"
+                           r"Failed to connect to GCS|RaySystemError|"
+                           r"Job supervisor actor (died|could not be scheduled)"),
+    ("object lost with its node", r"ObjectLostError|OwnerDiedError|ObjectFetchTimedOutError"),
+    ("worker killed (OOM or signal)", r"OutOfMemoryError|killed by the (Linux )?OOM|memory monitor|"
+                                      r"WorkerCrashedError|SIGKILL|exit code (137|-9)\b"),
+    ("NCCL timeout or error", r"NCCL (timeout|error|WARN.*Timeout)|Watchdog caught collective operation timeout|"
+                              r"ProcessGroupNCCL.{0,80}(timeout|Timeout)"),
+    ("preempted", r"[Pp]reempt(ed|ion)|spot instance .{0,40}reclaim"),
+    ("Jobs API unreachable", r"Ray Jobs API unreachable|dashboard .{0,60} is unreachable|Connection refused"),
+]
+
+_USER: list[tuple[str, str]] = [
+    ("configuration rejected", r"ConfigError|VerlConfigError|ValidationError|ConfigAttributeError|"
+                               r"MissingMandatoryValue|hydra.errors|Could not override|verl rejected"),
+    ("import error", r"ModuleNotFoundError|ImportError"),
+    ("data error", r"DataError|FileNotFoundError|ParquetInvalid|ArrowInvalid"),
+    ("exception in user code", r"Traceback \(most recent call last\)|AssertionError|ValueError|TypeError|KeyError|"
+                               r"RuntimeError|ZeroDivisionError"),
+]
+
+
+def classify(message: str, log_tail: str = "", *, status: str = "FAILED") -> Classification:
+    """Classify a failed (or stopped) job."""
+    text = f"{message}\n{log_tail[-20000:]}"
+    for reason, pattern in _INFRA:
+        m = re.search(pattern, text)
+        if m:
+            return Classification(FailureKind.INFRASTRUCTURE, reason, _around(text, m))
+    if status == "STOPPED":
+        # Stopped by someone (teardown, on_kill, a user): not something a retry should undo.
+        return Classification(FailureKind.USER, "job was stopped", message[:300])
+    for reason, pattern in _USER:
+        m = re.search(pattern, text)
+        if m:
+            return Classification(FailureKind.USER, reason, _around(text, m))
+    return Classification(FailureKind.USER, "unrecognised failure (not retried)", message[:300])
+
+
+def _around(text: str, m: re.Match[str], width: int = 160) -> str:
+    start = max(0, m.start() - width // 2)
+    return " ".join(text[start:m.end() + width // 2].split())

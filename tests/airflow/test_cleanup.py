@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ray_processes
+from verl_pipeline import steps
+from verl_pipeline.airflow.operators import cleanup_failed_run
+from verl_pipeline.config import build_run_spec
+from verl_pipeline.jobs.attempts import Attempt, record_attempt
+
+pytestmark = pytest.mark.integration
+
+
+class _Run:
+    dag_id = "verl_ppo"
+    run_id = "manual__marked_failed"
+
+
+def test_failure_callback_stops_the_job_and_the_cluster(airflow_db: Path) -> None:
+    """A run marked failed (teardown task never ran): the DAG's failure callback leaves nothing running."""
+    spec = build_run_spec({}, run_name="verl_ppo/manual__marked_failed")
+    handle = steps.provision(spec)
+    client = handle.client()
+    job_id = f"cleanup-{int(time.time())}"
+    client.submit(entrypoint="sleep 120", submission_id=job_id, runtime_env={})
+    record_attempt(spec.run_dir, Attempt(job_id, 1, 0.0, handle.dashboard_url, 0, None))
+    deadline = time.monotonic() + 60
+    while client.get_job(job_id).status.value != "RUNNING" and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.5)
+    cleanup_failed_run({"dag_run": _Run(), "params": {}})
+    assert ray_processes(handle.extra["temp_dir"]) == []
+    assert (spec.run_dir / "cluster.stopped.json").exists()
+    cleanup_failed_run({"dag_run": _Run(), "params": {}})  # twice is harmless

@@ -1,0 +1,117 @@
+"""A stand-in for ``python -m verl.trainer.main_ppo`` on a CPU-only Ray cluster (verl cannot train on CPU).
+
+It behaves like verl's trainer where the pipeline depends on it:
+- takes the same Hydra overrides (parsed with Hydra's own override parser);
+- runs each step's work as Ray tasks on the cluster's worker nodes (``local_worker_node`` resource),
+  so killing a node kills the step, and the job fails with Ray's error;
+- honours ``trainer.resume_mode`` (``auto``: resume from ``latest_checkpointed_iteration.txt`` in the
+  absolute ``trainer.default_local_dir``; ``disable``: start over; ``resume_path``: from that dir);
+- saves ``global_step_N/{actor,critic}/`` + ``data.pt`` and then the tracker file every
+  ``trainer.save_freq`` steps and at the last step, like verl's ``_save_checkpoint``;
+- logs verl's metric names per step as JSON lines ``{"step": N, "data": {...}}`` to
+  ``$VERL_FILE_LOGGER_PATH`` (opened with "wb", like verl's FileLogger);
+- exits non-zero with a traceback on failure.
+Extra knobs for tests (not verl keys): ``+fake.step_seconds``, ``+fake.fail_at_step`` (raise a
+ValueError in the driver, a user error), ``+fake.bad_key`` (a config error before training).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def parse(argv: list[str]) -> dict[str, Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    out: dict[str, Any] = {}
+    for item in argv:
+        o = parser.parse_override(item)
+        out[o.key_or_group.lstrip("+")] = o.value()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse(argv)
+    required = ["trainer.total_training_steps", "trainer.default_local_dir", "trainer.resume_mode", "trainer.save_freq"]
+    missing = [k for k in required if k not in cfg]
+    if missing or "fake.bad_key" in cfg:
+        raise ValueError(f"ConfigError: missing or invalid trainer keys {missing or ['fake.bad_key']}")
+    total = int(cfg["trainer.total_training_steps"])
+    save_freq = int(cfg["trainer.save_freq"])
+    ckpt = Path(str(cfg["trainer.default_local_dir"]))
+    if not ckpt.is_absolute():
+        raise ValueError(f"trainer.default_local_dir must be absolute for resume_mode=auto: {ckpt}")
+    step_seconds = float(cfg.get("fake.step_seconds", 1.0))
+    fail_at = int(cfg.get("fake.fail_at_step", 0))
+
+    import ray
+
+    ray.init()
+    workers = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("local_worker_node")]
+    # Like verl's workers: a task lost with its node is not retried by Ray, the job fails.
+    options: dict[str, Any] = {"num_cpus": 0.5, "max_retries": 0}
+    if workers:
+        options["resources"] = {"local_worker_node": 0.01}
+
+    @ray.remote
+    def rollout_shard(step: int, shard: int, seconds: float) -> dict[str, float]:
+        time.sleep(seconds)
+        return {"score": 0.1 * step + 0.01 * shard, "length": 50.0 + step}
+
+    start = 1
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    mode = str(cfg["trainer.resume_mode"])
+    if mode == "auto" and tracker.is_file():
+        start = int(tracker.read_text().strip()) + 1
+        print(f"Resuming from checkpoint: {ckpt / f'global_step_{start - 1}'}", flush=True)
+    elif mode == "resume_path" and cfg.get("trainer.resume_from_path"):
+        start = int(Path(str(cfg["trainer.resume_from_path"])).name.split("_")[-1]) + 1
+    else:
+        print("Training from scratch", flush=True)
+
+    logger_path = os.environ.get("VERL_FILE_LOGGER_PATH")
+    fp = open(logger_path, "wb", buffering=0) if logger_path else None
+    try:
+        for step in range(start, total + 1):
+            t0 = time.time()
+            if step == fail_at:
+                raise ValueError(f"user code failed at step {step}")
+            results = ray.get([rollout_shard.options(**options).remote(step, s, step_seconds) for s in range(2)])
+            dt = time.time() - t0
+            metrics = {
+                "training/global_step": step,
+                "training/epoch": 0,
+                "critic/score/mean": sum(r["score"] for r in results) / len(results),
+                "response_length/mean": sum(r["length"] for r in results) / len(results),
+                "perf/time_per_step": dt,
+                "perf/throughput": 2 * 64 / dt,
+                "timing_s/step": dt,
+                "timing_s/gen": dt * 0.6,
+            }
+            if fp:
+                fp.write(json.dumps({"step": step, "data": metrics}).encode() + b"\n")
+            print(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in metrics.items()), flush=True)
+            if save_freq > 0 and (step % save_freq == 0 or step == total):
+                folder = ckpt / f"global_step_{step}"
+                for role in ("actor", "critic"):
+                    (folder / role).mkdir(parents=True, exist_ok=True)
+                    (folder / role / "model_world_size_1_rank_0.pt").write_text(json.dumps({"step": step}))
+                (folder / "data.pt").write_text(json.dumps({"step": step}))
+                tmp = tracker.with_suffix(".tmp")
+                tmp.write_text(str(step))
+                os.replace(tmp, tracker)
+                print(f"Saved checkpoint {folder}", flush=True)
+    finally:
+        if fp:
+            fp.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,178 @@
+"""Real failures on a real 2-node Ray cluster (two `ray start` nodes on this host), through the real DAG.
+
+Each scenario asserts the outcome, the checkpoints, and that no Ray or trainer process survives.
+Recovery times (kill → the resumed attempt logging its first step) are written to
+.work/fault-recovery.json; bench/fault_recovery.py reports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ray_processes
+from tests.faults.conftest import (
+    FAKE_TRAINER,
+    SAVE_FREQ,
+    TOTAL_STEPS,
+    Killer,
+    kill_node,
+    load_dag,
+    metric_lines,
+    run_dir,
+)
+from verl_pipeline.jobs.attempts import read_attempts
+
+pytestmark = pytest.mark.integration
+
+
+def _states(dr: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+
+
+def _tries(dr: Any, task_id: str) -> int:
+    return next(int(ti.try_number) for ti in dr.get_task_instances() if ti.task_id == task_id)
+
+
+def _no_leftovers(rd: Path) -> None:
+    temp_dirs = set()
+    for name in ("cluster.json", "cluster.stopped.json"):
+        if (rd / name).exists():
+            temp_dirs.add(json.loads((rd / name).read_text())["extra"]["temp_dir"])
+    assert temp_dirs
+    for td in temp_dirs:
+        assert ray_processes(td) == [], f"Ray processes left in {td}"
+    import psutil
+
+    trainers = [p.pid for p in psutil.process_iter(["cmdline"])
+                if str(FAKE_TRAINER) in " ".join(p.info["cmdline"] or [])]
+    assert trainers == [], "trainer processes left behind"
+
+
+def _checkpoints_intact(home: Path) -> list[int]:
+    (ckpt,) = list((home / "checkpoints").glob("*"))
+    steps = sorted(int(p.name.split("_")[-1]) for p in ckpt.glob("global_step_*"))
+    for s in steps:
+        for role in ("actor", "critic"):
+            data = json.loads((ckpt / f"global_step_{s}" / role / "model_world_size_1_rank_0.pt").read_text())
+            assert data == {"step": s}
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(TOTAL_STEPS)
+    return steps
+
+
+def _record(results_file: Path, scenario: str, value: dict[str, Any]) -> None:
+    data = json.loads(results_file.read_text()) if results_file.exists() else {}
+    data[scenario] = value
+    results_file.write_text(json.dumps(data, indent=2))
+
+
+def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) -> None:
+    dag = load_dag()
+    killer = Killer(fault_env, at_step=5, kill=kill_node(rank))
+    thread = killer.start()
+    dr = dag.test(run_conf={"profile": "faults"})
+    thread.join(timeout=5)
+    assert killer.error is None
+    assert killer.killed_at is not None, "the job finished before the kill"
+    states = _states(dr)
+    assert str(dr.state) == "success", states
+    assert _tries(dr, "wait_for_verl_job") == 2  # failed once (infrastructure), retried once
+
+    rd = run_dir(fault_env)
+    assert rd is not None
+    attempts = read_attempts(rd)
+    assert [a.attempt for a in attempts] == [1, 2]
+    first = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
+    second = [m["step"] for m in metric_lines(rd / "metrics-a2.jsonl")]
+    resumed = attempts[1].resume_from_step
+    assert resumed >= SAVE_FREQ and resumed % SAVE_FREQ == 0
+    assert second[0] == resumed + 1 and second[-1] == TOTAL_STEPS
+    redone = max(first) - resumed
+    assert 0 <= redone <= SAVE_FREQ
+    assert _checkpoints_intact(fault_env) == list(range(SAVE_FREQ, TOTAL_STEPS + 1, SAVE_FREQ))
+    _no_leftovers(rd)
+    _record(results_file, scenario, {"recovery_s": killer.recovery_s, "killed_after_step": max(first),
+                                     "resumed_from_step": resumed, "steps_redone": redone})
+
+
+def test_worker_node_killed_mid_job_resumes_from_checkpoint(fault_env: Path, results_file: Path) -> None:
+    _resumed_run(fault_env, results_file, "worker node killed", rank=1)
+
+
+def test_head_node_killed_mid_job_reprovisions_and_resumes(fault_env: Path, results_file: Path) -> None:
+    _resumed_run(fault_env, results_file, "head node killed", rank=0)
+
+
+@pytest.mark.parametrize(
+    ("profile", "reason"),
+    [("faults-config-error", "configuration rejected"), ("faults-user-exception", "exception in user code")],
+)
+def test_user_failures_are_not_retried(
+    fault_env: Path, profile: str, reason: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    dag = load_dag()
+    dr = dag.test(run_conf={"profile": profile})
+    out = capfd.readouterr()
+    assert f"user failure: {reason}" in out.out + out.err
+    states = _states(dr)
+    assert str(dr.state) == "failed"
+    assert states["wait_for_verl_job"] == "failed"
+    assert _tries(dr, "wait_for_verl_job") == 1
+    assert states["teardown_ray_cluster"] == "success"
+    rd = run_dir(fault_env)
+    assert rd is not None
+    assert len(read_attempts(rd)) == 1
+    _no_leftovers(rd)
+
+
+def test_killed_waiter_reattaches_and_exactly_one_job_runs(fault_env: Path, results_file: Path) -> None:
+    """The process waiting on the job dies mid-run; the wait task's retry reattaches to the live job."""
+    airflow = str(Path(sys.executable).parent / "airflow")
+    env = dict(os.environ)
+    first = subprocess.Popen([airflow, "dags", "test", "verl_ppo", "-c", json.dumps({"profile": "faults"})],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    rd: Path | None = None
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            rd = run_dir(fault_env)
+            if rd and len(metric_lines(rd / "metrics-a1.jsonl")) >= 2:
+                break
+            assert first.poll() is None, "the first dags test ended before it could be killed"
+            time.sleep(0.2)
+        os.killpg(first.pid, signal.SIGKILL)  # the waiter (and the triggerer it runs inline) dies
+        killed_at = time.monotonic()
+        first.wait(timeout=30)
+        assert rd is not None
+        run_id = json.loads((rd / "cluster.json").read_text())["name"].split("#")[0].split("/", 1)[1]
+        # The wait task's retry, as the scheduler would run it: it must reattach, not resubmit.
+        retry = subprocess.run([airflow, "tasks", "test", "verl_ppo", "wait_for_verl_job", run_id], env=env,
+                               capture_output=True, text=True, timeout=600)
+        out = retry.stdout + retry.stderr
+        assert retry.returncode == 0, out[-4000:]
+        job_id = read_attempts(rd)[0].submission_id
+        (fault_env.parent / "retry.log").write_text(out)
+        assert f"Ray job {job_id} is running: deferring" in out
+        reattached_s = round(time.monotonic() - killed_at, 1)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        if rd is not None and (rd / "cluster.json").exists():
+            run_id = json.loads((rd / "cluster.json").read_text())["name"].split("#")[0].split("/", 1)[1]
+            subprocess.run([airflow, "tasks", "test", "verl_ppo", "teardown_ray_cluster", run_id], env=env,
+                           capture_output=True, timeout=300)
+    attempts = read_attempts(rd)
+    assert len(attempts) == 1, attempts
+    steps = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
+    assert steps == list(range(1, TOTAL_STEPS + 1))  # one job, never restarted
+    _no_leftovers(rd)
+    _record(results_file, "waiting process killed", {"recovery_s": reattached_s, "steps_redone": 0,
+                                                      "note": "job kept training; retry reattached"})

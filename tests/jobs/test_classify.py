@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import pytest
+
+from verl_pipeline.jobs.classify import FailureKind, classify
+
+EXIT = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
+
+INFRA = [
+    ("ray.exceptions.NodeDiedError: Task failed due to the node (node ID: ab12) where this task was running "
+     "crashing unexpectedly.", "node died"),
+    ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task. The actor's node "
+     "was terminated", "actor died with its node"),
+    ("ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing this task.",
+     "worker killed (OOM or signal)"),
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+     "worker killed (OOM or signal)"),
+    ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE)",
+     "NCCL timeout or error"),
+    ("Failed to connect to GCS at address 10.0.0.1:6379 within 5 seconds", "raylet or GCS lost"),
+    ("The instance was preempted by the cloud provider", "preempted"),
+    ("Ray Jobs API unreachable: Cannot connect to host 127.0.0.1:8265", "Jobs API unreachable"),
+    ("ray.exceptions.ObjectLostError: Failed to retrieve object", "object lost with its node"),
+]
+
+USER = [
+    ("omegaconf.errors.ConfigAttributeError: Key 'bad' is not in struct", "configuration rejected"),
+    ("ValueError: ConfigError: missing or invalid trainer keys", "configuration rejected"),
+    ("ModuleNotFoundError: No module named 'my_reward'", "import error"),
+    ("FileNotFoundError: [Errno 2] No such file or directory: '/data/train.parquet'", "data error"),
+    ("Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero", "exception in user code"),
+]
+
+
+@pytest.mark.parametrize(("log", "reason"), INFRA)
+def test_infrastructure_failures_are_retryable(log: str, reason: str) -> None:
+    c = classify(EXIT, "some output\nTraceback (most recent call last):\n" + log)
+    assert c.kind is FailureKind.INFRASTRUCTURE and c.retryable
+    assert c.reason == reason
+    assert c.evidence
+
+
+@pytest.mark.parametrize(("log", "reason"), USER)
+def test_user_failures_are_not(log: str, reason: str) -> None:
+    c = classify(EXIT, log)
+    assert c.kind is FailureKind.USER and not c.retryable
+    assert c.reason == reason
+
+
+def test_unknown_and_stopped() -> None:
+    assert classify("exit code 2", "no idea").reason == "unrecognised failure (not retried)"
+    assert classify("Job was intentionally stopped.", "", status="STOPPED").reason == "job was stopped"
+    # A node death during a stop still counts as the infrastructure's.
+    assert classify("stopped", "NodeDiedError", status="STOPPED").retryable
