@@ -45,7 +45,7 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
     ``endpoint`` is ``(dashboard_url, token)`` resolved from an Airflow connection for the
     ``address`` backend.
     """
-    backend = get_backend(spec.cluster)
+    backend = get_backend(spec.cluster).for_run(spec.run_dir)
     if endpoint is not None:
         from verl_pipeline.cluster.address import AddressBackend
 
