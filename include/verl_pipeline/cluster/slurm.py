@@ -48,6 +48,10 @@ WORKER_PORT_SPAN = 80
 #: Slurm job states after which the allocation is gone for good.
 TERMINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"}
+#: Pending reasons that never resolve by waiting: fail at once instead of waiting out pending_timeout_s.
+HOPELESS_REASONS = {"PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "PartitionDown", "AccountNotAllowed",
+                    "InvalidAccount", "InvalidQOS", "QOSMaxNodePerJobLimit", "QOSMaxGRESPerJob", "BadConstraints",
+                    "ReqNodeNotAvail", "JobHeldAdmin", "DependencyNeverSatisfied"}
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -505,6 +509,10 @@ class SlurmBackend(ClusterBackend):
             if job.terminal:
                 raise ClusterError(f"{job.describe()}: the allocation failed before Ray started. "
                                    f"{self._output_tail(handle)}")
+            if job.reason.split(",")[0] in HOPELESS_REASONS:
+                raise ClusterError(f"{job.describe()}: Slurm can never start this allocation as requested "
+                                   "(check cluster.nodes/cpus_per_node/gpus_per_node/time/partition/account "
+                                   "against `sinfo` and your site's limits)")
             if time.monotonic() > deadline:
                 raise ClusterError(f"{job.describe()} after {self.pending_timeout_s:.0f}s: gave up waiting for the "
                                    "allocation (raise cluster.pending_timeout_s, or pick another partition/size)")
