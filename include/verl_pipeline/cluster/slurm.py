@@ -282,11 +282,15 @@ class SlurmBackend(ClusterBackend):
         return f"vp-{slug(name, 24)}-{short_hash(name, length=8)}"
 
     def workdir_for(self, name: str) -> Path:
-        """Where the script, Slurm's output and the published head address go (shared storage)."""
-        if self.shared_dir:
-            return Path(self.shared_dir).expanduser() / self.job_name(name)
+        """Where the script, Slurm's output and the published head address go (shared storage).
+
+        The run directory when the backend is bound to a run (storage root must be shared),
+        else ``shared_dir``, else the pipeline home.
+        """
         if self.run_dir:
             return Path(self.run_dir) / "slurm"
+        if self.shared_dir:
+            return Path(self.shared_dir).expanduser() / self.job_name(name)
         return pipeline_home() / "slurm" / self.job_name(name)
 
     def temp_dir_for(self, name: str) -> str:

@@ -1,0 +1,79 @@
+"""The verl_ppo DAG end to end on a real (throwaway, single-host) Slurm: two Ray nodes in one allocation."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.slurm_fixture import SlurmCluster, processes_of_job, slurm_cluster
+from tests.cluster.test_slurm import slurm_test_spec
+from tests.conftest import ray_processes
+from tests.integration.test_verl_ppo_dag import _states, _xcom
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    yield from slurm_cluster(nodes=2, cpus_per_node=2)
+
+
+@pytest.fixture
+def slurm_configs(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of configs/ with a ``slurm-smoke`` run profile whose cluster profile selects this Slurm."""
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    cluster = {"description": "two Ray nodes in a test Slurm allocation", "cluster": slurm_test_spec(
+        slurm, tmp_path / "shared"), "storage": {"root": None}, "runtime": {"ship_package": True, "env": {}}}
+    (configs / "clusters" / "slurm-test.yaml").write_text(yaml.safe_dump(cluster))
+    smoke = yaml.safe_load((configs / "profiles" / "smoke.yaml").read_text())
+    smoke["cluster_profile"] = "slurm-test"
+    (configs / "profiles" / "slurm-smoke.yaml").write_text(yaml.safe_dump(smoke))
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(configs))
+    return configs
+
+
+def _dag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / "verl_ppo.py"))
+    assert bag.import_errors == {}
+    return bag.dags["verl_ppo"]
+
+
+def test_dag_on_slurm_two_ray_nodes_preflight_then_scancel(
+    airflow_db: Path, slurm_configs: Path, slurm: SlurmCluster
+) -> None:
+    dr = _dag().test(run_conf={"profile": "slurm-smoke", "total_training_steps": 2})
+    states = _states(dr)
+    assert str(dr.state) == "success", states
+
+    cluster = _xcom(dr, "provision_ray_cluster")
+    sub = _xcom(dr, "submit_verl_job")
+    waited = _xcom(dr, "wait_for_verl_job")
+    teardown = _xcom(dr, "teardown_ray_cluster")
+    job_id = cluster["extra"]["job_id"]
+
+    # Two Ray nodes came up inside the allocation, and the preflight job ran on them.
+    assert cluster["backend"] == "slurm" and cluster["expected_nodes"] == 2
+    assert sub["mode"] == "preflight"
+    assert waited["status"] == "SUCCEEDED" and waited["preflight"]["ok"] is True
+    assert waited["preflight"]["cluster"] == {"nodes": 2, "CPU": 2, "GPU": 0}
+    # The script that ran is kept in the run directory, beside Slurm's output of the job.
+    script = Path(cluster["extra"]["script"])
+    assert script == Path(sub["run_dir"]) / "slurm" / "ray-cluster.sbatch"
+    assert (script.parent / f"slurm-{job_id}.out").is_file()
+    assert "#SBATCH --nodes=2" in script.read_text()
+
+    # Teardown cancelled the allocation: it left the queue and none of its processes survive.
+    assert teardown["slurm_job_id"] == job_id and teardown["final_state"] == "CANCELLED"
+    assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
+    assert processes_of_job(job_id) == []
+    assert ray_processes(cluster["extra"]["temp_dir"]) == []
