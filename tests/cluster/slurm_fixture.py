@@ -117,7 +117,7 @@ class SlurmCluster:
                         f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log", f"--seed-file={m}/munged.seed"],
                        check=True, capture_output=True)
         self.munged_pid = int((m / "munged.pid").read_text().strip())
-        log = open(d / "log" / "daemons.out", "ab")  # noqa: SIM115 - kept open for the daemons' lifetime
+        log = open(d / "log" / "daemons.out", "ab")
         self.procs.append(subprocess.Popen(["slurmctld", "-D", "-f", str(self.conf)], stdout=log, stderr=log,
                                            env=self.env(), start_new_session=True))
         for i in range(1, self.nodes + 1):

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.constants import BackendKind
-
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.jobs.client import RayJobsClient
 

@@ -191,7 +191,8 @@ class SlurmBackend(ClusterBackend):
             if isinstance(value, bool) or not isinstance(value, int) or not (
                 1024 <= value <= 65535 or (allow_zero and value == 0)
             ):
-                rule = "must be 0 (pick free ports at submit time) or 1024-65535" if allow_zero else "must be 1024-65535"
+                rule = ("must be 0 (pick free ports at submit time) or 1024-65535" if allow_zero
+                        else "must be 1024-65535")
                 raise ConfigError(f"cluster.{key}", value, rule, f"{key}: {default}")
             return value
 
@@ -232,7 +233,8 @@ class SlurmBackend(ClusterBackend):
                 raise ConfigError(f"cluster.{key}", value, "must be an absolute path", f"{key}: /shared/...")
         time_limit = str(spec.get("time", "04:00:00"))
         if not _TIME.match(time_limit):
-            raise ConfigError("cluster.time", time_limit, "is not a Slurm time limit", "time: '1-00:00:00' or '04:00:00'")
+            raise ConfigError("cluster.time", time_limit, "is not a Slurm time limit",
+                              "time: '1-00:00:00' or '04:00:00'")
         dash_host = str(spec.get("dashboard_host", "0.0.0.0"))
         if not re.fullmatch(r"[0-9.]+|[A-Za-z0-9.\-]+", dash_host):
             raise ConfigError("cluster.dashboard_host", dash_host, "must be an address", "dashboard_host: 0.0.0.0")
