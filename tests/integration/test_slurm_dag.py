@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,8 @@ def slurm_configs(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.Monke
     smoke = yaml.safe_load((configs / "profiles" / "smoke.yaml").read_text())
     smoke["cluster_profile"] = "slurm-test"
     (configs / "profiles" / "slurm-smoke.yaml").write_text(yaml.safe_dump(smoke))
+    # The only Slurm cluster profile here, so `--backend slurm` selects it.
+    (configs / "clusters" / "slurm-gpu.yaml").unlink()
     monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(configs))
     return configs
 
@@ -77,3 +80,30 @@ def test_dag_on_slurm_two_ray_nodes_preflight_then_scancel(
     assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
     assert processes_of_job(job_id) == []
     assert ray_processes(cluster["extra"]["temp_dir"]) == []
+
+
+def test_cli_cluster_up_status_down_with_backend_slurm(
+    slurm_configs: Path, slurm: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_pipeline.cli import main
+
+    run = ["--run-name", "cli/slurm", "--json"]
+    assert main(["cluster", "up", "--backend", "slurm", *run]) == 0
+    handle = json.loads(capsys.readouterr().out)
+    try:
+        assert handle["backend"] == "slurm" and handle["expected_nodes"] == 2
+        assert main(["cluster", "status", "--backend", "slurm", *run]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["status"]["nodes_alive"] == 2
+        assert status["health"]["alive"] is True and status["health"]["state"] == "RUNNING"
+    finally:
+        assert main(["cluster", "down", "--backend", "slurm", *run]) == 0
+    down = json.loads(capsys.readouterr().out)
+    assert down["final_state"] == "CANCELLED"
+    assert processes_of_job(handle["extra"]["job_id"]) == []
+    # A cluster profile of another backend is refused; so is a backend no profile uses.
+    assert main(["cluster", "up", "--backend", "slurm", "--cluster-profile", "local-cpu", *run]) == 2
+    assert "cluster profile local-cpu uses backend local" in capsys.readouterr().err
+    (slurm_configs / "clusters" / "kuberay-gpu.yaml").unlink()
+    assert main(["cluster", "up", "--backend", "kuberay", *run]) == 2
+    assert "0 cluster profiles in configs/clusters use this backend" in capsys.readouterr().err
