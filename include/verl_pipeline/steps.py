@@ -67,6 +67,13 @@ def find_handle(spec: RunSpec) -> ClusterHandle | None:
         state = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.cluster_name) / STATE_FILE
         if state.is_file():
             return ClusterHandle.from_dict(json.loads(state.read_text()))
+    if spec.cluster.get("backend") == "slurm":
+        from verl_pipeline.cluster.slurm import STATE_FILE as SLURM_STATE
+
+        # Written right after sbatch: a provision killed while waiting still leaves the job id here.
+        state = spec.run_dir / "slurm" / SLURM_STATE
+        if state.is_file():
+            return ClusterHandle.from_dict(json.loads(state.read_text()))
     return None
 
 

@@ -107,3 +107,41 @@ def test_cli_cluster_up_status_down_with_backend_slurm(
     (slurm_configs / "clusters" / "kuberay-gpu.yaml").unlink()
     assert main(["cluster", "up", "--backend", "kuberay", *run]) == 2
     assert "0 cluster profiles in configs/clusters use this backend" in capsys.readouterr().err
+
+
+def test_provision_killed_while_waiting_still_gets_its_allocation_cancelled(
+    slurm_configs: Path, slurm: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from verl_pipeline.cli import main
+    from verl_pipeline.config import build_run_spec
+
+    run = ["--profile", "slurm-smoke", "--run-name", "pytest/killed", "--json"]
+    spec = build_run_spec({"profile": "slurm-smoke"}, run_name="pytest/killed")
+    state = spec.run_dir / "slurm" / "slurm-job.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "include"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "verl_pipeline", "cluster", "up", *run], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not state.is_file() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.is_file(), "the backend records the job right after sbatch"
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the provision task is killed mid-wait (worker lost)
+        proc.wait()
+    job_id = json.loads(state.read_text())["extra"]["job_id"]
+    assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() != ""
+    # Teardown finds the job from the run directory and cancels it.
+    assert main(["cluster", "down", *run]) == 0
+    assert json.loads(capsys.readouterr().out)["slurm_job_id"] == job_id
+    assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
+    deadline = time.monotonic() + 15
+    while processes_of_job(job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_of_job(job_id) == []
