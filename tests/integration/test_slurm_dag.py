@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.cluster.slurm_fixture import SlurmCluster, processes_of_job, slurm_cluster
-from tests.cluster.test_slurm import slurm_test_spec
+from tests.cluster.test_slurm import nothing_left, slurm_test_spec
 from tests.conftest import ray_processes
 from tests.integration.test_verl_ppo_dag import _states, _xcom
 
@@ -82,25 +82,59 @@ def test_dag_on_slurm_two_ray_nodes_preflight_then_scancel(
     assert ray_processes(cluster["extra"]["temp_dir"]) == []
 
 
-def test_cli_cluster_up_status_down_with_backend_slurm(
+def test_cli_backend_slurm_cancel_from_outside_then_a_fresh_allocation(
     slurm_configs: Path, slurm: SlurmCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`cluster up/status/down --backend slurm` by hand; the site cancels the allocation mid-run: the backend
+    reports it as an infrastructure failure naming the Slurm state, and the next provision (what a retry
+    does) gets a fresh allocation."""
+    import time
+
     from verl_pipeline.cli import main
+    from verl_pipeline.cluster.base import ClusterHandle, get_backend
 
     run = ["--run-name", "cli/slurm", "--json"]
     assert main(["cluster", "up", "--backend", "slurm", *run]) == 0
-    handle = json.loads(capsys.readouterr().out)
+    first = json.loads(capsys.readouterr().out)
+    handle = ClusterHandle.from_dict(first)
+    backend = get_backend({"backend": "slurm"})
     try:
-        assert handle["backend"] == "slurm" and handle["expected_nodes"] == 2
+        assert first["backend"] == "slurm" and first["expected_nodes"] == 2
         assert main(["cluster", "status", "--backend", "slurm", *run]) == 0
         status = json.loads(capsys.readouterr().out)
-        assert status["status"]["nodes_alive"] == 2
-        assert status["health"]["alive"] is True and status["health"]["state"] == "RUNNING"
+        assert status["status"]["nodes_alive"] == 2 and status["status"]["cpus"] == 2
+        assert status["health"] == {"alive": True, "state": "RUNNING", "infrastructure": False,
+                                    "detail": f"Slurm job {first['extra']['job_id']} is RUNNING"}
+        assert processes_of_job(first["extra"]["job_id"]), "the Ray nodes run inside the allocation"
+
+        # The site takes the allocation away mid-run.
+        assert slurm.run("scancel", first["extra"]["job_id"]).returncode == 0
+        deadline = time.monotonic() + 30
+        while backend.health(handle).alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+        health = backend.health(handle)
+        assert not health.alive and health.infrastructure and health.state in ("CANCELLED", "COMPLETING")
+        assert f"Slurm job {first['extra']['job_id']} is {health.state}" in health.detail
+        nothing_left(first["extra"])
+        assert main(["cluster", "status", "--backend", "slurm", *run]) == 1
+        status = json.loads(capsys.readouterr().out)
+        assert status["status"]["ready"] is False and status["health"]["state"] in ("CANCELLED", "COMPLETING")
+
+        # Provisioning again (what a retry does) gets a fresh allocation with two Ray nodes.
+        assert main(["cluster", "up", "--backend", "slurm", *run]) == 0
+        handle = ClusterHandle.from_dict(json.loads(capsys.readouterr().out))
+        assert handle.extra["job_id"] != first["extra"]["job_id"]
+        assert backend.status(handle).nodes_alive == 2
     finally:
         assert main(["cluster", "down", "--backend", "slurm", *run]) == 0
     down = json.loads(capsys.readouterr().out)
-    assert down["final_state"] == "CANCELLED"
-    assert processes_of_job(handle["extra"]["job_id"]) == []
+    assert down["slurm_job_id"] == handle.extra["job_id"] and down["final_state"] == "CANCELLED"
+    assert slurm.run("squeue", "-h", "-j", handle.extra["job_id"]).stdout.strip() == ""
+    nothing_left(handle.extra)
+    # A second `down` finds nothing left to cancel.
+    assert main(["cluster", "down", "--backend", "slurm", *run]) == 0
+    assert json.loads(capsys.readouterr().out) == {"job_stopped": False}
+
     # A cluster profile of another backend is refused; so is a backend no profile uses.
     assert main(["cluster", "up", "--backend", "slurm", "--cluster-profile", "local-cpu", *run]) == 2
     assert "cluster profile local-cpu uses backend local" in capsys.readouterr().err
