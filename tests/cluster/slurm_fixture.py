@@ -178,3 +178,4 @@ def slurm_cluster(nodes: int = 2, cpus_per_node: int = 2) -> Iterator[SlurmClust
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
