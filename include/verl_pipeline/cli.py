@@ -3,6 +3,7 @@
 Examples::
 
     verl-pipeline cluster up                      # local Ray head of the default profile
+    verl-pipeline cluster up --backend slurm      # the cluster profile that uses Slurm (sbatch)
     verl-pipeline preprocess --json
     verl-pipeline prefetch
     verl-pipeline render --mode preflight         # exact entrypoint + runtime_env
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.config import RunSpec, build_run_spec
-from verl_pipeline.constants import Mode
+from verl_pipeline.constants import BackendKind, Mode
 from verl_pipeline.exceptions import PipelineError
 
 CLI_DAG_ID = "cli"
@@ -73,10 +74,37 @@ def _handle(spec: RunSpec) -> Any:
     return handle
 
 
+def _select_backend(args: argparse.Namespace) -> None:
+    """``--backend`` picks the cluster profile: the given one must use it, else the only profile that does."""
+    from verl_pipeline.config import list_profiles, load_yaml_profile
+    from verl_pipeline.exceptions import ConfigError
+
+    def backend_of(name: str) -> str:
+        return str((load_yaml_profile("clusters", name).get("cluster") or {}).get("backend"))
+
+    if args.cluster_profile:
+        if backend_of(args.cluster_profile) != args.backend:
+            raise ConfigError("--backend", args.backend, f"cluster profile {args.cluster_profile} uses backend "
+                              f"{backend_of(args.cluster_profile)}", "drop --backend or pick a matching profile")
+        return
+    run_profile = load_yaml_profile("profiles", args.profile or "smoke")
+    if backend_of(str(run_profile.get("cluster_profile", ""))) == args.backend:
+        return
+    matches = [name for name in list_profiles("clusters") if backend_of(name) == args.backend]
+    if len(matches) != 1:
+        raise ConfigError("--backend", args.backend,
+                          f"{len(matches)} cluster profiles in configs/clusters use this backend: {matches}",
+                          "pass --cluster-profile NAME" if matches else
+                          f"add configs/clusters/<name>.yaml with `backend: {args.backend}` (see the README)")
+    args.cluster_profile = matches[0]
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
-    from verl_pipeline.cluster.base import probe
+    from verl_pipeline.cluster.base import get_backend
 
+    if args.backend:
+        _select_backend(args)
     spec = _spec(args)
     if args.action == "up":
         endpoint = (args.address, None) if args.address else None
@@ -89,11 +117,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         _out(args, result)
     else:
         handle = _handle(spec)
-        status = probe(handle.client())
-        _out(args, {"cluster": handle.to_dict(), "status": status.to_dict()},
-             f"{handle.name}: {'ready' if status.ready else 'NOT READY'} — {status.nodes_alive} node(s), "
-             f"{status.cpus:g} CPU, {status.gpus:g} GPU, Ray {status.ray_version} ({status.detail})")
-        return 0 if status.ready else 1
+        backend = get_backend({"backend": handle.backend, **steps._backend_spec(handle)})
+        status = backend.status(handle)
+        health = backend.health(handle)
+        _out(args, {"cluster": handle.to_dict(), "status": status.to_dict(), "health": health.to_dict()},
+             f"{handle.name} ({handle.backend}): {'ready' if status.ready else 'NOT READY'} — "
+             f"{status.nodes_alive} node(s), {status.cpus:g} CPU, {status.gpus:g} GPU, Ray {status.ray_version} "
+             f"({status.detail}); infrastructure: {health.detail}")
+        return 0 if status.ready and health.alive else 1
     return 0
 
 
@@ -220,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cluster", help="provision / tear down / inspect the run's Ray cluster")
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--address", default=None, help="dashboard URL of an existing cluster (address backend)")
+    p.add_argument("--backend", choices=[k.value for k in BackendKind], default=None,
+                   help="where the cluster comes from; picks the cluster profile using it (with --cluster-profile: "
+                        "checks it)")
     _add_run_args(p)
     p.set_defaults(func=cmd_cluster)
 

@@ -52,7 +52,7 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
             # A retried or re-run provision of the same run: keep the live cluster (and the job on it).
             log.info("Reusing the run's healthy cluster %s at %s", existing.name, existing.dashboard_url)
             return existing
-    backend = get_backend(spec.cluster)
+    backend = get_backend(spec.cluster).for_run(spec.run_dir)
     if endpoint is not None:
         from verl_pipeline.cluster.address import AddressBackend
 
@@ -110,6 +110,13 @@ def find_handle(spec: RunSpec) -> ClusterHandle | None:
         from verl_pipeline.cluster.local import STATE_FILE, LocalBackend
 
         state = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.cluster_name) / STATE_FILE
+        if state.is_file():
+            return ClusterHandle.from_dict(json.loads(state.read_text()))
+    if spec.cluster.get("backend") == "slurm":
+        from verl_pipeline.cluster.slurm import STATE_FILE as SLURM_STATE
+
+        # Written right after sbatch: a provision killed while waiting still leaves the job id here.
+        state = spec.run_dir / "slurm" / SLURM_STATE
         if state.is_file():
             return ClusterHandle.from_dict(json.loads(state.read_text()))
     return None
