@@ -112,7 +112,7 @@ def test_gated_model_needs_a_token_and_never_logs_it(
     online: FakeHub, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(ModelError, match="gated or private and no token was given.*hf_default") as e:
+    with pytest.raises(ModelError, match=r"gated or private and no token was given.*hf_default") as e:
         prefetch(ModelSource.parse("hf://acme/gated@main"), tmp_path)
     assert TOKEN not in str(e.value)
     with pytest.raises(ModelError, match="token has no access"):

@@ -49,7 +49,7 @@ def test_bad_reward_source_is_a_config_error(configs: Path) -> None:
     prof = yaml.safe_load((configs / "models" / "tiny-three.yaml").read_text())
     prof["model"]["reward_source"] = "relative/dir"
     (configs / "models" / "tiny-three.yaml").write_text(yaml.safe_dump(prof))
-    with pytest.raises(ConfigError, match="model.reward_source='relative/dir'"):
+    with pytest.raises(ConfigError, match=r"model\.reward_source='relative/dir'"):
         build_run_spec({"profile": "three-models"}, run_name="t/plan")
 
 

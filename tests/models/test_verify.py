@@ -44,7 +44,7 @@ def test_truncated_weights_name_the_file_and_tensor(model_dir: Path) -> None:
     with pytest.raises(ModelError, match=r"model\.safetensors: 4 bytes is too short"):
         verify_model_dir(model_dir)
     weights.write_bytes(struct.pack("<Q", 10**12) + b"{}")
-    with pytest.raises(ModelError, match="header length .* does not fit the file size"):
+    with pytest.raises(ModelError, match=r"header length .* does not fit the file size"):
         verify_model_dir(model_dir)
     weights.write_bytes(struct.pack("<Q", 4) + b"{oops")
     with pytest.raises(ModelError, match="header is not valid JSON"):
@@ -69,13 +69,13 @@ def test_safetensors_shapes_and_dtypes_are_checked(tmp_path: Path) -> None:
 def test_config_tokenizer_index_and_architecture(model_dir: Path) -> None:
     (model_dir / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"x": "model-00002-of-00002.safetensors"}}))
-    with pytest.raises(ModelError, match="names shard.* missing: model-00002-of-00002.safetensors"):
+    with pytest.raises(ModelError, match=r"names shard.* missing: model-00002-of-00002\.safetensors"):
         verify_model_dir(model_dir)
     (model_dir / "model.safetensors.index.json").unlink()
 
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, "architectures": ["NotARealForCausalLM"]}))
-    with pytest.raises(ModelError, match=r"config\.json: architecture\(s\) NotARealForCausalLM unknown to transformers"):
+    with pytest.raises(ModelError, match=r"config\.json: architecture\(s\) NotARealForCausalLM unknown"):
         verify_model_dir(model_dir)
     (model_dir / "config.json").write_text(json.dumps({**config, "model_type": "not-a-model"}))
     with pytest.raises(ModelError, match=r"config\.json: model_type 'not-a-model' is not one transformers"):
@@ -132,7 +132,7 @@ def test_fsspec_url_is_copied_once_and_refreshed_when_it_changes(tiny_model_path
     fs.pipe(f"{base}/generation_config.json", b'{"changed": true}')
     again = prefetch(ModelSource.parse(url), tmp_path)
     assert not again.cached and json.loads((local / "generation_config.json").read_text()) == {"changed": True}
-    with pytest.raises(ModelError, match="no such directory|no files under this URL"):
+    with pytest.raises(ModelError, match=r"no such directory|no files under this URL"):
         prefetch(ModelSource.parse("memory:///nothing/here"), tmp_path)
 
 

@@ -155,7 +155,6 @@ class PrefetchModelOperator(_PipelineOperator):
     logged. Returns ``{role: {"path": ..., "commit": ..., ...}}``.
     """
 
-    template_fields: Sequence[str] = ("model",)
     ui_color = "#fdebd0"
 
     def __init__(self, *, model: dict[str, Any] | None = None, hf_conn_id: str | None = HF_CONN_ID,
@@ -177,6 +176,7 @@ class PrefetchModelOperator(_PipelineOperator):
         return conn.password or None
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline.models.hub import ModelAccessError
         from verl_pipeline.models.prefetch import prefetch_roles, prefetch_run
 
         token = self._hub_token()
@@ -192,6 +192,8 @@ class PrefetchModelOperator(_PipelineOperator):
                                                f"-> {source}")
             else:
                 out = prefetch_run(spec, token=token)
+        except ModelAccessError as e:  # gated, unknown repo or revision: a retry cannot succeed
+            raise AirflowFailException(f"{type(e).__name__}: {e}") from e
         except PipelineError as e:
             raise _fail(e) from e
         for role, r in out.items():

@@ -43,6 +43,10 @@ API_TIMEOUT_S = 20.0
 _TOKEN_HINT = "set the Airflow connection hf_default (password = a hub token with access) or HF_TOKEN"
 
 
+class ModelAccessError(ModelError):
+    """The model cannot be fetched as asked (gated, no such repository or revision): retrying will not help."""
+
+
 def repo_dir(cache_root: Path, repo: str) -> Path:
     return cache_root / "hf" / repo.replace("/", "--")
 
@@ -77,15 +81,15 @@ def hub_error(source: ModelSource, e: BaseException, token: str | None) -> Model
 
     if isinstance(e, GatedRepoError):
         if token:
-            return ModelError(f"{source} is gated and the token has no access to it: accept the model's terms on "
+            return ModelAccessError(f"{source} is gated and the token has no access to it: accept the model's terms on "
                               "its hub page with the token's account, or use a token that has access")
-        return ModelError(f"{source} is gated or private and no token was given: {_TOKEN_HINT}")
+        return ModelAccessError(f"{source} is gated or private and no token was given: {_TOKEN_HINT}")
     if isinstance(e, RevisionNotFoundError):
-        return ModelError(f"{source}: revision {source.revision!r} does not exist in {source.ref} "
+        return ModelAccessError(f"{source}: revision {source.revision!r} does not exist in {source.ref} "
                           "(use a branch, tag or commit hash listed on the model page)")
     if isinstance(e, RepositoryNotFoundError):
         hint = "check the name" if token else f"check the name, or if it is private {_TOKEN_HINT}"
-        return ModelError(f"{source}: no such repository on the hub ({hint})")
+        return ModelAccessError(f"{source}: no such repository on the hub ({hint})")
     if isinstance(e, RemoteEntryNotFoundError):
         return ModelError(f"{source}: a file listed by the hub is missing on it ({e.__class__.__name__})")
     if isinstance(e, HfHubHTTPError):
@@ -134,6 +138,9 @@ def resolve_commit(source: ModelSource, cache_root: Path, token: str | None) -> 
         err = hub_error(source, e, token)
         if err is None:
             raise
+        if cached and not isinstance(err, ModelAccessError):
+            log.warning("The hub failed (%s): using commit %s last seen for %s", err, cached, source)
+            return cached
         raise err from None
     if not info.sha or not _COMMIT.match(info.sha):
         raise ModelError(f"{source}: the hub returned no commit for revision {rev!r}")
@@ -320,4 +327,5 @@ def _download(source: ModelSource, commit: str, dest: Path, *, token: str | None
                     files=files, facts=facts)
 
 
-__all__ = ["DEFAULT_ALLOW_PATTERNS", "cached_hub_model", "fetch_hub", "hub_error", "repo_dir", "resolve_commit"]
+__all__ = ["DEFAULT_ALLOW_PATTERNS", "ModelAccessError", "cached_hub_model", "fetch_hub", "hub_error", "repo_dir",
+           "resolve_commit"]
