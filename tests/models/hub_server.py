@@ -71,6 +71,8 @@ class FakeHub:
         self.cut: dict[str, list[int]] = {}
         #: seconds to sleep per 64 KiB sent (slows transfers down)
         self.delay_per_chunk = 0.0
+        #: when set, every API call answers this HTTP status (a hub outage)
+        self.api_status: int | None = None
         self._lock = threading.Lock()
         hub = self
 
@@ -136,6 +138,9 @@ class FakeHub:
             api = False
         else:
             self._error(h, 404, "EntryNotFound", f"no route {path}", head)
+            return
+        if api and self.api_status is not None:
+            self._send(h, self.api_status, b"upstream error", {"Content-Type": "text/plain"}, head)
             return
         repo = self.repos.get(repo_id)
         if repo is None:

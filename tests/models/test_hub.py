@@ -20,6 +20,7 @@ import pytest
 from tests.models.hub_server import FakeHub, Repo
 from verl_pipeline.config import ModelSource
 from verl_pipeline.exceptions import ModelError
+from verl_pipeline.models.hub import ModelAccessError
 from verl_pipeline.models.prefetch import prefetch
 
 TOKEN = "hf_test_secret_token_do_not_log_123"
@@ -114,7 +115,7 @@ def test_gated_model_needs_a_token_and_never_logs_it(
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ModelError, match=r"gated or private and no token was given.*hf_default") as e:
         prefetch(ModelSource.parse("hf://acme/gated@main"), tmp_path)
-    assert TOKEN not in str(e.value)
+    assert TOKEN not in str(e.value) and isinstance(e.value, ModelAccessError)  # no point retrying
     with pytest.raises(ModelError, match="token has no access"):
         prefetch(ModelSource.parse("hf://acme/gated@main"), tmp_path, token="hf_wrong")
     r = prefetch(ModelSource.parse("hf://acme/gated@main"), tmp_path, token=TOKEN)
@@ -141,6 +142,16 @@ def test_unreachable_hub_uses_the_cache_or_says_what_is_missing(
     assert again.cached and again.path == first.path and again.commit == first.commit
     with pytest.raises(ModelError, match="unreachable and the model is not in the cache"):
         prefetch(ModelSource.parse("hf://acme/tiny@main"), tmp_path / "empty")
+
+
+def test_hub_outage_falls_back_to_the_last_seen_commit(online: FakeHub, tmp_path: Path) -> None:
+    first = prefetch(ModelSource.parse("hf://acme/tiny@main"), tmp_path)
+    online.api_status = 503
+    again = prefetch(ModelSource.parse("hf://acme/tiny@main"), tmp_path)
+    assert again.cached and again.commit == first.commit
+    with pytest.raises(ModelError, match="the hub answered HTTP 503; retry later") as e:
+        prefetch(ModelSource.parse("hf://acme/tiny@main"), tmp_path / "empty")
+    assert not isinstance(e.value, ModelAccessError)
 
 
 def test_disk_full_is_reported_before_downloading(
@@ -190,22 +201,35 @@ def test_custom_allow_patterns(online: FakeHub, tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_two_concurrent_prefetches_download_once(hub: FakeHub, tmp_path: Path) -> None:
     """Two CLI processes fetch the same model at once: one downloads, the other waits on the lock."""
-    hub.delay_per_chunk = 0.5  # ~4 s for the weights: the two runs overlap
+    hub.delay_per_chunk = 1.0  # ~8 s for the weights
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "include"),
                                           os.environ.get("PYTHONPATH", "")])}
     env.pop("HF_TOKEN", None)
     cmd = [sys.executable, "-m", "verl_pipeline", "prefetch", "--model", "hf://acme/tiny@main",
            "--cache", str(tmp_path), "--json"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(2)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)]
+    # The second starts once the first is transferring the weights, so it arrives mid-download.
+    deadline = time.monotonic() + 120
+    while not hub.gets("model.safetensors") and time.monotonic() < deadline and procs[0].poll() is None:
+        time.sleep(0.05)
+    assert hub.gets("model.safetensors"), "the first prefetch never started downloading"
+    procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+
+    def lookups() -> int:
+        return sum(r.path == "/api/models/acme/tiny/revision/main" for r in list(hub.requests))
+
+    while lookups() < 2 and time.monotonic() < deadline and procs[1].poll() is None:
+        time.sleep(0.05)
+    assert lookups() == 2 and procs[0].poll() is None, "the second prefetch did not overlap the first"
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
         outs.append(json.loads(out)["actor"])
     assert outs[0]["path"] == outs[1]["path"]
-    assert sorted(o["cached"] for o in outs) == [False, True]
+    assert [o["cached"] for o in outs] == [False, True]
+    assert procs[1].returncode == 0
     assert len(hub.gets("model.safetensors")) == 1
     data = hub.repos["acme/tiny"].files["model.safetensors"]
     assert (Path(outs[0]["path"]) / "model.safetensors").read_bytes() == data
