@@ -173,6 +173,10 @@ class PrefetchModelOperator(_PipelineOperator):
         except AirflowNotFoundException:  # normal: public models need no token
             self.log.info("No Airflow connection %r: hub requests use HF_TOKEN if set", self.hf_conn_id)
             return None
+        if conn.password:
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(conn.password)  # redacted should any library ever print it
         return conn.password or None
 
     def execute(self, context: Any) -> dict[str, Any]:
