@@ -143,24 +143,26 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _prefetch_all(spec: RunSpec, model: str | None = None, cache: str | None = None) -> dict[str, Any]:
+    """Every model of the run by role (``--model`` replaces them all with one actor). Token: ``HF_TOKEN``."""
     import os
 
     from verl_pipeline.config import ModelSource
-    from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.models.prefetch import prefetch, prefetch_run
 
-    token = os.environ.get("HF_TOKEN")
+    token = os.environ.get("HF_TOKEN") or None
     cache_root = Path(cache).resolve() if cache else spec.model_cache
-    actor = ModelSource.parse(model) if model else spec.model
-    out = {"actor": prefetch(actor, cache_root, token=token).to_dict()}
-    if spec.critic_model and spec.critic_model != actor and not model:
-        out["critic"] = prefetch(spec.critic_model, cache_root, token=token).to_dict()
-    return out
+    if model:
+        return {"actor": {**prefetch(ModelSource.parse(model, key="--model"), cache_root, token=token).to_dict(),
+                          "role": "actor"}}
+    return prefetch_run(spec, token=token, cache_root=cache_root)
 
 
 def cmd_prefetch(args: argparse.Namespace) -> int:
     spec = _spec(args)
     out = _prefetch_all(spec, args.model, args.cache)
-    lines = [f"{role}: {r['path']} ({r['files']} files, {r['bytes']} bytes)" for role, r in out.items()]
+    lines = [f"{role}: {r['path']} ({r['files']} files, {r['bytes']} bytes, "
+             f"{'cache hit' if r.get('cached') else 'fetched'} in {r['seconds']:.2f}s)"
+             + (f" commit {r['commit']}" if r.get("commit") else "") for role, r in out.items()]
     _out(args, out, "\n".join(lines))
     return 0
 
@@ -263,8 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(p)
     p.set_defaults(func=cmd_preprocess)
 
-    p = sub.add_parser("prefetch", help="fetch or build the run's model(s)")
-    p.add_argument("--model", default=None, help="model source (overrides the profile's)")
+    p = sub.add_parser("prefetch", help="fetch or build the run's model(s) into the shared cache, verified",
+                       description="Fetch every model of the run (actor, critic, reward) into the cache, pinned "
+                                   "to a commit and verified; a repeat run only checks the manifest. Hub token: "
+                                   "HF_TOKEN. Hub endpoint: HF_ENDPOINT.")
+    p.add_argument("--model", default=None,
+                   help="one model source instead of the profile's: hf://org/name@rev, a directory, an fsspec "
+                        "URL or builtin:tiny-qwen2")
     p.add_argument("--cache", default=None, help="cache root (default: <storage>/models)")
     _add_run_args(p)
     p.set_defaults(func=cmd_prefetch)

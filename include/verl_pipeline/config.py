@@ -56,17 +56,31 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: A URL fsspec reads (``s3://``, ``gs://``, ``file://``, ...): copied into the shared cache.
+_URL_SOURCE = re.compile(r"^(?P<proto>[a-z][a-z0-9+.\-]*)://(?P<rest>.+)$")
+
+#: Roles a run's models play, in the order the DAG prefetches them.
+MODEL_ROLES = ("actor", "critic", "reward")
+
+
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model comes from: ``builtin:tiny-qwen2``, ``hf://org/name@rev`` or a local directory."""
+    """Where a model comes from: ``builtin:tiny-qwen2``, ``hf://org/name@rev``, a local directory or an fsspec URL.
+
+    ``allow_patterns`` (hub and fsspec sources) replaces the default file patterns; it does not take
+    part in equality, so the same model with different patterns is still one model.
+    """
 
     kind: str
     ref: str
     revision: str | None = None
+    allow_patterns: tuple[str, ...] | None = field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, text: str, *, key: str = "model_source") -> ModelSource:
+    def parse(cls, text: str, *, key: str = "model_source",
+              allow_patterns: list[str] | tuple[str, ...] | None = None) -> ModelSource:
         text = str(text).strip()
+        patterns = _patterns(allow_patterns, key)
         if text == "builtin:tiny-qwen2":
             return cls("builtin", "tiny-qwen2")
         if text.startswith("builtin:"):
@@ -75,7 +89,19 @@ class ModelSource:
             m = _HF_SOURCE.match(text)
             if not m:
                 raise ConfigError(key, text, "is not a hub reference", "hf://Qwen/Qwen2.5-0.5B-Instruct@main")
-            return cls("hf", m["repo"], m["rev"] or "main")
+            return cls("hf", m["repo"], m["rev"] or "main", patterns)
+        url = _URL_SOURCE.match(text)
+        if url:
+            proto = url["proto"]
+            if proto == "file":
+                return cls.parse(url["rest"], key=key)
+            import fsspec
+
+            if proto not in fsspec.available_protocols():
+                raise ConfigError(key, text, f"unknown URL scheme {proto!r}",
+                                  "hf://org/name@rev, an absolute directory, or an fsspec URL such as "
+                                  "s3://bucket/models/name (with the fsspec backend installed)")
+            return cls("fsspec", text.rstrip("/"), None, patterns)
         path = Path(text).expanduser()
         if not path.is_absolute():
             raise ConfigError(key, text, "a local model must be an absolute directory path",
@@ -88,6 +114,16 @@ class ModelSource:
         if self.kind == "hf":
             return f"hf://{self.ref}@{self.revision}"
         return self.ref
+
+
+def _patterns(value: object, key: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value \
+            or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{key} allow_patterns", value, "must be a non-empty list of glob patterns",
+                          "allow_patterns: ['*.json', '*.safetensors', 'tokenizer*']")
+    return tuple(value)
 
 
 @dataclass(frozen=True)
@@ -156,6 +192,16 @@ class RunSpec:
     verl: dict[str, Any] = field(default_factory=dict)
     derived: dict[str, str] = field(default_factory=dict)
     trainer_command: tuple[str, ...] = DEFAULT_TRAINER_COMMAND
+    reward_model: ModelSource | None = None
+
+    def model_sources(self) -> dict[str, ModelSource]:
+        """The run's models by role (``actor`` always; ``critic``/``reward`` when the model profile sets them)."""
+        out = {"actor": self.model}
+        if self.critic_model is not None:
+            out["critic"] = self.critic_model
+        if self.reward_model is not None:
+            out["reward"] = self.reward_model
+        return out
 
     # -- where things go --------------------------------------------------------------------------
     @property
@@ -200,6 +246,7 @@ class RunSpec:
             "cluster_profile": self.cluster_profile,
             "model": str(self.model),
             "critic_model": str(self.critic_model) if self.critic_model else None,
+            "reward_model": str(self.reward_model) if self.reward_model else None,
             "data": str(self.data),
             "data_options": self.data_options,
             "cluster": self.cluster,
@@ -250,9 +297,15 @@ def build_run_spec(
         raise ConfigError("mode", mode_text, "unknown mode", "auto, train or preflight") from None
 
     model_section = dict(mprof.get("model") or {})
-    model = ModelSource.parse(params.get("model_source") or model_section.get("source", ""))
+    patterns = model_section.get("allow_patterns")
+    model = ModelSource.parse(params.get("model_source") or model_section.get("source", ""),
+                              allow_patterns=patterns)
     critic_text = model_section.get("critic_source")
-    critic = ModelSource.parse(critic_text, key="model.critic_source") if critic_text else None
+    critic = ModelSource.parse(critic_text, key="model.critic_source", allow_patterns=patterns) \
+        if critic_text else None
+    reward_text = model_section.get("reward_source")
+    reward = ModelSource.parse(reward_text, key="model.reward_source", allow_patterns=patterns) \
+        if reward_text else None
 
     data_section = dict(prof.get("data") or {})
     data = DataSource.parse(params.get("data_source") or data_section.pop("source", "builtin:arithmetic"))
@@ -290,6 +343,7 @@ def build_run_spec(
         verl=verl_settings,
         derived=derived,
         trainer_command=tuple(command),
+        reward_model=reward,
     )
     check_shape(spec)
     return spec

@@ -22,7 +22,10 @@ log = logging.getLogger(__name__)
 
 PROVISION_TASK = "provision_ray_cluster"
 PREPROCESS_TASK = "preprocess_data"
+PLAN_MODELS_TASK = "plan_models"
 PREFETCH_TASK = "prefetch_model"
+#: Airflow connection holding the hub token (password); optional.
+HF_CONN_ID = "hf_default"
 SUBMIT_TASK = "submit_verl_job"
 WAIT_TASK = "wait_for_verl_job"
 TEARDOWN_TASK = "teardown_ray_cluster"
@@ -123,26 +126,82 @@ class PreprocessDataOperator(_PipelineOperator):
         return result.to_dict()
 
 
-class PrefetchModelOperator(_PipelineOperator):
-    """Fetch (or build) the actor model, and the critic's when it differs; return local paths."""
+class PlanModelsOperator(_PipelineOperator):
+    """List the run's distinct models with the roles each plays: what ``prefetch_model`` maps over.
 
-    def __init__(self, *, hf_conn_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.hf_conn_id = hf_conn_id
+    Returns ``[{"source": ..., "roles": ["actor", ...]}, ...]`` (the actor's model first).
+    """
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from verl_pipeline.models.prefetch import prefetch
+    ui_color = "#fdebd0"
 
-        token = None
-        if self.hf_conn_id:
-            token = _connection(self.hf_conn_id).password or None
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from verl_pipeline.models.prefetch import plan_models
+
         try:
-            spec = spec_from_context(context)
-            out = {"actor": prefetch(spec.model, spec.model_cache, token=token).to_dict()}
-            if spec.critic_model and spec.critic_model != spec.model:
-                out["critic"] = prefetch(spec.critic_model, spec.model_cache, token=token).to_dict()
+            plan = plan_models(spec_from_context(context))
         except PipelineError as e:
             raise _fail(e) from e
+        for item in plan:
+            self.log.info("Model %s for %s", item["source"], ", ".join(item["roles"]))
+        return plan
+
+
+class PrefetchModelOperator(_PipelineOperator):
+    """Fetch (or build) one model of the run into the shared cache, verify it, return its local path by role.
+
+    ``model`` is one item of :class:`PlanModelsOperator`'s result (the DAG maps this operator over
+    them); without it, every model of the run is fetched in turn. The hub token comes from the
+    Airflow connection ``hf_conn_id`` (password) when it exists, else from ``HF_TOKEN``; it is never
+    logged. Returns ``{role: {"path": ..., "commit": ..., ...}}``.
+    """
+
+    ui_color = "#fdebd0"
+
+    def __init__(self, *, model: dict[str, Any] | None = None, hf_conn_id: str | None = HF_CONN_ID,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+        self.hf_conn_id = hf_conn_id
+
+    def _hub_token(self) -> str | None:
+        if not self.hf_conn_id:
+            return None
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            conn = _connection(self.hf_conn_id)
+        except AirflowNotFoundException:  # normal: public models need no token
+            self.log.info("No Airflow connection %r: hub requests use HF_TOKEN if set", self.hf_conn_id)
+            return None
+        if conn.password:
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(conn.password)  # redacted should any library ever print it
+        return conn.password or None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline.models.hub import ModelAccessError
+        from verl_pipeline.models.prefetch import prefetch_roles, prefetch_run
+
+        token = self._hub_token()
+        try:
+            spec = spec_from_context(context)
+            if self.model:
+                roles = list(self.model.get("roles") or [])
+                context["model_label"] = f"{'+'.join(roles)}: {self.model.get('source')}"
+                out = prefetch_roles(spec, roles, token=token)
+                source = out[roles[0]]["source"]
+                if self.model.get("source") and source != self.model["source"]:
+                    raise AirflowFailException(f"model of {roles} changed since planning: {self.model['source']} "
+                                               f"-> {source}")
+            else:
+                out = prefetch_run(spec, token=token)
+        except ModelAccessError as e:  # gated, unknown repo or revision: a retry cannot succeed
+            raise AirflowFailException(f"{type(e).__name__}: {e}") from e
+        except PipelineError as e:
+            raise _fail(e) from e
+        for role, r in out.items():
+            self.log.info("%s: %s (%s)", role, r["path"], "cache hit" if r.get("cached") else "fetched")
         return out
 
 
@@ -172,8 +231,10 @@ class SubmitVerlJobOperator(_PipelineOperator):
 
         cluster = self._pull(context, self.cluster_task_id)
         data = self._pull(context, self.data_task_id)
-        models = self._pull(context, self.model_task_id)
-        if not cluster or not data or not models:
+        from verl_pipeline.models.prefetch import models_by_role
+
+        models = models_by_role(self._pull(context, self.model_task_id))
+        if not cluster or not data or "actor" not in models:
             raise AirflowException("upstream results missing (cluster, data or model): did an upstream task fail?")
         try:
             spec = spec_from_context(context)
