@@ -381,8 +381,10 @@ class WaitForVerlJobOperator(_PipelineOperator):
         from verl_pipeline.constants import Mode
         from verl_pipeline.jobs.submit import submit_or_reattach
 
+        from verl_pipeline.models.prefetch import models_by_role
+
         data = self._pull(context, self.data_task_id)
-        models = self._pull(context, self.model_task_id)
+        models = models_by_role(self._pull(context, self.model_task_id))
         if not data or not models:
             raise AirflowException("cannot resubmit: data or model results of this run are missing")
         try:
