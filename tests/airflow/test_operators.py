@@ -35,7 +35,9 @@ class FakeDag:
 
 
 def _context(xcoms: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"ti": FakeTI(xcoms), "params": params or {}, "run_id": "manual__test", "dag": FakeDag()}
+    # A run id of its own per call: run directories (attempt records) are per run.
+    run_id = f"manual__test_{time.time_ns()}"
+    return {"ti": FakeTI(xcoms), "params": params or {}, "run_id": run_id, "dag": FakeDag()}
 
 
 @pytest.mark.integration
