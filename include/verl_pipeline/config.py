@@ -425,11 +425,14 @@ def check_shape(spec: RunSpec) -> None:
             ok = [d for d in divisors if facts.num_attention_heads % d == 0]
             raise ConfigError(tp_key, tp, f"must divide the model's num_attention_heads ({facts.num_attention_heads})",
                               f"one of {ok}")
-        if hw is not None and facts.weights_gb / tp > hw.gpu_memory_gb * 0.9:
+        util_now = float(s.get("actor_rollout_ref.rollout.gpu_memory_utilization", 0.9) or 0.9)
+        limit = scaling.ROLLOUT_WEIGHT_LIMIT * util_now * hw.gpu_memory_gb if hw else 0.0
+        if hw is not None and facts.weights_gb / tp > limit:
             best, _why = scaling.rollout_tp(facts, hw, g)
             raise ConfigError(tp_key, tp,
-                              f"bf16 weights {facts.weights_gb:.1f} GB / tp {tp} do not fit a "
-                              f"{hw.gpu_memory_gb:g} GB GPU", f"{tp_key}={best}" if best else
+                              f"bf16 weights {facts.weights_gb:.1f} GB / tp {tp} do not fit: vLLM's share of a "
+                              f"{hw.gpu_memory_gb:g} GB GPU ({util_now}) must keep half for the KV cache "
+                              f"(limit {limit:.1f} GB)", f"{tp_key}={best}" if best else
                               f"n_gpus_per_node >= {scaling.min_gpus_per_node(facts, hw)}")
     util_key = "actor_rollout_ref.rollout.gpu_memory_utilization"
     util = s.get(util_key)

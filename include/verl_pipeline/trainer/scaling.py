@@ -12,6 +12,7 @@ No heavy imports here: the rules run on the Airflow worker in microseconds.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,8 @@ from verl_pipeline.exceptions import ConfigError
 ROLLOUT_BYTES_PER_PARAM = 2
 #: Share of a GPU's memory the rollout weights may take; the rest is KV cache and the actor.
 ROLLOUT_WEIGHT_SHARE = 0.35
+#: Hard limit for an explicit TP: weights may take at most this share of vLLM's memory (rest: KV cache).
+ROLLOUT_WEIGHT_LIMIT = 0.5
 #: Models at least this large (billions of parameters) always get tensor parallelism >= 2.
 LARGE_MODEL_B = 20.0
 #: FSDP training state per parameter with fp32 master weights: 4 (weights) + 4 (grads) + 8 (Adam).
@@ -308,11 +311,11 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
     parts = []
-    for piece in str(text).split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
+    for piece in str(text).split(".")[:3]:
+        m = re.match(r"\d+", piece)
+        if not m:
             break
-        parts.append(int(digits))
-        if len(parts) == 3:
+        parts.append(int(m.group()))
+        if m.end() < len(piece):  # "0rc1": a pre-release suffix ends the numeric part
             break
     return tuple(parts) or None

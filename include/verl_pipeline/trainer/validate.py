@@ -128,6 +128,7 @@ def validate(overrides: Sequence[str]) -> Validated:
     """
     t0 = time.monotonic()
     cfg = compose(overrides)
+    from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -140,7 +141,8 @@ def validate(overrides: Sequence[str]) -> Validated:
             use_ref = bool(need_reference_policy(cfg))
             validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
             omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
-    except (AssertionError, ValueError, TypeError, KeyError, RuntimeError, OmegaConfBaseException) as e:
+    except (AssertionError, ValueError, TypeError, KeyError, RuntimeError, HydraException,
+            OmegaConfBaseException) as e:
         raise _reject("rejected the configuration", str(e), overrides) from None
     n_gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     return Validated(cfg, use_critic, use_ref, n_gpus, round(time.monotonic() - t0, 2))
