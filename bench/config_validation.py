@@ -43,7 +43,7 @@ def main() -> None:
     print(f"verl compose + validate, later calls: median {statistics.median(warm):.2f} s")
 
     times, skipped = [], 0
-    t_all = time.perf_counter()
+    t_all, cpu_all = time.perf_counter(), time.process_time()
     with session():
         for mp in list_profiles("models"):
             for g in GPUS:
@@ -57,9 +57,11 @@ def main() -> None:
                         continue
                     steps.validate_spec_with_verl(s)
                     times.append(time.perf_counter() - t0)
-    total = time.perf_counter() - t_all
+    total, cpu = time.perf_counter() - t_all, time.process_time() - cpu_all
     print(f"matrix: {len(times)} combinations validated by verl (+{skipped} rejected: model does not fit) in "
-          f"{total:.1f} s; per combination median {statistics.median(times):.2f} s, max {max(times):.2f} s")
+          f"{total:.1f} s wall, {cpu:.1f} s CPU; per combination median {statistics.median(times):.2f} s, "
+          f"max {max(times):.2f} s wall")
+    print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s)")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ def _reject(stage: str, message: str, overrides: Sequence[str]) -> VerlConfigErr
         k, _, v = o.partition("=")
         if k.lstrip("+") == key:
             value = v
-    return VerlConfigError(key, value, f"verl {stage}: {message}", fix)
+    return VerlConfigError(key, value, f"verl {stage}: {message}",
+                           fix or "a value verl accepts for the key its message names (see verl's ppo_trainer.yaml)")
 
 
 @dataclass(frozen=True)
