@@ -104,3 +104,11 @@ def test_every_derived_key_has_a_rule_in_the_spec() -> None:
                 "actor_rollout_ref.rollout.gpu_memory_utilization",
                 "actor_rollout_ref.actor.fsdp_config.param_offload"):
         assert key in spec.verl and spec.derived[key].startswith(repr(spec.verl[key]))
+
+
+def test_params_are_estimated_from_the_shape_when_the_profile_omits_them() -> None:
+    facts = ModelFacts.from_profile({"hidden_size": 5120, "num_layers": 64, "num_attention_heads": 40}, "m")
+    assert facts.estimated and facts.params_b == pytest.approx(20.1, abs=0.1)  # 12 x 64 x 5120^2
+    given = ModelFacts.from_profile({"params_b": 32.8, "hidden_size": 5120, "num_layers": 64,
+                                     "num_attention_heads": 40}, "m")
+    assert not given.estimated and given.params_b == 32.8

@@ -52,14 +52,20 @@ class ModelFacts:
     num_layers: int
     num_attention_heads: int
 
+    #: True when params_b was estimated from the shape rather than given.
+    estimated: bool = False
+
     @classmethod
     def from_profile(cls, section: dict[str, Any], profile: str) -> ModelFacts:
+        """Read the size facts; ``params_b`` may be left out and is then estimated from the shape."""
         values: dict[str, Any] = {}
-        for name, kind, example in (("params_b", float, "7.6"), ("hidden_size", int, "3584"),
-                                    ("num_layers", int, "28"), ("num_attention_heads", int, "28")):
+        for name, kind, example in (("hidden_size", int, "3584"), ("num_layers", int, "28"),
+                                    ("num_attention_heads", int, "28"), ("params_b", float, "7.6")):
             raw = section.get(name)
             key = f"models/{profile}.model.{name}"
             if raw is None:
+                if name == "params_b":
+                    continue
                 raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it",
                                   f"{name}: {example}")
             try:
@@ -69,11 +75,22 @@ class ModelFacts:
             if value <= 0:
                 raise ConfigError(key, raw, "must be positive", f"{name}: {example}")
             values[name] = value
+        if "params_b" not in values:
+            values["params_b"] = estimate_params_b(values["hidden_size"], values["num_layers"])
+            values["estimated"] = True
         return cls(**values)
 
     @property
     def weights_gb(self) -> float:
         return self.params_b * ROLLOUT_BYTES_PER_PARAM
+
+
+def estimate_params_b(hidden_size: int, num_layers: int) -> float:
+    """Transformer blocks only: 12 x layers x hidden^2 (attention 4h^2 + a 4h MLP 8h^2), in billions.
+
+    A lower bound (no embeddings, wider MLPs count more): profiles should give ``params_b``.
+    """
+    return 12 * num_layers * hidden_size**2 / 1e9
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,8 @@ def rollout_tp(model: ModelFacts, hw: Hardware, n_gpus_per_node: int) -> tuple[i
                    f"({n_gpus_per_node}) and num_attention_heads ({model.num_attention_heads})")
             if floor > 1:
                 why += f"; >= 2 for models >= {LARGE_MODEL_B:g}B"
+            if model.estimated:
+                why += f"; {model.params_b:.1f}B estimated from hidden_size x num_layers (set model.params_b)"
             return tp, why
     need = max(floor, math.ceil(model.weights_gb / budget))
     return None, (f"bf16 weights {model.weights_gb:.1f} GB need tp >= {need} to stay within "
