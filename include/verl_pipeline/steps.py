@@ -153,7 +153,7 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
     """Log the merged configuration and keep it, with the exact job, in the run dir and next to the checkpoints."""
     for key in sorted(job.settings):
         rule = job.derived.get(key)
-        log.info("verl %s = %r%s", key, job.settings[key], f"  <- {rule}" if rule else "")
+        log.info("verl %s = %s", key, rule if rule else repr(job.settings[key]))
     merged = {"spec": spec.to_dict(), "job": job.to_dict()}
     write_json_atomic(spec.run_dir / "run_spec.json", spec.to_dict())
     write_json_atomic(spec.run_dir / "job.json", job.to_dict())
