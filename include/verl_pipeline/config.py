@@ -10,6 +10,7 @@ errors name the key, the value, the rule and a value that would pass.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -360,10 +361,6 @@ def derive_verl_settings(
     return result.settings, {r.key: r.text() for r in result.rules}
 
 
-def _uses_critic(settings: dict[str, Any]) -> bool:
-    return scaling.uses_critic(settings)
-
-
 def check_shape(spec: RunSpec) -> None:
     """The batch/parallelism/memory rules verl enforces only once GPUs are up (or never), for the target shape."""
     s = spec.verl
@@ -377,7 +374,7 @@ def check_shape(spec: RunSpec) -> None:
     if n < 1:
         raise ConfigError("actor_rollout_ref.rollout.n", n, "must be >= 1", "actor_rollout_ref.rollout.n=1")
     if (tbs * n) % gpus:
-        good = _round_up(tbs, max(1, gpus // _gcd(gpus, n)))
+        good = _round_up(tbs, max(1, gpus // math.gcd(gpus, n)))
         raise ConfigError(
             "data.train_batch_size", tbs,
             f"train_batch_size x rollout.n ({tbs} x {n}) must be divisible by nnodes x n_gpus_per_node ({gpus})",
@@ -399,7 +396,7 @@ def check_shape(spec: RunSpec) -> None:
             raise ConfigError(mini_key, mini, f"must be between 1 and data.train_batch_size ({tbs})",
                               f"{mini_key}={tbs}")
         if (mini * n) % gpus:
-            good = _round_up(mini, max(1, gpus // _gcd(gpus, n)))
+            good = _round_up(mini, max(1, gpus // math.gcd(gpus, n)))
             raise ConfigError(mini_key, mini,
                               f"ppo_mini_batch_size x rollout.n ({mini} x {n}) must split evenly over {gpus} GPU(s) "
                               "(verl divides it per GPU when the workers start)",
@@ -473,12 +470,6 @@ def check_storage(spec: RunSpec) -> None:
 def under_shared(path: str | Path, roots: tuple[str, ...]) -> bool:
     p = Path(path)
     return any(p == Path(r) or Path(r) in p.parents for r in roots)
-
-
-def _gcd(a: int, b: int) -> int:
-    import math
-
-    return math.gcd(a, b)
 
 
 def _round_up(value: int, multiple: int) -> int:
