@@ -41,6 +41,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-gpus-per-node", type=int, default=None)
     g.add_argument("--total-training-steps", type=int, default=None)
     g.add_argument("--mode", choices=[m.value for m in Mode], default=None)
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one verl setting (wins over profiles and scaling rules); repeatable")
+    g.add_argument("--nccl-debug", action="store_true", default=None, help="set NCCL_DEBUG=INFO in the job")
     g.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -55,7 +58,27 @@ def _spec(args: argparse.Namespace) -> RunSpec:
         "mode": args.mode,
     }
     return build_run_spec({k: v for k, v in params.items() if v is not None}, run_name=args.run_name,
-                          model_profile=args.model_profile, cluster_profile=args.cluster_profile)
+                          model_profile=args.model_profile, cluster_profile=args.cluster_profile,
+                          overrides=_parse_sets(getattr(args, "overrides", None) or []),
+                          nccl_debug=getattr(args, "nccl_debug", None))
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    """``["a.b=8", "c=[x,y]"]`` → ``{"a.b": 8, "c": ["x", "y"]}`` (values read as YAML scalars/lists)."""
+    import yaml
+
+    from verl_pipeline.exceptions import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", item, "must be KEY=VALUE", "--set actor_rollout_ref.rollout.n=4")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
 
 
 def _out(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
@@ -173,6 +196,43 @@ def _inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
     return preprocess(spec.data, spec.data_options, spec.data_root).to_dict(), _prefetch_all(spec)
 
 
+def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Data and model paths for ``render``.
+
+    Built for real when the run's storage is on this machine (local backend, or the shared mount is
+    present); otherwise planned (data: the content-keyed directory preprocess would write) so that
+    rendering for a remote cluster writes nothing here.
+    """
+    from verl_pipeline.data import preprocess as pre
+    from verl_pipeline.exceptions import ModelError
+    from verl_pipeline.models.prefetch import prefetch
+
+    notes = []
+    local = spec.cluster.get("backend") == "local" or all(Path(r).is_dir() for r in spec.shared_roots)
+    if local:
+        data = pre.preprocess(spec.data, spec.data_options, spec.data_root).to_dict()
+    else:
+        out_dir = spec.data_root / f"{pre.RECIPE_VERSION}-{pre._input_key(spec.data, spec.data_options)}"
+        data = {"train_path": str(out_dir / "train.parquet"), "val_path": str(out_dir / "val.parquet")}
+        notes.append(f"shared storage {list(spec.shared_roots)} is not mounted here: data paths are where "
+                     "the preprocess task will write")
+    models: dict[str, Any] = {}
+    for role, source in (("actor", spec.model), ("critic", spec.critic_model)):
+        if source is None or (role == "critic" and source == spec.model):
+            continue
+        if local or source.kind == "path":
+            try:
+                models[role] = prefetch(source, spec.model_cache).to_dict()
+                continue
+            except ModelError as e:
+                notes.append(f"{role} model path is a placeholder until prefetch runs ({e})")
+        else:
+            notes.append(f"{role} model path is a placeholder until the prefetch task resolves {source}")
+        ref = f"{source.ref}@{source.revision}" if source.revision else source.ref
+        models[role] = {"path": str(spec.model_cache / source.kind / ref)}
+    return data, models, notes
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
 
@@ -180,12 +240,23 @@ def cmd_render(args: argparse.Namespace) -> int:
     mode = Mode(args.mode) if args.mode else spec.mode
     if mode is Mode.AUTO:
         mode = Mode.TRAIN  # what a GPU cluster would get; `submit` resolves auto against the real cluster
-    data, models = _inputs(spec)
+    verl_check = None if args.no_verl_check else steps.validate_spec_with_verl(spec)
+    data, models, notes = _render_inputs(spec)
     job = steps.render(spec, data=data, models=models, mode=mode)
-    text = [f"# mode: {mode.value}", f"# target: {spec.nnodes} node(s) x {spec.n_gpus_per_node} GPU(s)"]
-    text += [f"# derived {k}: {rule}" for k, rule in spec.derived.items()]
-    text += ["entrypoint:", job.entrypoint, "runtime_env:", json.dumps(job.runtime_env, indent=2)]
-    _out(args, {**job.to_dict(), "spec": spec.to_dict()}, "\n".join(text))
+    text = [
+        f"# mode: {mode.value}; target: {spec.nnodes} node(s) x {spec.n_gpus_per_node} GPU(s) = {spec.n_gpus}; "
+        f"profiles: run {spec.profile}, model {spec.model_profile}, cluster {spec.cluster_profile}",
+    ]
+    if verl_check is not None:
+        text.append(f"# verl {verl_check['verl_version']}: composed ppo_trainer.yaml and passed validate_config + "
+                    f"the actor/critic/rollout dataclass checks in {verl_check['seconds']}s "
+                    f"(critic: {verl_check['use_critic']}, reference: {verl_check['use_reference_policy']})")
+    text += [f"# note: {n}" for n in notes]
+    text.append("derived values (value — rule):")
+    width = max((len(k) for k in job.derived), default=0)
+    text += [f"  {k.ljust(width)} = {rule}" for k, rule in job.derived.items()]
+    text += ["entrypoint:", job.entrypoint, "runtime_env:", json.dumps(job.runtime_env, indent=2, sort_keys=True)]
+    _out(args, {**job.to_dict(), "spec": spec.to_dict(), "verl_check": verl_check, "notes": notes}, "\n".join(text))
     return 0
 
 
@@ -276,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(p)
     p.set_defaults(func=cmd_prefetch)
 
-    p = sub.add_parser("render", help="print the exact entrypoint and runtime_env that would be submitted")
+    p = sub.add_parser("render", help="print the exact entrypoint and runtime_env that would be submitted, and "
+                                      "every derived value with its rule")
+    p.add_argument("--no-verl-check", action="store_true", help="skip composing + validating with verl (~1-5 s)")
     _add_run_args(p)
     p.set_defaults(func=cmd_render)
 

@@ -86,7 +86,7 @@ def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Pat
 
 def test_invalid_params_fail_before_any_cluster_starts(airflow_db: Path) -> None:
     dag = _dag()
-    dr = dag.test(run_conf={"n_gpus_per_node": 3})
+    dr = dag.test(run_conf={"data_source": "/does/not/exist.jsonl"})
     states = _states(dr)
     assert str(dr.state) == "failed"
     assert states["provision_ray_cluster"] == "failed"

@@ -380,7 +380,6 @@ class WaitForVerlJobOperator(_PipelineOperator):
         from verl_pipeline import steps
         from verl_pipeline.constants import Mode
         from verl_pipeline.jobs.submit import submit_or_reattach
-
         from verl_pipeline.models.prefetch import models_by_role
 
         data = self._pull(context, self.data_task_id)
