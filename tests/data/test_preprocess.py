@@ -207,7 +207,8 @@ def test_missing_fsspec_backend_names_the_package() -> None:
         DataSource.parse("s3://bucket/gsm8k/train.jsonl")
 
 
-def test_huggingface_dataset_offline_and_saved(gsm8k_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_huggingface_dataset_offline_and_saved(gsm8k_dir: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import datasets
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -368,19 +369,20 @@ def test_cli_preprocess_by_hand(gsm8k_dir: Path, tmp_path: Path, capsys: pytest.
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     lines = _lines(gsm8k_dir / "test.jsonl")
     _write(a, lines[:100])
-    _write(b, lines[100:150] + ["{broken"])
+    _write(b, [*lines[100:150], "{broken"])
     args = ["preprocess", "--recipe", "gsm8k", "--input", str(a), "--input", str(b), "--output", str(tmp_path / "o")]
     assert main([*args, "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (earlier lines: the built-in model being built)
     assert err.startswith("verl-pipeline: error: ") and "1 of 151 records rejected" in err
     assert main([*args, "--max-reject-fraction", "0.01", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["counts"]["written"] == 150 and out["counts"]["rejected"] == {"invalid_json": 1}
+    c = out["counts"]
+    assert c["written"] + c["too_long"] == 150 and c["rejected"] == {"invalid_json": 1}
     assert isinstance(out["counts"]["length_filter"], dict)  # the run's (built-in) model's tokenizer
     assert Path(out["train_path"]).is_file()
     assert main([*args, "--max-reject-fraction", "0.01"]) == 0
     text = capsys.readouterr().out
-    assert "rows in 151, written 150" in text and "cached" in text
+    assert f"rows in 151, written {c['written']}" in text and "cached" in text
     assert main(["preprocess", "--input", "relative.jsonl"]) == 2
     assert "--input='relative.jsonl'" in capsys.readouterr().err
 
