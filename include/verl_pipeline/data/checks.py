@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -128,8 +129,12 @@ class PromptLengths:
         self.prefix, self.suffix = text.split(self._MARK)
         self.exact = True
         self.verified = 0
-        self.encode = getattr(self.tok.backend_tokenizer, "encode_batch_fast", None) \
-            or self.tok.backend_tokenizer.encode_batch
+        backend = self.tok.backend_tokenizer
+        self.encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+        desc = json.loads(backend.to_str())
+        self.byte_level = (desc.get("model") or {}).get("type") == "BPE" and '"ByteLevel"' in json.dumps(
+            desc.get("pre_tokenizer"))
+        self.overhead = len(self.prefix.encode()) + len(self.suffix.encode())
 
     def messages(self, content: str) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -138,18 +143,42 @@ class PromptLengths:
     def _render(self, content: str) -> str:
         return str(self.tok.apply_chat_template(self.messages(content), add_generation_prompt=True, tokenize=False))
 
-    def lengths(self, contents: list[str]) -> np.ndarray:
-        if self.exact and self.verified < 16 and contents:
-            for c in contents[:4]:
+    def lengths(self, contents: Any, max_len: int | None = None, sample: int = 64) -> np.ndarray:
+        """Token counts of ``contents`` (an Arrow string array); -1 where a row provably fits.
+
+        With a byte-level BPE tokenizer every token covers at least one byte, so a prompt of at most
+        ``max_len`` UTF-8 bytes (template included) has at most ``max_len`` tokens: such rows are
+        not tokenized, except the ``sample`` longest of each call (for the longest-prompt report).
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(contents)
+        out = np.full(n, -1, dtype=np.int64)
+        if not n:
+            return out
+        if self.exact and self.verified < 16:
+            for c in contents.slice(0, 4).to_pylist():
                 if self._render(c) != self.prefix + c + self.suffix:
                     log.warning("The chat template does not wrap prompts uniformly: rendering every prompt")
                     self.exact = False
                     break
                 self.verified += 1
-        texts = [self.prefix + c + self.suffix for c in contents] if self.exact else [self._render(c) for c in
-                                                                                      contents]
+        if self.exact and self.byte_level and max_len is not None:
+            nbytes = np.asarray(pc.binary_length(contents).to_numpy(zero_copy_only=False)) + self.overhead
+            todo = np.flatnonzero(nbytes > max_len)
+            if sample:
+                longest = np.argsort(nbytes, kind="stable")[-sample:]
+                todo = np.union1d(todo, longest)
+        else:
+            todo = np.arange(n)
+        if not len(todo):
+            return out
+        picked = contents.take(pa.array(todo)).to_pylist()
+        texts = [self.prefix + c + self.suffix for c in picked] if self.exact else [self._render(c) for c in picked]
         enc = self.encode(texts, add_special_tokens=False)
-        return np.fromiter((len(e.ids) for e in enc), dtype=np.int64, count=len(texts))
+        out[todo] = np.fromiter((len(e.ids) for e in enc), dtype=np.int64, count=len(texts))
+        return out
 
 
 class SeenHashes:

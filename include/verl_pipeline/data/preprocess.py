@@ -139,6 +139,7 @@ class _Run:
         self.filtered: Counter[str] = Counter()
         self.longest: dict[str, Any] = {"tokens": 0}
         self.longest_kept = 0
+        self.measured = 0
         self.rej = open(tmp_dir / "rejects.jsonl", "w", encoding="utf-8")
         self.filt = open(tmp_dir / "filtered.jsonl", "w", encoding="utf-8")
         self.columns = Columns(recipe.template_fields, recipe.answer_column, list(recipe.extra_columns))
@@ -224,11 +225,11 @@ class _Run:
             sel = np.flatnonzero(is_first)
         if self.lengths is not None and len(sel):
             assert self.max_len is not None
-            texts = content.take(pa.array(sel)).to_pylist()
-            lens = self.lengths.lengths(texts)
+            lens = self.lengths.lengths(content.take(pa.array(sel)), self.max_len)
             i = int(lens.argmax())
             if lens[i] > self.longest["tokens"]:
                 self.longest = {"tokens": int(lens[i]), "source": part.label, "line": int(rows[sel[i]])}
+            self.measured += int((lens >= 0).sum())
             over = lens > self.max_len
             if over.any():
                 self.filtered["prompt_too_long"] += int(over.sum())
@@ -419,7 +420,8 @@ def preprocess(
             "deduplicated": run.filtered.get("duplicate_prompt", 0),
             "too_long": run.filtered.get("prompt_too_long", 0),
             "length_filter": ({"tokenizer": str(tokenizer), "max_prompt_length": max_len,
-                               "longest_prompt": run.longest, "longest_kept_tokens": run.longest_kept}
+                               "longest_prompt": run.longest, "longest_kept_tokens": run.longest_kept,
+                               "tokenized_rows": run.measured, "byte_bound": bool(run.lengths.byte_level)}
                               if run.lengths else "off (no tokenizer or max_prompt_length)"),
             "data_source": recipe.data_source, "recipe": recipe.name, "source": source_text,
             "scorer": run.reward.scorer, "scorer_samples": run.reward.samples,
