@@ -10,7 +10,8 @@ the deduplication would remove all but the first copy and the runs would not wri
 Each measurement runs in its own process; peak RSS is that process's ``ru_maxrss``.
 
 - ``project``: ``verl_pipeline.data.preprocess.preprocess`` with every per-row check, deduplication
-  and the length filter (built-in tiny model's tokenizer, chat template, max_prompt_length 512 as in the qwen2.5-0.5b profile).
+  and the length filter (built-in tiny model's tokenizer, chat template, max_prompt_length 512 as in
+  the qwen2.5-0.5b profile).
 - ``project (no length filter)``: the same without a tokenizer.
 - ``baseline``: what verl's ``examples/data_preprocess/gsm8k.py`` does: ``datasets.load_dataset("json")``,
   ``Dataset.map`` with a per-row Python function building the verl row, ``to_parquet``, on one process.
@@ -102,6 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--baseline-max", type=int, default=1_000_000, help="largest size the baseline runs at")
+    ap.add_argument("--nolen-max", type=int, default=1_000_000, help="largest size the no-length-filter run runs at")
     ap.add_argument("--work", type=Path, default=Path("/tmp/vp-bench-preprocess"))
     ap.add_argument("--gsm8k", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k")
     ap.add_argument("--keep", action="store_true", help="keep the generated inputs")
@@ -116,8 +118,9 @@ def main() -> None:
     table = []
     for n in args.rows:
         src = make_input(args.gsm8k, n, args.work / f"gsm8k-{n}.jsonl")
-        runs = [("project", PROJECT, [str(src), str(args.work / f"out-{n}"), tok]),
-                ("project (no length filter)", PROJECT, [str(src), str(args.work / f"out-nolen-{n}"), ""])]
+        runs = [("project", PROJECT, [str(src), str(args.work / f"out-{n}"), tok])]
+        if n <= args.nolen_max:
+            runs.append(("project (no length filter)", PROJECT, [str(src), str(args.work / f"out-nolen-{n}"), ""]))
         if n <= args.baseline_max:
             runs.append(("baseline (datasets.map + to_parquet)", BASELINE,
                          [str(src), str(args.work / f"baseline-{n}.parquet"), str(args.work / f"hf-cache-{n}")]))

@@ -182,7 +182,7 @@ class PromptLengths:
 
 
 class SeenHashes:
-    """A set of 64-bit prompt hashes as sorted numpy runs merged like an LSM tree (8 bytes per entry)."""
+    """A set of 64-bit (int64) prompt hashes as sorted numpy runs merged like an LSM tree (8 bytes per entry)."""
 
     def __init__(self) -> None:
         self.runs: list[np.ndarray] = []

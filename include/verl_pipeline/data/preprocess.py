@@ -30,6 +30,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -133,6 +134,8 @@ class _Run:
         self.seen = SeenHashes()
         self.every = max(2, round(1 / float(options.get("val_fraction", 0.1))))
         self.writers: dict[str, Any] = {}
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-writer")
+        self.pending: Future[None] | None = None
         self.rows = {"train": 0, "val": 0}
         self.read = 0
         self.rejected: Counter[str] = Counter()
@@ -145,6 +148,11 @@ class _Run:
         self.columns = Columns(recipe.template_fields, recipe.answer_column, list(recipe.extra_columns))
 
     def close(self) -> None:
+        try:
+            if self.pending is not None:
+                self.pending.result()
+        finally:
+            self.pool.shutdown(wait=True)
         for w in self.writers.values():
             w.close()
         self.rej.close()
@@ -210,9 +218,9 @@ class _Run:
 
         sel = np.arange(len(keep))
         if self.dedup:
-            import pandas as pd
-
-            hashes = pd.util.hash_array(content.to_numpy(zero_copy_only=False))
+            # Python's string hash (64-bit SipHash): consistent within this run, which is all dedup needs.
+            hashes = np.fromiter(map(hash, content.to_numpy(zero_copy_only=False)), dtype=np.int64,
+                                 count=len(content))
             uniq, first = np.unique(hashes, return_index=True)
             is_first = np.zeros(len(hashes), dtype=bool)
             is_first[first] = True
@@ -285,8 +293,15 @@ class _Run:
             [pa.array([r.data_source]).take(zeros), prompt, pa.array([r.ability]).take(zeros), reward, extra_info],
             schema=self.schema)
         if split not in self.writers:
-            self.writers[split] = pq.ParquetWriter(self.tmp_dir / f"{split}.parquet", self.schema)
-        self.writers[split].write_table(table)
+            # Dictionary encoding only for the constant columns (it is wasted work on unique text).
+            constant = ["data_source", "ability", "prompt.list.element.role", "reward_model.style", "extra_info.split"]
+            self.writers[split] = pq.ParquetWriter(self.tmp_dir / f"{split}.parquet", self.schema,
+                                                   use_dictionary=constant)
+        # Parquet encoding runs on a writer thread (Arrow releases the GIL) while the next batch is read;
+        # one write in flight at a time keeps memory bounded.
+        if self.pending is not None:
+            self.pending.result()
+        self.pending = self.pool.submit(self.writers[split].write_table, table)
         self.rows[split] += m
 
 
