@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,24 +40,49 @@ class RewardCheck:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.samples = 0
-        self.fn: Callable[..., Any]
+        self.fn: Callable[..., Any] | None = None
+        self.error: BaseException | None = None
         if recipe.custom_reward_path:
             self.fn = _load_custom(recipe.custom_reward_path, recipe.custom_reward_name)
             self.scorer = f"{recipe.custom_reward_path}:{recipe.custom_reward_name}"
+            self._check_source()
+            self.thread = None
         else:
+            self.scorer = "verl.utils.reward_score.default_compute_score"
+            # Importing verl (torch) takes seconds: it overlaps with reading the first batch. The
+            # first sample (before anything is written) waits for it.
+            self.thread = threading.Thread(target=self._init_verl, name="verl-reward-import", daemon=True)
+            self.thread.start()
+
+    def _init_verl(self) -> None:
+        try:
             from verl.utils.reward_score import default_compute_score
 
             self.fn = default_compute_score
-            self.scorer = "verl.utils.reward_score.default_compute_score"
+            self._check_source()
+        except BaseException as e:  # re-raised by wait() in the caller's thread
+            self.error = e
+
+    def _check_source(self) -> None:
+        assert self.fn is not None
         try:
-            self.fn(recipe.data_source, recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
+            self.fn(self.recipe.data_source, self.recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
         except NotImplementedError:
-            raise ConfigError("data.data_source", recipe.data_source,
+            raise ConfigError("data.data_source", self.recipe.data_source,
                               f"{self.scorer} has no reward function for this data_source",
                               f"a data_source verl scores ({', '.join(VERL_SCORED_EXAMPLES)}) or set "
                               "data.custom_reward_path to your reward function file") from None
 
+    def wait(self) -> None:
+        """Until the scorer is loaded and the data_source checked; raises what that raised."""
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+
     def sample(self, ground_truth: str, label: str, line: int) -> None:
+        self.wait()
+        assert self.fn is not None
         solution = self.recipe.check_solution.format(ground_truth=ground_truth)
         score = self.fn(self.recipe.data_source, solution, ground_truth, extra_info={})
         value = score.get("score") if isinstance(score, dict) else score
