@@ -14,6 +14,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -153,15 +154,26 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from verl_pipeline.config import DataSource
-    from verl_pipeline.data.preprocess import preprocess
+    from verl_pipeline.data.preprocess import preprocess_for_spec
 
     spec = _spec(args)
-    source = DataSource.parse(args.input) if args.input else spec.data
-    out = Path(args.output).resolve() if args.output else spec.data_root
-    result = preprocess(source, spec.data_options, out)
-    _out(args, result.to_dict(),
-         f"train: {result.train_path}\nval:   {result.val_path}\ncounts: {json.dumps(result.counts)}"
-         + (" (cached)" if result.cached else ""))
+    if args.tokenizer or args.max_prompt_length or args.max_reject_fraction is not None:
+        extra = {"tokenizer": args.tokenizer, "max_prompt_length": args.max_prompt_length,
+                 "max_reject_fraction": args.max_reject_fraction}
+        spec = dataclasses.replace(spec, data_options={**spec.data_options,
+                                                       **{k: v for k, v in extra.items() if v is not None}})
+    sources = [DataSource.parse(text, key="--input") for text in args.input] if args.input else None
+    out = Path(args.output).resolve() if args.output else None
+    result = preprocess_for_spec(spec, sources, out, recipe=args.recipe)
+    c = result.counts
+    lines = [f"train: {result.train_path}", f"val:   {result.val_path}",
+             f"rows in {c['records_in']}, written {c['written']} (train {c['train_rows']}, val {c['val_rows']}), "
+             f"rejected {sum(c['rejected'].values())} {c['rejected']}, deduplicated {c['deduplicated']}, "
+             f"filtered for length {c['too_long']}" + (" (cached: nothing to do)" if result.cached else "")]
+    if isinstance(c.get("length_filter"), dict):
+        lf = c["length_filter"]
+        lines.append(f"longest prompt: {lf['longest_prompt']} (max_prompt_length {lf['max_prompt_length']})")
+    _out(args, result.to_dict(), "\n".join(lines))
     return 0
 
 
@@ -191,9 +203,9 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
 
 
 def _inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    from verl_pipeline.data.preprocess import preprocess
+    from verl_pipeline.data.preprocess import preprocess_for_spec
 
-    return preprocess(spec.data, spec.data_options, spec.data_root).to_dict(), _prefetch_all(spec)
+    return preprocess_for_spec(spec).to_dict(), _prefetch_all(spec)
 
 
 def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
@@ -210,12 +222,15 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
     notes = []
     local = spec.cluster.get("backend") == "local" or all(Path(r).is_dir() for r in spec.shared_roots)
     if local:
-        data = pre.preprocess(spec.data, spec.data_options, spec.data_root).to_dict()
+        data = pre.preprocess_for_spec(spec).to_dict()
     else:
-        out_dir = spec.data_root / f"{pre.RECIPE_VERSION}-{pre._input_key(spec.data, spec.data_options)}"
+        # The directory is keyed by the data's content and the model's tokenizer, which only the
+        # preprocess task (on the shared storage) can hash.
+        recipe = str(spec.data_options.get("recipe") or pre.DEFAULT_RECIPE)
+        out_dir = spec.data_root / f"{recipe}-{pre.CODE_VERSION}-<content-key>"
         data = {"train_path": str(out_dir / "train.parquet"), "val_path": str(out_dir / "val.parquet")}
         notes.append(f"shared storage {list(spec.shared_roots)} is not mounted here: data paths are where "
-                     "the preprocess task will write")
+                     "the preprocess task will write (<content-key> is computed there)")
     models: dict[str, Any] = {}
     for role, source in (("actor", spec.model), ("critic", spec.critic_model)):
         if source is None or (role == "critic" and source == spec.model):
@@ -331,8 +346,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("preprocess", help="write verl parquet (train/val) for the run's data")
-    p.add_argument("--input", default=None, help="data source (overrides the profile's)")
-    p.add_argument("--output", default=None, help="output root (default: <storage>/data)")
+    p.add_argument("--input", action="append", default=None, metavar="PATH",
+                   help="data source, repeatable: file, glob, directory, URL (s3://, gs://, ...), "
+                        "hf://name?config=..., builtin:arithmetic (default: the profile's)")
+    p.add_argument("--output", default=None, metavar="DIR", help="output root (default: <storage>/data)")
+    p.add_argument("--recipe", default=None, help="recipe in configs/recipes (gsm8k, math, generic, ...)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="tokenizer directory for the length filter (default: the run's model)")
+    p.add_argument("--max-prompt-length", type=int, default=None, help="default: the model profile's")
+    p.add_argument("--max-reject-fraction", type=float, default=None, help="default: the profile's (0)")
     _add_run_args(p)
     p.set_defaults(func=cmd_preprocess)
 

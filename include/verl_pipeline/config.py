@@ -25,7 +25,8 @@ from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.overrides import flatten
 
 #: Params a DAG run (or the CLI) may set; None means "take the profile's value".
-PARAM_KEYS = ("profile", "data_source", "model_source", "nnodes", "n_gpus_per_node", "total_training_steps", "mode")
+PARAM_KEYS = ("profile", "data_source", "recipe", "model_source", "nnodes", "n_gpus_per_node", "total_training_steps",
+              "mode")
 DEFAULT_PROFILE = "smoke"
 
 _HF_SOURCE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<rev>[\w.\-/]+))?$")
@@ -132,29 +133,53 @@ def _patterns(value: object, key: str) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class DataSource:
-    """``builtin:arithmetic`` or a local GSM8K-format JSONL file / directory (train.jsonl + test.jsonl)."""
+    """Where the data comes from.
+
+    ``builtin:arithmetic``; an absolute local file, glob or directory (train.* + test.*/val.*) of
+    JSONL/JSON/CSV/Parquet (``files``), or a directory saved by ``datasets`` ``save_to_disk``
+    (``hf_disk``); an fsspec URL such as ``s3://bucket/data/*.parquet`` (``url``); or a
+    HuggingFace dataset ``hf://name?config=main&revision=…&split=…`` (``hf``).
+    """
 
     kind: str
     ref: str
 
     @classmethod
     def parse(cls, text: str, *, key: str = "data_source") -> DataSource:
+        import glob
+
         text = str(text).strip()
         if text == "builtin:arithmetic":
             return cls("builtin", "arithmetic")
         if text.startswith("builtin:"):
             raise ConfigError(key, text, "unknown built-in data source", "builtin:arithmetic")
+        if text.startswith("hf://"):
+            if not re.fullmatch(r"hf://[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?(\?[\w.\-=&/]*)?", text):
+                raise ConfigError(key, text, "is not a dataset reference",
+                                  "hf://openai/gsm8k?config=main&revision=<commit>")
+            return cls("hf", text)
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", text):
+            from verl_pipeline.data.sources import fsspec_filesystem
+
+            fsspec_filesystem(text)  # an unknown protocol or a missing backend fails here, naming the package
+            return cls("url", text)
         path = Path(text).expanduser()
         if not path.is_absolute():
             raise ConfigError(key, text, "a local data source must be an absolute path",
                               "/data/gsm8k (with train.jsonl/test.jsonl) or builtin:arithmetic")
+        if glob.has_magic(text):
+            if not glob.glob(str(path)):
+                raise ConfigError(key, text, "the glob matches no file", "a glob that matches your data files")
+            return cls("files", str(path))
         if path.is_dir():
-            if not (path / "train.jsonl").is_file():
-                raise ConfigError(key, text, "the directory has no train.jsonl",
-                                  "a GSM8K-format directory with train.jsonl (and optionally test.jsonl)")
+            if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+                return cls("hf_disk", str(path))
+            if not any((path / f"train.{ext}").is_file() for ext in ("jsonl", "json", "csv", "parquet")):
+                raise ConfigError(key, text, "the directory has no train.jsonl (or train.json/.csv/.parquet)",
+                                  "a directory with train.jsonl (and optionally test.jsonl)")
         elif not path.is_file():
             raise ConfigError(key, text, "no such file or directory", "an existing JSONL file or directory")
-        return cls("jsonl", str(path))
+        return cls("files", str(path))
 
     def __str__(self) -> str:
         return "builtin:arithmetic" if self.kind == "builtin" else self.ref
@@ -336,6 +361,11 @@ def build_run_spec(
     data_section = dict(prof.get("data") or {})
     data = DataSource.parse(params.get("data_source") or data_section.pop("source", "builtin:arithmetic"))
     data_section.pop("source", None)
+    if params.get("recipe"):
+        data_section["recipe"] = params["recipe"]
+    recipe = data_section.get("recipe")
+    if recipe is not None and recipe not in list_profiles("recipes"):
+        raise ConfigError("recipe", recipe, "no such recipe in configs/recipes", f"one of {list_profiles('recipes')}")
 
     storage = dict(cprof.get("storage") or {})
     root_text = storage.get("root")

@@ -111,18 +111,51 @@ class ProvisionRayClusterOperator(_PipelineOperator):
         return handle.to_dict()
 
 
+#: The preprocessed train/val parquet: a retraining DAG can be scheduled on it (``schedule=[...]``).
+#: Each event's ``extra`` names the files, the content key and whether they are new.
+PREPROCESSED_DATA_ASSET_NAME = "verl_pipeline_preprocessed_data"
+
+
+def preprocessed_data_asset() -> Any:
+    from airflow.sdk import Asset
+
+    return Asset(name=PREPROCESSED_DATA_ASSET_NAME, uri="verl-pipeline://preprocessed-data",
+                 group="verl_pipeline")
+
+
 class PreprocessDataOperator(_PipelineOperator):
-    """Write the run's train/val parquet in verl's row schema (content-keyed, atomic)."""
+    """Write the run's train/val parquet in verl's row schema (checked, content-keyed, atomic).
+
+    ``recipe`` (templated) replaces the profile's recipe; the DAG passes its ``recipe`` param.
+    The output is the :func:`preprocessed_data_asset` outlet.
+    """
+
+    template_fields: Sequence[str] = ("recipe",)
+
+    def __init__(self, *, recipe: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("outlets", [preprocessed_data_asset()])
+        super().__init__(**kwargs)
+        self.recipe = recipe
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from verl_pipeline.data.preprocess import preprocess
+        from verl_pipeline.data.preprocess import preprocess_for_spec
 
         try:
             spec = spec_from_context(context)
-            result = preprocess(spec.data, spec.data_options, spec.data_root)
+            result = preprocess_for_spec(spec, recipe=self.recipe or None)
         except PipelineError as e:
             raise _fail(e) from e
-        self.log.info("Data: %s", result.counts)
+        c = result.counts
+        self.log.info("Data (%s): %d rows in, %d train / %d val written, rejected %s, %d duplicates, %d too long%s",
+                      c.get("recipe"), c.get("records_in", 0), c.get("train_rows", 0), c.get("val_rows", 0),
+                      c.get("rejected"), c.get("deduplicated", 0), c.get("too_long", 0),
+                      " (cached)" if result.cached else "")
+        events = context.get("outlet_events")
+        if events is not None:
+            for asset in self.outlets:
+                events[asset].extra = {"train_path": result.train_path, "val_path": result.val_path,
+                                       "key": result.key, "cached": result.cached, "recipe": c.get("recipe"),
+                                       "rows": c.get("written")}
         return result.to_dict()
 
 
