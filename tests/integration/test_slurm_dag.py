@@ -32,7 +32,9 @@ def slurm_configs(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.Monke
     configs = tmp_path / "configs"
     shutil.copytree(REPO / "configs", configs)
     cluster = {"description": "two Ray nodes in a test Slurm allocation", "cluster": slurm_test_spec(
-        slurm, tmp_path / "shared"), "storage": {"root": None}, "runtime": {"ship_package": True, "env": {}}}
+        slurm, tmp_path / "shared"), "storage": {"root": None}, "runtime": {"ship_package": True, "env": {}},
+        # The GPUs the configuration is validated for (preflight runs on these CPU-only nodes).
+        "hardware": {"gpu_memory_gb": 24}}
     (configs / "clusters" / "slurm-test.yaml").write_text(yaml.safe_dump(cluster))
     smoke = yaml.safe_load((configs / "profiles" / "smoke.yaml").read_text())
     smoke["cluster_profile"] = "slurm-test"
