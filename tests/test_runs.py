@@ -65,7 +65,7 @@ def test_latest_moves_only_to_succeeded_runs_and_keeps_the_previous(tmp_path: Pa
     assert (good1 / runs.MANIFEST).is_file() and (good1 / "run_spec.json").is_file()
     # The pointer is a relative symlink (valid wherever the storage root is mounted).
     link = runs.latest_link(tmp_path, "smoke")
-    assert link.is_symlink() and os.readlink(link) == os.path.join("..", "runs", "r3")
+    assert link.is_symlink() and os.readlink(link) == os.path.join("..", "r3")
     assert not list(link.parent.glob(".*.tmp"))
 
 

@@ -5,7 +5,7 @@ holding ``run_spec.json`` (the resolved config), ``job.json``, ``metrics.jsonl``
 link to the run's checkpoint directory and ``manifest.json``: what the run was made of (data content
 hash, model source and revision, mode, Ray job) and how it ended.
 
-``<storage>/latest/<profile>`` is a relative symlink to the run directory of the profile's most
+``<storage>/runs/latest/<profile>`` is a relative symlink to the run directory of the profile's most
 recent *successful* run. It moves with an atomic rename, only to a run whose manifest says
 ``succeeded``; nothing here ever deletes a run directory, so the previous good run stays intact.
 """
@@ -143,7 +143,9 @@ def read_manifest(run_dir: Path) -> RunManifest:
 
 
 def latest_link(storage_root: Path, profile: str) -> Path:
-    return storage_root / LATEST_DIR / slug(profile, 80)
+    """``<storage>/runs/latest/<profile>``: beside the run directories, so it lives on the same (shared)
+    volume and its relative target ``../<run_key>`` resolves wherever that volume is mounted."""
+    return storage_root / "runs" / LATEST_DIR / slug(profile, 80)
 
 
 def latest_run(storage_root: Path, profile: str) -> Path | None:

@@ -97,7 +97,6 @@ def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack,
     assert run_id not in before
     run = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}").json()
     assert run["conf"]["total_training_steps"] == 4 and run["conf"]["profile"] == "smoke", run["conf"]
-    assert run["triggered_by"] == "ui" or run["triggered_by"] == "rest_api", run["triggered_by"]
     page.get_by_text(run_id).first.wait_for()
 
     # Follow it to the end in the UI: the run page shows the final state.
