@@ -94,3 +94,34 @@ def test_bad_retrain_section_names_the_field(tmp_path: Path, monkeypatch: pytest
         retrain_schedule("smoke")
     assert e.value.key == f"profiles/smoke.{key}"
     assert e.value.fix
+
+
+@pytest.mark.integration
+def test_failed_run_is_not_published_and_latest_stays(airflow_db: Path, tmp_path: Path) -> None:
+    """A real ``dag.test()`` of the retraining DAG whose run fails: publish_run fails, latest is kept."""
+    import os
+
+    from verl_pipeline import runs
+
+    storage = Path(os.environ["VERL_PIPELINE_HOME"])
+    good = storage / "runs" / "previous-good-run"
+    (storage / "checkpoints" / "previous-good-run").mkdir(parents=True, exist_ok=True)
+    runs.record_run(run_dir=good, run_key="previous-good-run", run_name="verl_retrain__smoke/earlier",
+                    profile="smoke", status=runs.RunStatus.SUCCEEDED,
+                    checkpoint_dir=storage / "checkpoints" / "previous-good-run")
+    runs.promote(storage, "smoke", good)
+    before = [m.run_key for m in runs.list_runs(storage)]
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(REPO / "dags" / "verl_retrain.py")).dags["verl_retrain__smoke"]
+    dr = dag.test(run_conf={"data_source": "builtin:nope"})
+    states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+    assert str(dr.state) == "failed", states
+    # The failed setup takes its whole scope down, publish_run included: nothing is published.
+    assert states["provision_ray_cluster"] == "failed", states
+    assert states["publish_run"] in ("failed", "upstream_failed"), states
+    assert states["teardown_ray_cluster"] == "success", states
+    assert runs.latest_run(storage, "smoke") == good.resolve()
+    assert (good / runs.MANIFEST).is_file()
+    assert [m.run_key for m in runs.list_runs(storage)] == before  # nothing recorded, nothing deleted

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import ray_processes
 from tests.integration.airflow_stack import AirflowStack
 from verl_pipeline import runs
 from verl_pipeline.airflow.assets import preprocessed_data_uri
@@ -112,6 +113,12 @@ def test_verl_ppo_succeeds_under_the_real_scheduler_and_triggerer(
     assert waited["preflight"]["all_ground_truths_score_1"] is True
     teardown = _xcom(api, DAG, run_id, "teardown_ray_cluster")
     assert teardown, "teardown returned nothing"
+    # The run's embedded Ray cluster is gone (agents may outlive the raylet by seconds).
+    cluster = _xcom(api, DAG, run_id, "provision_ray_cluster")
+    deadline = time.monotonic() + 30
+    while ray_processes(cluster["extra"]["temp_dir"]) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert ray_processes(cluster["extra"]["temp_dir"]) == []
 
 
 def test_data_update_triggers_retraining_which_publishes_latest(

@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from verl_pipeline.airflow.operators import PREFETCH_TASK, PREPROCESS_TASK, SUBMIT_TASK, WAIT_TASK, spec_from_context
 from verl_pipeline.config import list_profiles, load_yaml_profile
-from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.exceptions import ConfigError, PipelineError
 from verl_pipeline.paths import slug
 
 PUBLISH_TASK = "publish_run"
@@ -95,7 +95,11 @@ class PublishRunOperator(BaseOperator):
         from verl_pipeline import runs
 
         ti = context["ti"]
-        spec = spec_from_context(context)
+        try:
+            spec = spec_from_context(context)
+        except PipelineError as e:
+            # Nothing ran (the run's own params/profiles are invalid): no run directory to record.
+            raise AirflowFailException(f"run not published, its spec is invalid: {e}") from e
         waited = ti.xcom_pull(task_ids=WAIT_TASK)
         ok = bool(waited) and waited.get("status") == "SUCCEEDED"
         manifest = runs.record_run(
