@@ -64,6 +64,14 @@ def _stop_pids(procs: list[psutil.Process], grace_s: float) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(live, timeout=grace_s)
+    if alive:
+        names = []
+        for p in alive:
+            try:
+                names.append(f"{p.pid}:{' '.join(p.cmdline()[:3])}")
+            except psutil.Error:
+                names.append(str(p.pid))
+        print(f"airflow_stack: SIGKILL after {grace_s}s: {names}", file=sys.stderr, flush=True)
     for p in alive:
         try:
             p.kill()
