@@ -86,3 +86,14 @@ def test_promote_needs_a_manifest(tmp_path: Path) -> None:
     with pytest.raises(runs.RunRecordError, match="no readable run manifest"):
         runs.promote(tmp_path, "smoke", d)
     assert runs.latest_run(tmp_path, "smoke") is None
+
+
+def test_latest_survives_moving_the_storage_root(tmp_path: Path) -> None:
+    """Relative links: the same volume mounted at another path still resolves (other host, container)."""
+    root = tmp_path / "a"
+    good = _record(root, "r1", runs.RunStatus.SUCCEEDED, step=5)
+    runs.promote(root, "smoke", good)
+    moved = tmp_path / "b"
+    root.rename(moved)
+    assert runs.latest_run(moved, "smoke") == (moved / "runs" / "r1").resolve()
+    assert (moved / "runs" / "r1" / "checkpoints" / "global_step_5").is_dir()

@@ -85,7 +85,8 @@ def latest_checkpoint_step(checkpoint_dir: Path) -> int | None:
 def _relative_link(link: Path, target: Path) -> None:
     """Create or atomically replace the symlink ``link`` → ``target`` (stored relative)."""
     link.parent.mkdir(parents=True, exist_ok=True)
-    rel = os.path.relpath(target, link.parent)
+    # Both sides resolved: the link stays valid when the storage root is mounted elsewhere.
+    rel = os.path.relpath(target.resolve(), link.parent.resolve())
     tmp = link.parent / f".{link.name}.{os.getpid()}.tmp"
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
