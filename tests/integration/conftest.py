@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -27,3 +28,6 @@ def airflow_stack() -> Iterator[AirflowStack]:
     yield stack
     survivors = stack.stop()
     assert survivors == [], f"processes survived the stack's shutdown: {survivors}"
+    # Logs, DB and run directories are kept only when asked for (VP_KEEP_STACK=1), for debugging.
+    if not os.environ.get("VP_KEEP_STACK"):
+        shutil.rmtree(stack.root, ignore_errors=True)
