@@ -53,7 +53,9 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
     existing = find_handle(spec)
     if existing is not None and existing.backend == spec.cluster.get("backend") and existing.owned:
         status = probe(existing.client())
-        if status.ready and status.nodes_alive >= existing.expected_nodes and status.gpus >= existing.expected_gpus:
+        alive = get_backend({"backend": existing.backend, **_backend_spec(existing)}).health(existing).alive
+        if alive and status.ready and status.nodes_alive >= existing.expected_nodes \
+                and status.gpus >= existing.expected_gpus:
             # A retried or re-run provision of the same run: keep the live cluster (and the job on it).
             log.info("Reusing the run's healthy cluster %s at %s", existing.name, existing.dashboard_url)
             return existing
@@ -80,20 +82,21 @@ def ensure_cluster(
     An owned cluster is torn down and provisioned again; a cluster the pipeline does not own is
     only waited for (its owner has to bring it back).
     """
+    backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
+    health = backend.health(handle)
     status = probe(handle.client(token))
-    healthy = (status.ready and status.nodes_alive >= handle.expected_nodes
+    healthy = (health.alive and status.ready and status.nodes_alive >= handle.expected_nodes
                and status.gpus >= handle.expected_gpus and status.cpus >= handle.expected_cpus)
     if healthy:
         return handle
-    log.warning("Cluster %s is unhealthy (%d/%d nodes, %g/%g GPU, %s): %s", handle.name, status.nodes_alive,
-                handle.expected_nodes, status.gpus, handle.expected_gpus, status.detail,
-                "re-provisioning" if handle.owned else "waiting for it")
+    log.warning("Cluster %s is unhealthy (%s: %s; Ray sees %d/%d nodes, %g/%g GPU, %s): %s", handle.name,
+                health.state, health.detail, status.nodes_alive, handle.expected_nodes, status.gpus,
+                handle.expected_gpus, status.detail, "re-provisioning" if handle.owned else "waiting for it")
     if not handle.owned:
         from verl_pipeline.cluster.base import wait_ready
 
         wait_ready(handle, timeout_s=float(spec.cluster.get("ready_timeout_s", 300)), client=handle.client(token))
         return handle
-    backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
     backend.teardown(handle)
     return provision(spec, endpoint=endpoint)
 

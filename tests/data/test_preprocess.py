@@ -391,7 +391,8 @@ def test_operator_outlet_asset_and_recipe_param(tmp_path: Path, monkeypatch: pyt
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from verl_pipeline.airflow.operators import PREPROCESSED_DATA_ASSET_NAME, PreprocessDataOperator
+    from verl_pipeline.airflow.assets import PREPROCESSED_DATA_ALIAS, preprocessed_data_uri
+    from verl_pipeline.airflow.operators import PreprocessDataOperator
     from verl_pipeline.airflow.params import build_params
     from verl_pipeline.config import build_run_spec
 
@@ -402,17 +403,29 @@ def test_operator_outlet_asset_and_recipe_param(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "home"))
     op = PreprocessDataOperator(task_id="preprocess_data")
-    assert [a.name for a in op.outlets] == [PREPROCESSED_DATA_ASSET_NAME]
+    assert [a.name for a in op.outlets] == [PREPROCESSED_DATA_ALIAS]
+    assert PreprocessDataOperator(task_id="p", emit_asset=False).outlets == []
 
     class Ti:
         def xcom_pull(self, task_ids: str) -> None:
             return None
 
-    events: defaultdict[object, SimpleNamespace] = defaultdict(SimpleNamespace)
+    class AliasEvents:
+        """What Airflow's outlet-event accessor records for an AssetAlias outlet."""
+
+        def __init__(self) -> None:
+            self.added: list[tuple[object, dict]] = []
+
+        def add(self, asset: object, extra: dict) -> None:
+            self.added.append((asset, extra))
+
+    events: defaultdict[object, AliasEvents] = defaultdict(AliasEvents)
     ctx = {"ti": Ti(), "params": {}, "run_id": "manual__t", "dag": SimpleNamespace(dag_id="verl_ppo"),
            "outlet_events": events}
     out = op.execute(ctx)
     assert out["counts"]["train_rows"] == 256 and out["counts"]["length_filter"]["max_prompt_length"] == 256
-    assert events[op.outlets[0]].extra["train_path"] == out["train_path"]
+    ((asset, extra),) = events[op.outlets[0]].added
+    assert asset.uri == preprocessed_data_uri("smoke")  # type: ignore[attr-defined]
+    assert extra["train_path"] == out["train_path"]
     assert op.execute(ctx)["cached"] is True
     shutil.rmtree(tmp_path / "home", ignore_errors=True)

@@ -20,6 +20,17 @@ def preprocessed_data_uri(profile: str) -> str:
     return f"{ASSET_SCHEME}://preprocessed-data/{slug(profile, 80)}"
 
 
+#: The AssetAlias a producing task declares as its outlet: the profile (and so the Asset) is only
+#: known at run time, from the DAG run's params.
+PREPROCESSED_DATA_ALIAS = "verl_pipeline_preprocessed_data"
+
+
+def preprocessed_data_alias() -> Any:
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=PREPROCESSED_DATA_ALIAS, group="verl-pipeline")
+
+
 def preprocessed_data_asset(profile: str) -> Any:
     """The :class:`airflow.sdk.Asset` for a profile's preprocessed (verl parquet) data."""
     from airflow.sdk import Asset

@@ -113,29 +113,25 @@ class ProvisionRayClusterOperator(_PipelineOperator):
 
 #: The preprocessed train/val parquet: a retraining DAG can be scheduled on it (``schedule=[...]``).
 #: Each event's ``extra`` names the files, the content key and whether they are new.
-PREPROCESSED_DATA_ASSET_NAME = "verl_pipeline_preprocessed_data"
-
-
-def preprocessed_data_asset() -> Any:
-    from airflow.sdk import Asset
-
-    return Asset(name=PREPROCESSED_DATA_ASSET_NAME, uri="verl-pipeline://preprocessed-data",
-                 group="verl_pipeline")
-
-
 class PreprocessDataOperator(_PipelineOperator):
     """Write the run's train/val parquet in verl's row schema (checked, content-keyed, atomic).
 
     ``recipe`` (templated) replaces the profile's recipe; the DAG passes its ``recipe`` param.
-    The output is the :func:`preprocessed_data_asset` outlet.
+    With ``emit_asset`` the output is an event on the run profile's preprocessed-data Asset
+    (through the :func:`preprocessed_data_alias` outlet), which retraining DAGs are scheduled on;
+    a DAG scheduled on that Asset must not emit it (it would trigger itself).
     """
 
     template_fields: Sequence[str] = ("recipe",)
 
-    def __init__(self, *, recipe: str | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("outlets", [preprocessed_data_asset()])
+    def __init__(self, *, recipe: str | None = None, emit_asset: bool = True, **kwargs: Any) -> None:
+        if emit_asset:
+            from verl_pipeline.airflow.assets import preprocessed_data_alias
+
+            kwargs.setdefault("outlets", [preprocessed_data_alias()])
         super().__init__(**kwargs)
         self.recipe = recipe
+        self.emit_asset = emit_asset
 
     def execute(self, context: Any) -> dict[str, Any]:
         from verl_pipeline.data.preprocess import preprocess_for_spec
@@ -151,11 +147,14 @@ class PreprocessDataOperator(_PipelineOperator):
                       c.get("rejected"), c.get("deduplicated", 0), c.get("too_long", 0),
                       " (cached)" if result.cached else "")
         events = context.get("outlet_events")
-        if events is not None:
-            for asset in self.outlets:
-                events[asset].extra = {"train_path": result.train_path, "val_path": result.val_path,
-                                       "key": result.key, "cached": result.cached, "recipe": c.get("recipe"),
-                                       "rows": c.get("written")}
+        if self.emit_asset and events is not None:
+            from verl_pipeline.airflow.assets import preprocessed_data_alias, preprocessed_data_asset
+
+            events[preprocessed_data_alias()].add(
+                preprocessed_data_asset(spec.profile),
+                extra={"train_path": result.train_path, "val_path": result.val_path, "key": result.key,
+                       "cached": result.cached, "recipe": c.get("recipe"), "rows": c.get("written")},
+            )
         return result.to_dict()
 
 
@@ -346,7 +345,8 @@ class WaitForVerlJobOperator(_PipelineOperator):
         self.log.info("Ray job %s is running: deferring (poll every %.0fs)", job_id, self.poll_interval)
         self.defer(
             trigger=RayJobTrigger(cluster=handle.to_dict(), job_id=job_id, conn_id=self.conn_id or handle.conn_id,
-                                  poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors),
+                                  poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors,
+                                  expected_nodes=handle.expected_nodes if handle.owned else 0),
             method_name="execute_complete",
             timeout=None,
         )
@@ -455,6 +455,14 @@ class WaitForVerlJobOperator(_PipelineOperator):
             if status == "error":
                 # The trigger could not reach the job (cluster gone): an infrastructure failure.
                 raise AirflowException(f"Ray job {job_id}: {message} — retrying")
+            if status == "node_lost":
+                # The job may hang on the dead node: stop it so the retry never runs two at once.
+                try:
+                    handle.client(self._token(handle.conn_id)).stop(job_id)
+                except PipelineError as e:
+                    self.log.warning("Could not stop Ray job %s: %s", job_id, e)
+                raise AirflowException(f"Ray job {job_id}: {message} [infrastructure failure: node died] — "
+                                       "retrying re-provisions the cluster and resumes from the last checkpoint")
             self._raise_failure(job_id, str(event.get("job_status", status)), message, self._logs(handle, job_id))
         result: dict[str, Any] = {"job_id": job_id, "status": event.get("job_status", "SUCCEEDED"),
                                   "mode": sub.get("mode"), "run_dir": sub.get("run_dir")}

@@ -166,7 +166,7 @@ def build_retrain_dag(sched: RetrainSchedule) -> Any:
     ) as dag:
         provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
         # No outlet here: this DAG consumes the preprocessed-data Asset, it must not re-trigger itself.
-        preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK)
+        preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK, emit_asset=False)
         prefetch = PrefetchModelOperator(task_id=PREFETCH_TASK)
         submit = SubmitVerlJobOperator(task_id=SUBMIT_TASK)
         wait = WaitForVerlJobOperator(task_id=WAIT_TASK)
