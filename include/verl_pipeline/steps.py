@@ -200,10 +200,12 @@ def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode:
     critic = models.get("critic") or {}
     check_paths_visible(spec, {"data.train_files": data["train_path"], "data.val_files": data["val_path"],
                                "actor_rollout_ref.model.path": models["actor"]["path"],
-                               "critic.model.path": critic.get("path", "")})
+                               "critic.model.path": critic.get("path", ""),
+                               "reward.reward_model.model_path": (models.get("reward") or {}).get("path", "")})
     return render_job(
         spec, mode=mode, train_files=data["train_path"], val_files=data["val_path"],
         model_path=models["actor"]["path"], critic_path=critic.get("path"),
+        reward_path=(models.get("reward") or {}).get("path"),
     )
 
 

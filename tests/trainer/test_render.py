@@ -111,3 +111,16 @@ def test_cli_render_prints_entrypoint_runtime_env_and_rules(capsys: pytest.Captu
     assert "trainer.test_freq=5" in words and "actor_rollout_ref.rollout.tensor_model_parallel_size=4" in words
     assert '"NCCL_IB_HCA"' in out
     assert "placeholder" in out  # the 32B weights are not here; render says so instead of downloading
+
+
+def test_a_prefetched_reward_model_reaches_verl() -> None:
+    from verl_pipeline import steps
+
+    spec = build_run_spec({}, run_name="verl_ppo/manual__reward")
+    models = {"actor": {"path": "/m/actor"}, "reward": {"path": "/m/reward"}}
+    data = {"train_path": "/d/train.parquet", "val_path": "/d/val.parquet"}
+    job = steps.render(spec, data=data, models=models, mode=Mode.TRAIN)
+    assert job.settings["reward.reward_model.model_path"] == "/m/reward"
+    assert "reward.reward_model.model_path=/m/reward" in job.overrides
+    without = steps.render(spec, data=data, models={"actor": {"path": "/m/actor"}}, mode=Mode.TRAIN)
+    assert "reward.reward_model.model_path" not in without.settings

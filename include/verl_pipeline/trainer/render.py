@@ -38,7 +38,8 @@ class RenderedJob:
 
 
 def job_settings(
-    spec: RunSpec, *, train_files: str, val_files: str, model_path: str, critic_path: str | None = None
+    spec: RunSpec, *, train_files: str, val_files: str, model_path: str, critic_path: str | None = None,
+    reward_path: str | None = None,
 ) -> dict[str, Any]:
     """Every verl setting of the run: the profile's, then what the pipeline owns (paths, shape, logging)."""
     settings = dict(spec.verl)
@@ -65,6 +66,10 @@ def job_settings(
         settings["trainer.save_freq"] = max(1, spec.total_training_steps)
     if uses_critic(settings):
         settings["critic.model.path"] = critic_path or model_path
+    if reward_path:
+        # The prefetched reward model; the model profile configures the rest of
+        # verl's reward.reward_model section (enable, rollout engine).
+        settings["reward.reward_model.model_path"] = reward_path
     return settings
 
 
@@ -90,12 +95,13 @@ def render_job(
     val_files: str,
     model_path: str,
     critic_path: str | None = None,
+    reward_path: str | None = None,
 ) -> RenderedJob:
     """The exact entrypoint and runtime_env that will be submitted for ``spec`` in ``mode``."""
     if mode is Mode.AUTO:
         raise ValueError("resolve Mode.AUTO against the cluster before rendering")
     settings = job_settings(spec, train_files=train_files, val_files=val_files, model_path=model_path,
-                            critic_path=critic_path)
+                            critic_path=critic_path, reward_path=reward_path)
     overrides = render_overrides(settings)
     if mode is Mode.TRAIN:
         command: tuple[str, ...] = spec.trainer_command
