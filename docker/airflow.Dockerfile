@@ -8,9 +8,9 @@ FROM python:3.11-slim
 ARG APP_UID=50000
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# Not in requirements.txt: the Postgres driver for the metadata DB, and the Celery provider so that
-# switching AIRFLOW_EXECUTOR to CeleryExecutor needs no rebuild.
-ARG AIRFLOW_EXTRA_PIP_PACKAGES="psycopg2-binary==2.9.13 apache-airflow-providers-celery==3.26.0"
+# Not in requirements.txt: the Celery provider, so that switching AIRFLOW_EXECUTOR to CeleryExecutor
+# needs no rebuild. (The Postgres drivers psycopg2-binary + asyncpg are in requirements.txt.)
+ARG AIRFLOW_EXTRA_PIP_PACKAGES="apache-airflow-providers-celery==3.26.0"
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -44,7 +44,7 @@ RUN pip install -e /opt/verl-pipeline -c requirements/constraints.txt \
 # ownership, so the user can write logs, the auth file and the shared data.
 RUN useradd --uid "${APP_UID}" --gid 0 --create-home --home-dir /home/airflow --shell /bin/bash airflow \
  && mkdir -p /opt/airflow/dags /opt/airflow/plugins /opt/airflow/logs /opt/airflow/auth \
-             /shared/data /shared/models /shared/checkpoints \
+             /shared/data /shared/models /shared/checkpoints /shared/runs \
  && chown -R "${APP_UID}:0" /opt/airflow /shared \
  && chmod -R g+rwX /opt/airflow /shared
 

@@ -52,7 +52,7 @@ RUN pip install --no-deps -e /opt/verl-pipeline \
  && python -c "import verl_pipeline, ray; print('verl_pipeline', verl_pipeline.__version__, 'ray', ray.__version__)"
 
 RUN useradd --uid "${APP_UID}" --gid 0 --create-home --home-dir /home/ray --shell /bin/bash ray \
- && mkdir -p /shared/data /shared/models /shared/checkpoints \
+ && mkdir -p /shared/data /shared/models /shared/checkpoints /shared/runs \
  && chown -R "${APP_UID}:0" /shared \
  && chmod -R g+rwX /shared
 

@@ -32,10 +32,12 @@ GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 
 @pytest.fixture
 def gsm8k_dir() -> Path:
-    """The real GSM8K (MIT) shipped beside the repo in ../shared; skip when absent (a user's clone)."""
-    if not (GSM8K_DIR / "train.jsonl").is_file():
-        pytest.skip(f"GSM8K not found at {GSM8K_DIR}")
-    return GSM8K_DIR
+    """The real GSM8K (MIT) beside the repo in ../shared, or where $VERL_PIPELINE_GSM8K_DIR points (a
+    checkout elsewhere); skip when absent (a user's clone)."""
+    for d in (GSM8K_DIR, Path(os.environ.get("VERL_PIPELINE_GSM8K_DIR", "/nonexistent"))):
+        if (d / "train.jsonl").is_file():
+            return d
+    pytest.skip(f"GSM8K not found at {GSM8K_DIR} (or $VERL_PIPELINE_GSM8K_DIR)")
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,8 @@ def test_render_json_for_a_large_shape(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    r = run("render", "--nnodes", "3", "--n-gpus-per-node", "5", home=tmp_path, check=False)
+    r = run("render", "--nnodes", "3", "--n-gpus-per-node", "5", "--set", "data.train_batch_size=48",
+            home=tmp_path, check=False)
     assert r.returncode == 2
     assert r.stderr.startswith("verl-pipeline: error: data.train_batch_size=48")
     assert len(r.stderr.strip().splitlines()) == 1

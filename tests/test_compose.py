@@ -44,7 +44,7 @@ AIRFLOW_RUNTIME_SERVICES = (
     "airflow-triggerer",
     "airflow-worker",
 )
-SHARED_PATHS = ("/shared/data", "/shared/models", "/shared/checkpoints")
+SHARED_PATHS = ("/shared/data", "/shared/models", "/shared/checkpoints", "/shared/runs")
 LOOPBACK = "127.0.0.1"
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|FERNET|TOKEN")
 
@@ -383,3 +383,46 @@ def test_docker_compose_requires_secrets(tmp_path: Path) -> None:
     r = _run_config(env_file, "config", "-q")
     assert r.returncode != 0, "compose accepted a config without any secret set"
     assert "required variable" in r.stderr and "missing a value" in r.stderr, r.stderr
+
+
+# -- the stack serves the pipeline's GPU profile ---------------------------------------------------
+GPU_PROFILE = "gsm8k-qwen2.5-0.5b-ppo"
+
+
+def test_every_path_a_run_writes_is_on_a_shared_mount(
+    airflow_services: dict[str, dict[str, Any]], ray_services: dict[str, dict[str, Any]]
+) -> None:
+    """Data, model cache, checkpoints, run directory and the latest pointer of a run of the compose
+    stack's profile all land on volumes mounted at identical paths in Airflow and Ray containers."""
+    from verl_pipeline import runs
+    from verl_pipeline.config import build_run_spec
+
+    spec = build_run_spec({"profile": GPU_PROFILE}, run_name="verl_retrain__x/scheduled__1")
+    assert str(spec.storage_root) == "/shared", spec.storage_root
+    written = [spec.data_root, spec.model_cache, spec.checkpoint_dir, spec.run_dir, spec.metrics_path,
+               runs.latest_link(spec.storage_root, spec.profile)]
+    for name, svc in {**airflow_services, **ray_services}.items():
+        mounted = [Path(t) for t, src in _mounts(svc).items() if src and t.startswith("/shared")]
+        for path in written:
+            assert any(path == m or m in path.parents for m in mounted), f"{name}: {path} is not on a shared mount"
+
+
+def test_the_profiles_ray_connection_points_at_the_ray_head(
+    services: dict[str, dict[str, Any]], airflow_services: dict[str, dict[str, Any]]
+) -> None:
+    from verl_pipeline.config import load_yaml_profile
+
+    prof = load_yaml_profile("profiles", GPU_PROFILE)
+    cluster = load_yaml_profile("clusters", prof["cluster_profile"])["cluster"]
+    assert cluster["backend"] == "address"
+    var = f"AIRFLOW_CONN_{cluster['conn_id'].upper()}"
+    head_cmd = " ".join(services["ray-head"]["command"])
+    dash_port = int(re.search(r"--dashboard-port=(\d+)", head_cmd).group(1))  # type: ignore[union-attr]
+    for name in AIRFLOW_RUNTIME_SERVICES:
+        if name not in airflow_services:
+            continue
+        raw = _env(airflow_services[name]).get(var)
+        assert raw, f"{name}: {var} not set (the DAG's address backend needs it)"
+        conn = json.loads(_INTERPOLATION.sub("", raw))
+        assert conn["host"] in services, f"{name}: {var} points at {conn['host']}, not a compose service"
+        assert int(conn["port"]) == dash_port, f"{name}: {var} port {conn['port']} != dashboard {dash_port}"

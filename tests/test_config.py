@@ -55,8 +55,7 @@ BAD = [
     ({"data_source": "builtin:nope"}, "data_source", "unknown built-in data source"),
     ({"data_source": "/does/not/exist.jsonl"}, "data_source", "no such file"),
     ({"data_source": "data.jsonl"}, "data_source", "absolute path"),
-    ({"n_gpus_per_node": 3}, "data.train_batch_size", "must be divisible by nnodes x n_gpus_per_node"),
-    ({"nnodes": 5, "n_gpus_per_node": 3}, "data.train_batch_size", "divisible"),
+    ({"n_gpus_per_node": 17}, "n_gpus_per_node", "between 1 and 16"),
     ({"learning_rate": 1}, "learning_rate", "not a parameter of this pipeline"),
 ]
 
@@ -71,10 +70,19 @@ def test_bad_params_are_rejected_with_key_and_rule(params: dict, key: str, rule:
 
 def test_divisibility_error_suggests_a_value_that_passes() -> None:
     with pytest.raises(ConfigError) as err:
-        build_run_spec({"n_gpus_per_node": 3}, run_name="r")
+        build_run_spec({"n_gpus_per_node": 3}, run_name="r", overrides={"data.train_batch_size": 16})
+    assert err.value.key == "data.train_batch_size"
+    assert "must be divisible by nnodes x n_gpus_per_node" in err.value.rule
     assert err.value.fix and "data.train_batch_size=" in err.value.fix
     suggested = int(err.value.fix.split("=")[1])
     assert suggested % 3 == 0
+    build_run_spec({"n_gpus_per_node": 3}, run_name="r", overrides={"data.train_batch_size": suggested})
+
+
+def test_odd_gpu_counts_are_made_to_fit_by_the_scaling_rule() -> None:
+    spec = build_run_spec({"nnodes": 5, "n_gpus_per_node": 3}, run_name="r")
+    assert spec.verl["data.train_batch_size"] == 18 * 5  # 16 per node rounded up to a multiple of 3
+    assert "rounded up from 16" in spec.derived["data.train_batch_size"]
 
 
 def test_directory_data_source_needs_train_jsonl(tmp_path: Path) -> None:
@@ -82,19 +90,30 @@ def test_directory_data_source_needs_train_jsonl(tmp_path: Path) -> None:
         build_run_spec({"data_source": str(tmp_path)}, run_name="r")
 
 
-def test_tensor_parallel_must_divide_gpus_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
-
-    from verl_pipeline.paths import configs_dir
-
-    cfg = tmp_path / "configs"
-    shutil.copytree(configs_dir(), cfg)
-    text = (cfg / "models" / "tiny-ppo.yaml").read_text().replace("tensor_model_parallel_size: 1",
-                                                                  "tensor_model_parallel_size: 4")
-    (cfg / "models" / "tiny-ppo.yaml").write_text(text)
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+def test_tensor_parallel_must_divide_gpus_per_node() -> None:
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     with pytest.raises(ConfigError) as err:
-        build_run_spec({"n_gpus_per_node": 2}, run_name="r")
-    assert err.value.key == "actor_rollout_ref.rollout.tensor_model_parallel_size"
+        build_run_spec({"n_gpus_per_node": 2}, run_name="r", overrides={key: 4})
+    assert err.value.key == key
     assert "[1, 2]" in str(err.value.fix)
-    assert build_run_spec({"n_gpus_per_node": 8}, run_name="r").n_gpus == 8
+    spec = build_run_spec({"n_gpus_per_node": 8}, run_name="r", overrides={key: 4})
+    assert spec.n_gpus == 8 and spec.verl[key] == 4
+    assert "set explicitly" in spec.derived[key]
+
+
+def test_layers_cluster_then_run_profile_then_params() -> None:
+    # gpu-address says 1 x 8; the run profile repeats it; DAG params win over both.
+    spec = build_run_spec({"profile": "gsm8k-qwen2.5-0.5b-ppo"}, run_name="r")
+    assert (spec.nnodes, spec.n_gpus_per_node) == (1, 8)
+    spec = build_run_spec({"profile": "gsm8k-qwen2.5-0.5b-ppo", "nnodes": 4}, run_name="r")
+    assert spec.nnodes == 4 and spec.verl["data.train_batch_size"] == 1024
+    assert spec.checkpoint_dir.parent == Path("/shared/checkpoints")
+    assert spec.data_root == Path("/shared/data") and spec.model_cache == Path("/shared/models")
+
+
+def test_overrides_are_the_last_layer() -> None:
+    spec = build_run_spec({}, run_name="r", overrides={"data.max_prompt_length": 300,
+                                                        "actor_rollout_ref.actor.ppo_mini_batch_size": 16})
+    assert spec.verl["data.max_prompt_length"] == 300
+    assert spec.verl["actor_rollout_ref.actor.ppo_mini_batch_size"] == 16
+    assert "the rule would give 8" in spec.derived["actor_rollout_ref.actor.ppo_mini_batch_size"]

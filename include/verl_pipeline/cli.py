@@ -3,6 +3,7 @@
 Examples::
 
     verl-pipeline cluster up                      # local Ray head of the default profile
+    verl-pipeline cluster up --backend slurm      # the cluster profile that uses Slurm (sbatch)
     verl-pipeline preprocess --json
     verl-pipeline prefetch
     verl-pipeline render --mode preflight         # exact entrypoint + runtime_env
@@ -13,6 +14,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.config import RunSpec, build_run_spec
-from verl_pipeline.constants import Mode
+from verl_pipeline.constants import BackendKind, Mode
 from verl_pipeline.exceptions import PipelineError
 
 CLI_DAG_ID = "cli"
@@ -40,6 +42,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-gpus-per-node", type=int, default=None)
     g.add_argument("--total-training-steps", type=int, default=None)
     g.add_argument("--mode", choices=[m.value for m in Mode], default=None)
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one verl setting (wins over profiles and scaling rules); repeatable")
+    g.add_argument("--nccl-debug", action="store_true", default=None, help="set NCCL_DEBUG=INFO in the job")
     g.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -54,7 +59,27 @@ def _spec(args: argparse.Namespace) -> RunSpec:
         "mode": args.mode,
     }
     return build_run_spec({k: v for k, v in params.items() if v is not None}, run_name=args.run_name,
-                          model_profile=args.model_profile, cluster_profile=args.cluster_profile)
+                          model_profile=args.model_profile, cluster_profile=args.cluster_profile,
+                          overrides=_parse_sets(getattr(args, "overrides", None) or []),
+                          nccl_debug=getattr(args, "nccl_debug", None))
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    """``["a.b=8", "c=[x,y]"]`` → ``{"a.b": 8, "c": ["x", "y"]}`` (values read as YAML scalars/lists)."""
+    import yaml
+
+    from verl_pipeline.exceptions import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", item, "must be KEY=VALUE", "--set actor_rollout_ref.rollout.n=4")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
 
 
 def _out(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
@@ -73,10 +98,37 @@ def _handle(spec: RunSpec) -> Any:
     return handle
 
 
+def _select_backend(args: argparse.Namespace) -> None:
+    """``--backend`` picks the cluster profile: the given one must use it, else the only profile that does."""
+    from verl_pipeline.config import list_profiles, load_yaml_profile
+    from verl_pipeline.exceptions import ConfigError
+
+    def backend_of(name: str) -> str:
+        return str((load_yaml_profile("clusters", name).get("cluster") or {}).get("backend"))
+
+    if args.cluster_profile:
+        if backend_of(args.cluster_profile) != args.backend:
+            raise ConfigError("--backend", args.backend, f"cluster profile {args.cluster_profile} uses backend "
+                              f"{backend_of(args.cluster_profile)}", "drop --backend or pick a matching profile")
+        return
+    run_profile = load_yaml_profile("profiles", args.profile or "smoke")
+    if backend_of(str(run_profile.get("cluster_profile", ""))) == args.backend:
+        return
+    matches = [name for name in list_profiles("clusters") if backend_of(name) == args.backend]
+    if len(matches) != 1:
+        raise ConfigError("--backend", args.backend,
+                          f"{len(matches)} cluster profiles in configs/clusters use this backend: {matches}",
+                          "pass --cluster-profile NAME" if matches else
+                          f"add configs/clusters/<name>.yaml with `backend: {args.backend}` (see the README)")
+    args.cluster_profile = matches[0]
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
-    from verl_pipeline.cluster.base import probe
+    from verl_pipeline.cluster.base import get_backend
 
+    if args.backend:
+        _select_backend(args)
     spec = _spec(args)
     if args.action == "up":
         endpoint = (args.address, None) if args.address else None
@@ -89,55 +141,111 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         _out(args, result)
     else:
         handle = _handle(spec)
-        status = probe(handle.client())
-        _out(args, {"cluster": handle.to_dict(), "status": status.to_dict()},
-             f"{handle.name}: {'ready' if status.ready else 'NOT READY'} — {status.nodes_alive} node(s), "
-             f"{status.cpus:g} CPU, {status.gpus:g} GPU, Ray {status.ray_version} ({status.detail})")
-        return 0 if status.ready else 1
+        backend = get_backend({"backend": handle.backend, **steps._backend_spec(handle)})
+        status = backend.status(handle)
+        health = backend.health(handle)
+        _out(args, {"cluster": handle.to_dict(), "status": status.to_dict(), "health": health.to_dict()},
+             f"{handle.name} ({handle.backend}): {'ready' if status.ready else 'NOT READY'} — "
+             f"{status.nodes_alive} node(s), {status.cpus:g} CPU, {status.gpus:g} GPU, Ray {status.ray_version} "
+             f"({status.detail}); infrastructure: {health.detail}")
+        return 0 if status.ready and health.alive else 1
     return 0
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from verl_pipeline.config import DataSource
-    from verl_pipeline.data.preprocess import preprocess
+    from verl_pipeline.data.preprocess import preprocess_for_spec
 
     spec = _spec(args)
-    source = DataSource.parse(args.input) if args.input else spec.data
-    out = Path(args.output).resolve() if args.output else spec.data_root
-    result = preprocess(source, spec.data_options, out)
-    _out(args, result.to_dict(),
-         f"train: {result.train_path}\nval:   {result.val_path}\ncounts: {json.dumps(result.counts)}"
-         + (" (cached)" if result.cached else ""))
+    if args.tokenizer or args.max_prompt_length or args.max_reject_fraction is not None:
+        extra = {"tokenizer": args.tokenizer, "max_prompt_length": args.max_prompt_length,
+                 "max_reject_fraction": args.max_reject_fraction}
+        spec = dataclasses.replace(spec, data_options={**spec.data_options,
+                                                       **{k: v for k, v in extra.items() if v is not None}})
+    sources = [DataSource.parse(text, key="--input") for text in args.input] if args.input else None
+    out = Path(args.output).resolve() if args.output else None
+    result = preprocess_for_spec(spec, sources, out, recipe=args.recipe)
+    c = result.counts
+    lines = [f"train: {result.train_path}", f"val:   {result.val_path}",
+             f"rows in {c['records_in']}, written {c['written']} (train {c['train_rows']}, val {c['val_rows']}), "
+             f"rejected {sum(c['rejected'].values())} {c['rejected']}, deduplicated {c['deduplicated']}, "
+             f"filtered for length {c['too_long']}" + (" (cached: nothing to do)" if result.cached else "")]
+    if isinstance(c.get("length_filter"), dict):
+        lf = c["length_filter"]
+        lines.append(f"longest prompt: {lf['longest_prompt']} (max_prompt_length {lf['max_prompt_length']})")
+    _out(args, result.to_dict(), "\n".join(lines))
     return 0
 
 
 def _prefetch_all(spec: RunSpec, model: str | None = None, cache: str | None = None) -> dict[str, Any]:
+    """Every model of the run by role (``--model`` replaces them all with one actor). Token: ``HF_TOKEN``."""
     import os
 
     from verl_pipeline.config import ModelSource
-    from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.models.prefetch import prefetch, prefetch_run
 
-    token = os.environ.get("HF_TOKEN")
+    token = os.environ.get("HF_TOKEN") or None
     cache_root = Path(cache).resolve() if cache else spec.model_cache
-    actor = ModelSource.parse(model) if model else spec.model
-    out = {"actor": prefetch(actor, cache_root, token=token).to_dict()}
-    if spec.critic_model and spec.critic_model != actor and not model:
-        out["critic"] = prefetch(spec.critic_model, cache_root, token=token).to_dict()
-    return out
+    if model:
+        return {"actor": {**prefetch(ModelSource.parse(model, key="--model"), cache_root, token=token).to_dict(),
+                          "role": "actor"}}
+    return prefetch_run(spec, token=token, cache_root=cache_root)
 
 
 def cmd_prefetch(args: argparse.Namespace) -> int:
     spec = _spec(args)
     out = _prefetch_all(spec, args.model, args.cache)
-    lines = [f"{role}: {r['path']} ({r['files']} files, {r['bytes']} bytes)" for role, r in out.items()]
+    lines = [f"{role}: {r['path']} ({r['files']} files, {r['bytes']} bytes, "
+             f"{'cache hit' if r.get('cached') else 'fetched'} in {r['seconds']:.2f}s)"
+             + (f" commit {r['commit']}" if r.get("commit") else "") for role, r in out.items()]
     _out(args, out, "\n".join(lines))
     return 0
 
 
 def _inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    from verl_pipeline.data.preprocess import preprocess
+    from verl_pipeline.data.preprocess import preprocess_for_spec
 
-    return preprocess(spec.data, spec.data_options, spec.data_root).to_dict(), _prefetch_all(spec)
+    return preprocess_for_spec(spec).to_dict(), _prefetch_all(spec)
+
+
+def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Data and model paths for ``render``.
+
+    Built for real when the run's storage is on this machine (local backend, or the shared mount is
+    present); otherwise planned (data: the content-keyed directory preprocess would write) so that
+    rendering for a remote cluster writes nothing here.
+    """
+    from verl_pipeline.data import preprocess as pre
+    from verl_pipeline.exceptions import ModelError
+    from verl_pipeline.models.prefetch import prefetch
+
+    notes = []
+    local = spec.cluster.get("backend") == "local" or all(Path(r).is_dir() for r in spec.shared_roots)
+    if local:
+        data = pre.preprocess_for_spec(spec).to_dict()
+    else:
+        # The directory is keyed by the data's content and the model's tokenizer, which only the
+        # preprocess task (on the shared storage) can hash.
+        recipe = str(spec.data_options.get("recipe") or pre.DEFAULT_RECIPE)
+        out_dir = spec.data_root / f"{recipe}-{pre.CODE_VERSION}-<content-key>"
+        data = {"train_path": str(out_dir / "train.parquet"), "val_path": str(out_dir / "val.parquet")}
+        notes.append(f"shared storage {list(spec.shared_roots)} is not mounted here: data paths are where "
+                     "the preprocess task will write (<content-key> is computed there)")
+    models: dict[str, Any] = {}
+    for role, source in (("actor", spec.model), ("critic", spec.critic_model)):
+        if source is None or (role == "critic" and source == spec.model):
+            continue
+        if local or source.kind == "path":
+            try:
+                models[role] = prefetch(source, spec.model_cache).to_dict()
+                continue
+            except ModelError as e:
+                notes.append(f"{role} model path is a placeholder until prefetch runs ({e})")
+        else:
+            notes.append(f"{role} model path is a placeholder until the prefetch task resolves {source}")
+        ref = f"{source.ref}@{source.revision}" if source.revision else source.ref
+        models[role] = {"path": str(spec.model_cache / source.kind / ref)}
+    return data, models, notes
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -147,12 +255,23 @@ def cmd_render(args: argparse.Namespace) -> int:
     mode = Mode(args.mode) if args.mode else spec.mode
     if mode is Mode.AUTO:
         mode = Mode.TRAIN  # what a GPU cluster would get; `submit` resolves auto against the real cluster
-    data, models = _inputs(spec)
+    verl_check = None if args.no_verl_check else steps.validate_spec_with_verl(spec)
+    data, models, notes = _render_inputs(spec)
     job = steps.render(spec, data=data, models=models, mode=mode)
-    text = [f"# mode: {mode.value}", f"# target: {spec.nnodes} node(s) x {spec.n_gpus_per_node} GPU(s)"]
-    text += [f"# derived {k}: {rule}" for k, rule in spec.derived.items()]
-    text += ["entrypoint:", job.entrypoint, "runtime_env:", json.dumps(job.runtime_env, indent=2)]
-    _out(args, {**job.to_dict(), "spec": spec.to_dict()}, "\n".join(text))
+    text = [
+        f"# mode: {mode.value}; target: {spec.nnodes} node(s) x {spec.n_gpus_per_node} GPU(s) = {spec.n_gpus}; "
+        f"profiles: run {spec.profile}, model {spec.model_profile}, cluster {spec.cluster_profile}",
+    ]
+    if verl_check is not None:
+        text.append(f"# verl {verl_check['verl_version']}: composed ppo_trainer.yaml and passed validate_config + "
+                    f"the actor/critic/rollout dataclass checks in {verl_check['seconds']}s "
+                    f"(critic: {verl_check['use_critic']}, reference: {verl_check['use_reference_policy']})")
+    text += [f"# note: {n}" for n in notes]
+    text.append("derived values (value — rule):")
+    width = max((len(k) for k in job.derived), default=0)
+    text += [f"  {k.ljust(width)} = {rule}" for k, rule in job.derived.items()]
+    text += ["entrypoint:", job.entrypoint, "runtime_env:", json.dumps(job.runtime_env, indent=2, sort_keys=True)]
+    _out(args, {**job.to_dict(), "spec": spec.to_dict(), "verl_check": verl_check, "notes": notes}, "\n".join(text))
     return 0
 
 
@@ -220,22 +339,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cluster", help="provision / tear down / inspect the run's Ray cluster")
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--address", default=None, help="dashboard URL of an existing cluster (address backend)")
+    p.add_argument("--backend", choices=[k.value for k in BackendKind], default=None,
+                   help="where the cluster comes from; picks the cluster profile using it (with --cluster-profile: "
+                        "checks it)")
     _add_run_args(p)
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("preprocess", help="write verl parquet (train/val) for the run's data")
-    p.add_argument("--input", default=None, help="data source (overrides the profile's)")
-    p.add_argument("--output", default=None, help="output root (default: <storage>/data)")
+    p.add_argument("--input", action="append", default=None, metavar="PATH",
+                   help="data source, repeatable: file, glob, directory, URL (s3://, gs://, ...), "
+                        "hf://name?config=..., builtin:arithmetic (default: the profile's)")
+    p.add_argument("--output", default=None, metavar="DIR", help="output root (default: <storage>/data)")
+    p.add_argument("--recipe", default=None, help="recipe in configs/recipes (gsm8k, math, generic, ...)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="tokenizer directory for the length filter (default: the run's model)")
+    p.add_argument("--max-prompt-length", type=int, default=None, help="default: the model profile's")
+    p.add_argument("--max-reject-fraction", type=float, default=None, help="default: the profile's (0)")
     _add_run_args(p)
     p.set_defaults(func=cmd_preprocess)
 
-    p = sub.add_parser("prefetch", help="fetch or build the run's model(s)")
-    p.add_argument("--model", default=None, help="model source (overrides the profile's)")
+    p = sub.add_parser("prefetch", help="fetch or build the run's model(s) into the shared cache, verified",
+                       description="Fetch every model of the run (actor, critic, reward) into the cache, pinned "
+                                   "to a commit and verified; a repeat run only checks the manifest. Hub token: "
+                                   "HF_TOKEN. Hub endpoint: HF_ENDPOINT.")
+    p.add_argument("--model", default=None,
+                   help="one model source instead of the profile's: hf://org/name@rev, a directory, an fsspec "
+                        "URL or builtin:tiny-qwen2")
     p.add_argument("--cache", default=None, help="cache root (default: <storage>/models)")
     _add_run_args(p)
     p.set_defaults(func=cmd_prefetch)
 
-    p = sub.add_parser("render", help="print the exact entrypoint and runtime_env that would be submitted")
+    p = sub.add_parser("render", help="print the exact entrypoint and runtime_env that would be submitted, and "
+                                      "every derived value with its rule")
+    p.add_argument("--no-verl-check", action="store_true", help="skip composing + validating with verl (~1-5 s)")
     _add_run_args(p)
     p.set_defaults(func=cmd_render)
 

@@ -1,15 +1,18 @@
 """The run's typed spec: YAML profiles from ``configs/`` + the DAG run's params, validated.
 
-A run = run profile (``configs/profiles``) → model profile (``configs/models``) + cluster profile
-(``configs/clusters``), with the params of the DAG run applied last. Everything is checked here,
-before any cluster starts; errors name the key, the value, the rule and a fix.
+A run = model profile (``configs/models``) + cluster profile (``configs/clusters``) + the run
+profile (``configs/profiles``, which names the two) + the params of the DAG run; later layers
+override earlier ones. The scaling rules (``trainer/scaling.py``) then derive what depends on the
+shape, and every rule verl would only enforce on GPUs is checked here, before any cluster starts;
+errors name the key, the value, the rule and a value that would pass.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +21,12 @@ import yaml
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir, pipeline_home, short_hash, slug
+from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.overrides import flatten
 
 #: Params a DAG run (or the CLI) may set; None means "take the profile's value".
-PARAM_KEYS = ("profile", "data_source", "model_source", "nnodes", "n_gpus_per_node", "total_training_steps", "mode")
+PARAM_KEYS = ("profile", "data_source", "recipe", "model_source", "nnodes", "n_gpus_per_node", "total_training_steps",
+              "mode")
 DEFAULT_PROFILE = "smoke"
 
 _HF_SOURCE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<rev>[\w.\-/]+))?$")
@@ -56,17 +61,31 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: A URL fsspec reads (``s3://``, ``gs://``, ``file://``, ...): copied into the shared cache.
+_URL_SOURCE = re.compile(r"^(?P<proto>[a-z][a-z0-9+.\-]*)://(?P<rest>.+)$")
+
+#: Roles a run's models play, in the order the DAG prefetches them.
+MODEL_ROLES = ("actor", "critic", "reward")
+
+
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model comes from: ``builtin:tiny-qwen2``, ``hf://org/name@rev`` or a local directory."""
+    """Where a model comes from: ``builtin:tiny-qwen2``, ``hf://org/name@rev``, a local directory or an fsspec URL.
+
+    ``allow_patterns`` (hub and fsspec sources) replaces the default file patterns; it does not take
+    part in equality, so the same model with different patterns is still one model.
+    """
 
     kind: str
     ref: str
     revision: str | None = None
+    allow_patterns: tuple[str, ...] | None = field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, text: str, *, key: str = "model_source") -> ModelSource:
+    def parse(cls, text: str, *, key: str = "model_source",
+              allow_patterns: list[str] | tuple[str, ...] | None = None) -> ModelSource:
         text = str(text).strip()
+        patterns = _patterns(allow_patterns, key)
         if text == "builtin:tiny-qwen2":
             return cls("builtin", "tiny-qwen2")
         if text.startswith("builtin:"):
@@ -75,7 +94,19 @@ class ModelSource:
             m = _HF_SOURCE.match(text)
             if not m:
                 raise ConfigError(key, text, "is not a hub reference", "hf://Qwen/Qwen2.5-0.5B-Instruct@main")
-            return cls("hf", m["repo"], m["rev"] or "main")
+            return cls("hf", m["repo"], m["rev"] or "main", patterns)
+        url = _URL_SOURCE.match(text)
+        if url:
+            proto = url["proto"]
+            if proto == "file":
+                return cls.parse(url["rest"], key=key)
+            import fsspec
+
+            if proto not in fsspec.available_protocols():
+                raise ConfigError(key, text, f"unknown URL scheme {proto!r}",
+                                  "hf://org/name@rev, an absolute directory, or an fsspec URL such as "
+                                  "s3://bucket/models/name (with the fsspec backend installed)")
+            return cls("fsspec", text.rstrip("/"), None, patterns)
         path = Path(text).expanduser()
         if not path.is_absolute():
             raise ConfigError(key, text, "a local model must be an absolute directory path",
@@ -90,31 +121,65 @@ class ModelSource:
         return self.ref
 
 
+def _patterns(value: object, key: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value \
+            or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{key} allow_patterns", value, "must be a non-empty list of glob patterns",
+                          "allow_patterns: ['*.json', '*.safetensors', 'tokenizer*']")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class DataSource:
-    """``builtin:arithmetic`` or a local GSM8K-format JSONL file / directory (train.jsonl + test.jsonl)."""
+    """Where the data comes from.
+
+    ``builtin:arithmetic``; an absolute local file, glob or directory (train.* + test.*/val.*) of
+    JSONL/JSON/CSV/Parquet (``files``), or a directory saved by ``datasets`` ``save_to_disk``
+    (``hf_disk``); an fsspec URL such as ``s3://bucket/data/*.parquet`` (``url``); or a
+    HuggingFace dataset ``hf://name?config=main&revision=…&split=…`` (``hf``).
+    """
 
     kind: str
     ref: str
 
     @classmethod
     def parse(cls, text: str, *, key: str = "data_source") -> DataSource:
+        import glob
+
         text = str(text).strip()
         if text == "builtin:arithmetic":
             return cls("builtin", "arithmetic")
         if text.startswith("builtin:"):
             raise ConfigError(key, text, "unknown built-in data source", "builtin:arithmetic")
+        if text.startswith("hf://"):
+            if not re.fullmatch(r"hf://[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?(\?[\w.\-=&/]*)?", text):
+                raise ConfigError(key, text, "is not a dataset reference",
+                                  "hf://openai/gsm8k?config=main&revision=<commit>")
+            return cls("hf", text)
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", text):
+            from verl_pipeline.data.sources import fsspec_filesystem
+
+            fsspec_filesystem(text)  # an unknown protocol or a missing backend fails here, naming the package
+            return cls("url", text)
         path = Path(text).expanduser()
         if not path.is_absolute():
             raise ConfigError(key, text, "a local data source must be an absolute path",
                               "/data/gsm8k (with train.jsonl/test.jsonl) or builtin:arithmetic")
+        if glob.has_magic(text):
+            if not glob.glob(str(path)):
+                raise ConfigError(key, text, "the glob matches no file", "a glob that matches your data files")
+            return cls("files", str(path))
         if path.is_dir():
-            if not (path / "train.jsonl").is_file():
-                raise ConfigError(key, text, "the directory has no train.jsonl",
-                                  "a GSM8K-format directory with train.jsonl (and optionally test.jsonl)")
+            if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+                return cls("hf_disk", str(path))
+            if not any((path / f"train.{ext}").is_file() for ext in ("jsonl", "json", "csv", "parquet")):
+                raise ConfigError(key, text, "the directory has no train.jsonl (or train.json/.csv/.parquet)",
+                                  "a directory with train.jsonl (and optionally test.jsonl)")
         elif not path.is_file():
             raise ConfigError(key, text, "no such file or directory", "an existing JSONL file or directory")
-        return cls("jsonl", str(path))
+        return cls("files", str(path))
 
     def __str__(self) -> str:
         return "builtin:arithmetic" if self.kind == "builtin" else self.ref
@@ -154,8 +219,26 @@ class RunSpec:
     total_training_steps: int
     mode: Mode
     verl: dict[str, Any] = field(default_factory=dict)
+    #: derived (or explicitly kept) verl key -> the rule behind its value
     derived: dict[str, str] = field(default_factory=dict)
     trainer_command: tuple[str, ...] = DEFAULT_TRAINER_COMMAND
+    reward_model: ModelSource | None = None
+
+    def model_sources(self) -> dict[str, ModelSource]:
+        """The run's models by role (``actor`` always; ``critic``/``reward`` when the model profile sets them)."""
+        out = {"actor": self.model}
+        if self.critic_model is not None:
+            out["critic"] = self.critic_model
+        if self.reward_model is not None:
+            out["reward"] = self.reward_model
+        return out
+    model_facts: scaling.ModelFacts | None = None
+    hardware: scaling.Hardware | None = None
+    #: Explicit storage locations from the cluster profile (data, models, checkpoints).
+    storage_paths: dict[str, str] = field(default_factory=dict)
+    #: Mount points every Ray node and the Airflow workers see at the same path.
+    shared_roots: tuple[str, ...] = ()
+    nccl_debug: bool = False
 
     # -- where things go --------------------------------------------------------------------------
     @property
@@ -174,15 +257,16 @@ class RunSpec:
 
     @property
     def data_root(self) -> Path:
-        return self.storage_root / "data"
+        return Path(self.storage_paths["data"]) if "data" in self.storage_paths else self.storage_root / "data"
 
     @property
     def model_cache(self) -> Path:
-        return self.storage_root / "models"
+        return Path(self.storage_paths["models"]) if "models" in self.storage_paths else self.storage_root / "models"
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.storage_root / "checkpoints" / self.run_key
+        base = self.storage_paths.get("checkpoints")
+        return (Path(base) if base else self.storage_root / "checkpoints") / self.run_key
 
     @property
     def metrics_path(self) -> Path:
@@ -200,6 +284,7 @@ class RunSpec:
             "cluster_profile": self.cluster_profile,
             "model": str(self.model),
             "critic_model": str(self.critic_model) if self.critic_model else None,
+            "reward_model": str(self.reward_model) if self.reward_model else None,
             "data": str(self.data),
             "data_options": self.data_options,
             "cluster": self.cluster,
@@ -212,6 +297,11 @@ class RunSpec:
             "verl": self.verl,
             "derived": self.derived,
             "trainer_command": list(self.trainer_command),
+            "model_facts": asdict(self.model_facts) if self.model_facts else None,
+            "hardware": asdict(self.hardware) if self.hardware else None,
+            "storage_paths": self.storage_paths,
+            "shared_roots": list(self.shared_roots),
+            "nccl_debug": self.nccl_debug,
         }
 
 
@@ -221,10 +311,13 @@ def build_run_spec(
     run_name: str,
     model_profile: str | None = None,
     cluster_profile: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    nccl_debug: bool | None = None,
 ) -> RunSpec:
     """Resolve and validate a run from its params (DAG params or CLI flags).
 
-    ``model_profile``/``cluster_profile`` replace the run profile's choices (CLI ``render``).
+    ``model_profile``/``cluster_profile`` replace the run profile's choices (CLI ``render``);
+    ``overrides`` (flat verl keys) is the last layer and wins over every profile and scaling rule.
     """
     params = dict(params or {})
     unknown = sorted(set(params) - set(PARAM_KEYS))
@@ -238,9 +331,12 @@ def build_run_spec(
     mprof = load_yaml_profile("models", model_profile)
     cprof = load_yaml_profile("clusters", cluster_profile)
 
+    # Shape: cluster profile -> run profile -> DAG params.
+    hw_section = dict(cprof.get("hardware") or {})
     trainer = dict(prof.get("trainer") or {})
-    nnodes = _int_param(params, "nnodes", trainer.get("nnodes", 1), 1, 1024)
-    n_gpus_per_node = _int_param(params, "n_gpus_per_node", trainer.get("n_gpus_per_node", 1), 1, 16)
+    nnodes = _int_param(params, "nnodes", trainer.get("nnodes", hw_section.get("nnodes", 1)), 1, 1024)
+    n_gpus_per_node = _int_param(params, "n_gpus_per_node",
+                                 trainer.get("n_gpus_per_node", hw_section.get("n_gpus_per_node", 1)), 1, 16)
     steps = _int_param(params, "total_training_steps", trainer.get("total_training_steps", 1), 1, 10_000_000)
 
     mode_text = params.get("mode") or prof.get("mode") or Mode.AUTO.value
@@ -250,23 +346,53 @@ def build_run_spec(
         raise ConfigError("mode", mode_text, "unknown mode", "auto, train or preflight") from None
 
     model_section = dict(mprof.get("model") or {})
-    model = ModelSource.parse(params.get("model_source") or model_section.get("source", ""))
+    patterns = model_section.get("allow_patterns")
+    model = ModelSource.parse(params.get("model_source") or model_section.get("source", ""),
+                              allow_patterns=patterns)
     critic_text = model_section.get("critic_source")
-    critic = ModelSource.parse(critic_text, key="model.critic_source") if critic_text else None
+    critic = ModelSource.parse(critic_text, key="model.critic_source", allow_patterns=patterns) \
+        if critic_text else None
+    reward_text = model_section.get("reward_source")
+    reward = ModelSource.parse(reward_text, key="model.reward_source", allow_patterns=patterns) \
+        if reward_text else None
+    facts = scaling.ModelFacts.from_profile(model_section, model_profile)
+    hardware = scaling.Hardware.from_profile(cprof, cluster_profile)
 
     data_section = dict(prof.get("data") or {})
     data = DataSource.parse(params.get("data_source") or data_section.pop("source", "builtin:arithmetic"))
     data_section.pop("source", None)
+    if params.get("recipe"):
+        data_section["recipe"] = params["recipe"]
+    recipe = data_section.get("recipe")
+    if recipe is not None and recipe not in list_profiles("recipes"):
+        raise ConfigError("recipe", recipe, "no such recipe in configs/recipes", f"one of {list_profiles('recipes')}")
 
     storage = dict(cprof.get("storage") or {})
     root_text = storage.get("root")
     storage_root = Path(root_text).expanduser().resolve() if root_text else pipeline_home()
+    storage_paths: dict[str, str] = {}
+    for name in ("data", "models", "checkpoints"):
+        value = storage.get(name)
+        if value is None:
+            continue
+        if not Path(str(value)).is_absolute():
+            raise ConfigError(f"clusters/{cluster_profile}.storage.{name}", value,
+                              "storage paths must be absolute (every node resolves them the same way)",
+                              f"{storage_root / name}")
+        storage_paths[name] = str(value)
+    shared = storage.get("shared")
+    shared_roots = tuple(str(Path(str(r))) for r in shared) if shared else (str(storage_root),)
 
     cluster = dict(cprof.get("cluster") or {})
     if "backend" not in cluster:
         raise ConfigError(f"clusters/{cluster_profile}.cluster.backend", None, "is required", "backend: local")
 
-    verl_settings, derived = derive_verl_settings(mprof, prof, nnodes=nnodes, n_gpus_per_node=n_gpus_per_node)
+    runtime = dict(cprof.get("runtime") or {})
+    layers = [mprof.get("verl") or {}, cprof.get("verl") or {}, prof.get("verl") or {}]
+    verl_settings, derived = derive_verl_settings(
+        layers, dict(mprof.get("scaling") or {}), facts, hardware, nnodes=nnodes, n_gpus_per_node=n_gpus_per_node,
+        overrides=overrides,
+    )
     command = prof.get("trainer_command") or list(DEFAULT_TRAINER_COMMAND)
     if not isinstance(command, list) or not command or not all(isinstance(w, str) and w for w in command):
         raise ConfigError("trainer_command", command, "must be a non-empty list of words",
@@ -282,7 +408,7 @@ def build_run_spec(
         data_options=data_section,
         cluster=cluster,
         storage_root=storage_root,
-        runtime=dict(cprof.get("runtime") or {}),
+        runtime=runtime,
         nnodes=nnodes,
         n_gpus_per_node=n_gpus_per_node,
         total_training_steps=steps,
@@ -290,67 +416,152 @@ def build_run_spec(
         verl=verl_settings,
         derived=derived,
         trainer_command=tuple(command),
+        reward_model=reward,
+        model_facts=facts,
+        hardware=hardware,
+        storage_paths=storage_paths,
+        shared_roots=shared_roots,
+        nccl_debug=bool(runtime.get("nccl_debug", False)) if nccl_debug is None else nccl_debug,
     )
     check_shape(spec)
+    check_storage(spec)
     return spec
 
 
 def derive_verl_settings(
-    mprof: dict[str, Any], prof: dict[str, Any], *, nnodes: int, n_gpus_per_node: int
+    layers: list[dict[str, Any]],
+    scaling_section: dict[str, Any],
+    facts: scaling.ModelFacts,
+    hardware: scaling.Hardware,
+    *,
+    nnodes: int,
+    n_gpus_per_node: int,
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The model profile's verl settings, with per-node batch bases scaled to ``nnodes``.
+    """Merge the ``verl:`` layers (later wins), then apply the scaling rules to what is not set.
 
-    Returns the flat settings and, for every derived key, the rule that produced it.
+    Returns the flat settings and, for every derived (or explicitly kept) key, the rule behind it.
     """
-    settings = flatten(_deep_merge(mprof.get("verl") or {}, prof.get("verl") or {}))
-    derived: dict[str, str] = {}
-    scaling = dict(mprof.get("scaling") or {})
-    per_node = {
-        "data.train_batch_size": scaling.get("train_batch_size_per_node"),
-        "actor_rollout_ref.actor.ppo_mini_batch_size": scaling.get("ppo_mini_batch_size_per_node"),
-        "critic.ppo_mini_batch_size": scaling.get("ppo_mini_batch_size_per_node"),
-    }
-    for key, base in per_node.items():
-        if base is None or key in (prof.get("verl_fixed") or []):
-            continue
-        if key.startswith("critic.") and not _uses_critic(settings):
-            continue
-        settings[key] = int(base) * nnodes
-        derived[key] = f"{base} per node x {nnodes} node(s) = {settings[key]}"
-    return settings, derived
-
-
-def _uses_critic(settings: dict[str, Any]) -> bool:
-    enabled = settings.get("critic.enable")
-    if enabled is not None:
-        return bool(enabled)
-    return settings.get("algorithm.adv_estimator", "gae") == "gae"
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged = _deep_merge(merged, layer)
+    settings = flatten(merged)
+    settings.update(dict(overrides or {}))
+    result = scaling.derive(settings, scaling_section, facts, hardware, nnodes=nnodes,
+                            n_gpus_per_node=n_gpus_per_node, explicit=set(settings))
+    return result.settings, {r.key: r.text() for r in result.rules}
 
 
 def check_shape(spec: RunSpec) -> None:
-    """The batch/parallelism rules verl enforces only once GPUs are up, checked for the target shape."""
+    """The batch/parallelism/memory rules verl enforces only once GPUs are up (or never), for the target shape."""
     s = spec.verl
-    gpus = spec.n_gpus
+    g, gpus = spec.n_gpus_per_node, spec.n_gpus
     tbs = int(s.get("data.train_batch_size", 0) or 0)
     n = int(s.get("actor_rollout_ref.rollout.n", 1) or 1)
+    step = scaling.batch_step(g, n)
     if tbs <= 0:
-        raise ConfigError("data.train_batch_size", tbs, "must be set to a positive number in the model profile",
-                          "scaling.train_batch_size_per_node: 16")
+        raise ConfigError("data.train_batch_size", tbs, "must be a positive number of prompts",
+                          f"data.train_batch_size={step * spec.nnodes}")
+    if n < 1:
+        raise ConfigError("actor_rollout_ref.rollout.n", n, "must be >= 1", "actor_rollout_ref.rollout.n=1")
     if (tbs * n) % gpus:
-        good = max(gpus, ((tbs * n + gpus - 1) // gpus) * gpus // n)
+        good = _round_up(tbs, max(1, gpus // math.gcd(gpus, n)))
         raise ConfigError(
             "data.train_batch_size", tbs,
             f"train_batch_size x rollout.n ({tbs} x {n}) must be divisible by nnodes x n_gpus_per_node ({gpus})",
-            f"data.train_batch_size={good}" if (good * n) % gpus == 0 else f"a multiple of {gpus}",
+            f"data.train_batch_size={good}",
         )
-    mini = s.get("actor_rollout_ref.actor.ppo_mini_batch_size")
-    if mini is not None and int(mini) > tbs:
-        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size", mini,
-                          f"must not exceed data.train_batch_size ({tbs})", f"{tbs}")
-    tp = int(s.get("actor_rollout_ref.rollout.tensor_model_parallel_size", 1) or 1)
-    if tp < 1 or spec.n_gpus_per_node % tp:
-        divisors = [d for d in range(1, spec.n_gpus_per_node + 1) if spec.n_gpus_per_node % d == 0]
-        raise ConfigError(
-            "actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
-            f"must divide n_gpus_per_node ({spec.n_gpus_per_node})", f"one of {divisors}",
-        )
+    estimator = str(s.get("algorithm.adv_estimator", "gae"))
+    if estimator in ("grpo", "rloo", "grpo_passk") and n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n", n,
+                          f"{estimator} normalises rewards within a group of responses per prompt: needs n >= 2",
+                          "actor_rollout_ref.rollout.n=5")
+    if estimator == "gae" and s.get("critic.enable") is False:
+        raise ConfigError("critic.enable", False, "gae advantages need a critic", "critic.enable=true "
+                          "(or algorithm.adv_estimator=grpo with rollout.n >= 2)")
+    roles = ["actor_rollout_ref.actor"] + (["critic"] if scaling.uses_critic(s) else [])
+    for prefix in roles:
+        mini_key = f"{prefix}.ppo_mini_batch_size"
+        mini = int(s.get(mini_key, s.get("actor_rollout_ref.actor.ppo_mini_batch_size", tbs)) or 0)
+        if mini < 1 or mini > tbs:
+            raise ConfigError(mini_key, mini, f"must be between 1 and data.train_batch_size ({tbs})",
+                              f"{mini_key}={tbs}")
+        if (mini * n) % gpus:
+            good = _round_up(mini, max(1, gpus // math.gcd(gpus, n)))
+            raise ConfigError(mini_key, mini,
+                              f"ppo_mini_batch_size x rollout.n ({mini} x {n}) must split evenly over {gpus} GPU(s) "
+                              "(verl divides it per GPU when the workers start)",
+                              f"{mini_key}={min(good, tbs) if (min(good, tbs) * n) % gpus == 0 else good}")
+        per_gpu = mini * n // gpus
+        micro_key = f"{prefix}.ppo_micro_batch_size_per_gpu"
+        micro = s.get(micro_key)
+        if micro is not None and not s.get(f"{prefix}.use_dynamic_bsz"):
+            micro = int(micro)
+            if micro < 1 or per_gpu % micro:
+                good = max(d for d in range(1, min(per_gpu, max(micro, 1)) + 1) if per_gpu % d == 0)
+                raise ConfigError(micro_key, micro,
+                                  f"must divide the per-GPU mini-batch ({mini} x rollout.n {n} / {gpus} GPU(s) = "
+                                  f"{per_gpu} samples)", f"{micro_key}={good}")
+    tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    tp = int(s.get(tp_key, 1) or 1)
+    divisors = [d for d in range(1, g + 1) if g % d == 0]
+    if tp < 1 or g % tp:
+        raise ConfigError(tp_key, tp, f"must divide n_gpus_per_node ({g})", f"one of {divisors}")
+    facts, hw = spec.model_facts, spec.hardware
+    if facts is not None:
+        if facts.num_attention_heads % tp:
+            ok = [d for d in divisors if facts.num_attention_heads % d == 0]
+            raise ConfigError(tp_key, tp, f"must divide the model's num_attention_heads ({facts.num_attention_heads})",
+                              f"one of {ok}")
+        util_now = float(s.get("actor_rollout_ref.rollout.gpu_memory_utilization", 0.9) or 0.9)
+        limit = scaling.ROLLOUT_WEIGHT_LIMIT * util_now * hw.gpu_memory_gb if hw else 0.0
+        if hw is not None and facts.weights_gb / tp > limit:
+            best, _why = scaling.rollout_tp(facts, hw, g)
+            raise ConfigError(tp_key, tp,
+                              f"bf16 weights {facts.weights_gb:.1f} GB / tp {tp} do not fit: vLLM's share of a "
+                              f"{hw.gpu_memory_gb:g} GB GPU ({util_now}) must keep half for the KV cache "
+                              f"(limit {limit:.1f} GB)", f"{tp_key}={best}" if best else
+                              f"n_gpus_per_node >= {scaling.min_gpus_per_node(facts, hw)}")
+    util_key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    util = s.get(util_key)
+    if util is not None and not 0.1 <= float(util) <= 0.95:
+        util_ok = scaling.memory_utilization(hw.gpu_memory_gb)[0] if hw else 0.85
+        raise ConfigError(util_key, util, "must be between 0.1 and 0.95 (vLLM needs headroom for CUDA graphs)",
+                          f"{util_key}={util_ok}")
+    if hw is not None and hw.cpus_per_node is not None and spec.mode is not Mode.PREFLIGHT:
+        per_node = scaling.CPUS_PER_GPU_BUNDLE * g
+        if hw.cpus_per_node < per_node:
+            raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
+                              f"verl reserves {scaling.CPUS_PER_GPU_BUNDLE} CPUs per GPU: {g} GPU(s) per node need "
+                              f"{per_node}", f"n_gpus_per_node <= {max(1, hw.cpus_per_node // 3)} or more CPUs")
+        need, why = scaling.required_cpus(gpus, s)
+        if hw.cpus_per_node * spec.nnodes < need:
+            raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
+                              f"{spec.nnodes} node(s) give {hw.cpus_per_node * spec.nnodes} CPUs; verl needs {why}",
+                              f"cpus_per_node >= {-(-need // spec.nnodes)}")
+    save = s.get("trainer.save_freq")
+    if save is not None and int(save) == 0:
+        raise ConfigError("trainer.save_freq", save, "0 never saves: retried runs could not resume",
+                          "trainer.save_freq=10 (or -1: the pipeline then saves at the end)")
+
+
+def check_storage(spec: RunSpec) -> None:
+    """Checkpoints must be absolute and on storage every node shares (``resume_mode=auto`` reads them back)."""
+    ckpt = spec.checkpoint_dir
+    if not ckpt.is_absolute():
+        raise ConfigError("trainer.default_local_dir", str(ckpt), "must be an absolute path",
+                          f"{spec.storage_root / 'checkpoints'}")
+    for name, path in (("checkpoints", ckpt), ("data", spec.data_root), ("models", spec.model_cache)):
+        if not under_shared(path, spec.shared_roots):
+            raise ConfigError(f"clusters/{spec.cluster_profile}.storage.{name}", str(path),
+                              f"is not under a shared mount {list(spec.shared_roots)}: other nodes would not see it",
+                              f"a path under {spec.shared_roots[0]}")
+
+
+def under_shared(path: str | Path, roots: tuple[str, ...]) -> bool:
+    p = Path(path)
+    return any(p == Path(r) or Path(r) in p.parents for r in roots)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple

@@ -22,6 +22,10 @@ class BackendKind(str, Enum):
 
     LOCAL = "local"
     ADDRESS = "address"
+    #: An sbatch allocation holding a Ray head + workers until ``scancel``.
+    SLURM = "slurm"
+    #: A ``RayCluster`` (or ``RayJob``) custom resource of the KubeRay operator.
+    KUBERAY = "kuberay"
 
 
 class JobState(str, Enum):

@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.cluster.base import ClusterHandle, get_backend, probe
+from verl_pipeline.cluster.base import ClusterHandle, ClusterStatus, get_backend, probe
 from verl_pipeline.config import RunSpec
-from verl_pipeline.constants import Mode
-from verl_pipeline.exceptions import ClusterError
+from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
+from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.trainer.render import RenderedJob, render_job
 
@@ -26,17 +26,22 @@ def validate_spec_with_verl(spec: RunSpec) -> dict[str, Any]:
     """
     from verl_pipeline.config import ModelSource
     from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.paths import pipeline_home
     from verl_pipeline.trainer.overrides import render_overrides
     from verl_pipeline.trainer.render import job_settings
     from verl_pipeline.trainer.validate import validate
 
-    stand_in = prefetch(ModelSource("builtin", "tiny-qwen2"), spec.model_cache).path
+    # The stand-in is read only here, so it lives in this machine's home, not on the cluster's storage.
+    stand_in = prefetch(ModelSource("builtin", "tiny-qwen2"), pipeline_home() / "models").path
     settings = job_settings(spec, train_files="/placeholder/train.parquet", val_files="/placeholder/val.parquet",
                             model_path=stand_in)
     v = validate(render_overrides(settings))
-    log.info("verl accepted the configuration for %d x %d GPU(s) in %.1fs (critic: %s)", spec.nnodes,
-             spec.n_gpus_per_node, v.seconds, v.use_critic)
-    return {"n_gpus": v.n_gpus, "use_critic": v.use_critic, "seconds": v.seconds}
+    import verl
+
+    log.info("verl %s accepted the configuration for %d x %d GPU(s) in %.1fs (critic: %s, reference: %s)",
+             verl.__version__, spec.nnodes, spec.n_gpus_per_node, v.seconds, v.use_critic, v.use_reference_policy)
+    return {"n_gpus": v.n_gpus, "use_critic": v.use_critic, "use_reference_policy": v.use_reference_policy,
+            "seconds": v.seconds, "verl_version": str(verl.__version__)}
 
 
 def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) -> ClusterHandle:
@@ -48,11 +53,13 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
     existing = find_handle(spec)
     if existing is not None and existing.backend == spec.cluster.get("backend") and existing.owned:
         status = probe(existing.client())
-        if status.ready and status.nodes_alive >= existing.expected_nodes and status.gpus >= existing.expected_gpus:
+        alive = get_backend({"backend": existing.backend, **_backend_spec(existing)}).health(existing).alive
+        if alive and status.ready and status.nodes_alive >= existing.expected_nodes \
+                and status.gpus >= existing.expected_gpus:
             # A retried or re-run provision of the same run: keep the live cluster (and the job on it).
             log.info("Reusing the run's healthy cluster %s at %s", existing.name, existing.dashboard_url)
             return existing
-    backend = get_backend(spec.cluster)
+    backend = get_backend(spec.cluster).for_run(spec.run_dir)
     if endpoint is not None:
         from verl_pipeline.cluster.address import AddressBackend
 
@@ -75,20 +82,21 @@ def ensure_cluster(
     An owned cluster is torn down and provisioned again; a cluster the pipeline does not own is
     only waited for (its owner has to bring it back).
     """
+    backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
+    health = backend.health(handle)
     status = probe(handle.client(token))
-    healthy = (status.ready and status.nodes_alive >= handle.expected_nodes
+    healthy = (health.alive and status.ready and status.nodes_alive >= handle.expected_nodes
                and status.gpus >= handle.expected_gpus and status.cpus >= handle.expected_cpus)
     if healthy:
         return handle
-    log.warning("Cluster %s is unhealthy (%d/%d nodes, %g/%g GPU, %s): %s", handle.name, status.nodes_alive,
-                handle.expected_nodes, status.gpus, handle.expected_gpus, status.detail,
-                "re-provisioning" if handle.owned else "waiting for it")
+    log.warning("Cluster %s is unhealthy (%s: %s; Ray sees %d/%d nodes, %g/%g GPU, %s): %s", handle.name,
+                health.state, health.detail, status.nodes_alive, handle.expected_nodes, status.gpus,
+                handle.expected_gpus, status.detail, "re-provisioning" if handle.owned else "waiting for it")
     if not handle.owned:
         from verl_pipeline.cluster.base import wait_ready
 
         wait_ready(handle, timeout_s=float(spec.cluster.get("ready_timeout_s", 300)), client=handle.client(token))
         return handle
-    backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
     backend.teardown(handle)
     return provision(spec, endpoint=endpoint)
 
@@ -112,16 +120,59 @@ def find_handle(spec: RunSpec) -> ClusterHandle | None:
         state = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.cluster_name) / STATE_FILE
         if state.is_file():
             return ClusterHandle.from_dict(json.loads(state.read_text()))
+    if spec.cluster.get("backend") == "slurm":
+        from verl_pipeline.cluster.slurm import STATE_FILE as SLURM_STATE
+
+        # Written right after sbatch: a provision killed while waiting still leaves the job id here.
+        state = spec.run_dir / "slurm" / SLURM_STATE
+        if state.is_file():
+            return ClusterHandle.from_dict(json.loads(state.read_text()))
     return None
 
 
+def check_cluster(spec: RunSpec, status: ClusterStatus, mode: Mode) -> None:
+    """The checks that need the real cluster: Ray version, and CPUs for a training job.
+
+    Raises ConfigError naming what is short and what would pass; nothing is submitted then.
+    """
+    from verl_pipeline.trainer.scaling import MIN_RAY_VERSION, parse_version, required_cpus
+
+    version = parse_version(status.ray_version)
+    wanted = ".".join(map(str, MIN_RAY_VERSION))
+    if version is None or version[:2] < MIN_RAY_VERSION:
+        raise ConfigError("cluster.ray_version", status.ray_version, f"verl 0.9 needs Ray >= {wanted} on the cluster",
+                          f"a cluster image with ray>={wanted}")
+    if mode is Mode.TRAIN and spec.trainer_command != DEFAULT_TRAINER_COMMAND:
+        log.warning("Custom trainer_command %s: verl's CPU/GPU requirements are not checked for it",
+                    " ".join(spec.trainer_command))
+    elif mode is Mode.TRAIN:
+        need, why = required_cpus(spec.n_gpus, spec.verl)
+        if status.cpus < need:
+            raise ConfigError(
+                "cluster.CPU", status.cpus,
+                f"a verl training job for {spec.nnodes} x {spec.n_gpus_per_node} GPU(s) reserves {why} CPUs; the "
+                f"cluster has {status.cpus:g} (it would wait forever for resources)",
+                f"a cluster with >= {need} CPUs, or mode=preflight",
+            )
+        if status.gpus < spec.n_gpus:
+            raise ConfigError("cluster.GPU", status.gpus,
+                              f"the target shape needs {spec.n_gpus} GPU(s) ({spec.nnodes} x {spec.n_gpus_per_node})",
+                              f"nnodes x n_gpus_per_node <= {status.gpus:g}, or mode=preflight")
+    log.info("Cluster checks passed for %s: Ray %s, %g CPU, %g GPU", mode.value, status.ray_version, status.cpus,
+             status.gpus)
+
+
 def resolve_mode(spec: RunSpec, handle: ClusterHandle, token: str | None = None) -> Mode:
-    """``auto`` → ``train`` when the cluster has GPUs, ``preflight`` when it has none."""
-    if spec.mode is not Mode.AUTO:
-        return spec.mode
+    """``auto`` → ``train`` when the cluster has GPUs, ``preflight`` when it has none; then the
+    cluster checks of :func:`check_cluster` for the resolved mode."""
     status = probe(handle.client(token))
     if not status.ready:
-        raise ClusterError(f"cannot tell whether cluster {handle.name} has GPUs: {status.detail}")
+        raise ClusterError(f"cannot reach cluster {handle.name} to check it: {status.detail}")
+    if spec.mode is not Mode.AUTO:
+        check_cluster(spec, status, spec.mode)
+        return spec.mode
+    mode = Mode.TRAIN if status.gpus > 0 else Mode.PREFLIGHT
+    check_cluster(spec, status, mode)
     if status.gpus > 0:
         log.warning("MODE auto -> train: the cluster has %g GPU(s); submitting verl.trainer.main_ppo", status.gpus)
         return Mode.TRAIN
@@ -133,18 +184,40 @@ def resolve_mode(spec: RunSpec, handle: ClusterHandle, token: str | None = None)
     return Mode.PREFLIGHT
 
 
+def check_paths_visible(spec: RunSpec, paths: dict[str, str]) -> None:
+    """Data and model paths must be on storage every Ray node mounts (a local head shares this disk)."""
+    from verl_pipeline.config import under_shared
+
+    if spec.cluster.get("backend") == "local":
+        return
+    for key, path in paths.items():
+        if path and not under_shared(path, spec.shared_roots):
+            raise ConfigError(key, path, f"is not under a shared mount {list(spec.shared_roots)}: the cluster's "
+                              "nodes would not find it", f"a path under {spec.shared_roots[0]}")
+
+
 def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode: Mode) -> RenderedJob:
     critic = models.get("critic") or {}
+    check_paths_visible(spec, {"data.train_files": data["train_path"], "data.val_files": data["val_path"],
+                               "actor_rollout_ref.model.path": models["actor"]["path"],
+                               "critic.model.path": critic.get("path", ""),
+                               "reward.reward_model.model_path": (models.get("reward") or {}).get("path", "")})
     return render_job(
         spec, mode=mode, train_files=data["train_path"], val_files=data["val_path"],
         model_path=models["actor"]["path"], critic_path=critic.get("path"),
+        reward_path=(models.get("reward") or {}).get("path"),
     )
 
 
 def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
-    """Keep the merged configuration and the exact job next to the run's outputs."""
+    """Log the merged configuration and keep it, with the exact job, in the run dir and next to the checkpoints."""
+    for key in sorted(job.settings):
+        rule = job.derived.get(key)
+        log.info("verl %s = %s", key, rule if rule else repr(job.settings[key]))
+    merged = {"spec": spec.to_dict(), "job": job.to_dict()}
     write_json_atomic(spec.run_dir / "run_spec.json", spec.to_dict())
     write_json_atomic(spec.run_dir / "job.json", job.to_dict())
+    write_json_atomic(spec.checkpoint_dir / "run_config.json", merged)
     return spec.run_dir
 
 
@@ -200,5 +273,5 @@ def _wait_terminal(client: Any, job_id: str, timeout_s: float = 30.0) -> None:
     log.warning("Ray job %s did not stop within %.0fs", job_id, timeout_s)
 
 
-__all__ = ["find_handle", "provision", "render", "resolve_mode", "save_run_files", "teardown",
-           "validate_spec_with_verl"]
+__all__ = ["check_cluster", "check_paths_visible", "find_handle", "provision", "render", "resolve_mode",
+           "save_run_files", "teardown", "validate_spec_with_verl"]

@@ -108,7 +108,7 @@ def test_wait_without_a_submitted_job_fails_clearly() -> None:
 
 def test_provision_rejects_bad_params_without_retry_and_without_starting_anything() -> None:
     op = ProvisionRayClusterOperator(task_id="provision_ray_cluster")
-    with pytest.raises(AirflowFailException, match=r"data\.train_batch_size"):
-        op.execute(_context({}, {"n_gpus_per_node": 3}))
+    with pytest.raises(AirflowFailException, match=r"n_gpus_per_node"):
+        op.execute(_context({}, {"n_gpus_per_node": 17}))
     with pytest.raises(AirflowFailException, match="no such profile"):
         op.execute(_context({}, {"profile": "missing"}))

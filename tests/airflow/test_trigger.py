@@ -144,3 +144,20 @@ async def test_against_a_real_ray_job(ray_cluster: ClusterHandle) -> None:
     forwarded = " ".join(lines)
     assert "hello-from-ray" in forwarded and "bye" in forwarded
     await asyncio.sleep(0)
+
+
+async def test_a_lost_node_ends_the_wait_even_if_the_job_hangs() -> None:
+    class Shrinking(ScriptedHook):
+        def __init__(self) -> None:
+            super().__init__(["RUNNING"], [""])
+            self.alive = [2, 1, 2, 1, 1, 1]
+
+        async def anodes_alive(self) -> int:
+            return self.alive.pop(0) if len(self.alive) > 1 else self.alive[0]
+
+    hook = Shrinking()
+    events = await _events(_trigger(expected_nodes=2, node_grace_polls=3), hook)
+    assert events[0]["status"] == "node_lost"
+    assert "1 of 2 nodes alive" in events[0]["message"] and events[0]["job_status"] == "RUNNING"
+    # A blip shorter than the grace does not end the wait.
+    assert hook.status_calls == 6

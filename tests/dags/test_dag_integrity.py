@@ -40,7 +40,7 @@ def test_verl_ppo_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
     dag = dagbag.dags["verl_ppo"]
     assert {"verl", "ray"} <= set(dag.tags)
     assert dag.doc_md and "preflight" in dag.doc_md
-    order = ["provision_ray_cluster", "preprocess_data", "prefetch_model", "submit_verl_job",
+    order = ["provision_ray_cluster", "preprocess_data", "plan_models", "prefetch_model", "submit_verl_job",
              "wait_for_verl_job", "teardown_ray_cluster"]
     assert [t.task_id for t in dag.topological_sort()] == order
     for up, down in itertools.pairwise(order):
@@ -56,3 +56,9 @@ def test_verl_ppo_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
         assert key in params
         assert params.get_param(key).description
     assert dag.get_task("wait_for_verl_job").execution_timeout is None
+    # The prefetch is mapped over the run's distinct models, as planned by plan_models.
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    prefetch = dag.get_task("prefetch_model")
+    assert isinstance(prefetch, MappedOperator)
+    assert "plan_models" in prefetch.upstream_task_ids

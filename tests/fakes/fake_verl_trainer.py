@@ -2,8 +2,9 @@
 
 It behaves like verl's trainer where the pipeline depends on it:
 - takes the same Hydra overrides (parsed with Hydra's own override parser);
-- runs each step's work as Ray tasks on the cluster's worker nodes (``local_worker_node`` resource),
-  so killing a node kills the step, and the job fails with Ray's error;
+- runs each step's work on worker actors placed on the cluster's worker nodes
+  (``local_worker_node`` resource), created once like verl's worker groups and never restarted:
+  when their node dies, the next call fails with Ray's ActorDiedError and the job fails;
 - honours ``trainer.resume_mode`` (``auto``: resume from ``latest_checkpointed_iteration.txt`` in the
   absolute ``trainer.default_local_dir``; ``disable``: start over; ``resume_path``: from that dir);
 - saves ``global_step_N/{actor,critic}/`` + ``data.pt`` and then the tracker file every
@@ -54,15 +55,21 @@ def main(argv: list[str]) -> int:
 
     ray.init()
     workers = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("local_worker_node")]
-    # Like verl's workers: a task lost with its node is not retried by Ray, the job fails.
-    options: dict[str, Any] = {"num_cpus": 0.5, "max_retries": 0}
+    # Like verl's worker groups: actors created once, not restarted when their node dies.
+    options: dict[str, Any] = {"num_cpus": 0.5, "max_restarts": 0, "max_task_retries": 0}
     if workers:
         options["resources"] = {"local_worker_node": 0.01}
 
     @ray.remote
-    def rollout_shard(step: int, shard: int, seconds: float) -> dict[str, float]:
-        time.sleep(seconds)
-        return {"score": 0.1 * step + 0.01 * shard, "length": 50.0 + step}
+    class RolloutWorker:
+        def __init__(self, shard: int) -> None:
+            self.shard = shard
+
+        def step(self, step: int, seconds: float) -> dict[str, float]:
+            time.sleep(seconds)
+            return {"score": 0.1 * step + 0.01 * self.shard, "length": 50.0 + step}
+
+    group = [RolloutWorker.options(**options).remote(s) for s in range(2)]
 
     start = 1
     tracker = ckpt / "latest_checkpointed_iteration.txt"
@@ -82,7 +89,7 @@ def main(argv: list[str]) -> int:
             t0 = time.time()
             if step == fail_at:
                 raise ValueError(f"user code failed at step {step}")
-            results = ray.get([rollout_shard.options(**options).remote(step, s, step_seconds) for s in range(2)])
+            results = ray.get([w.step.remote(step, step_seconds) for w in group])
             dt = time.time() - t0
             metrics = {
                 "training/global_step": step,

@@ -48,6 +48,7 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
         "description": "two Ray nodes on this machine (head + worker)",
         "cluster": {"backend": "local", "nodes": 2, "num_cpus": 1, "num_gpus": 0, "object_store_memory_mb": 200,
                     "ready_timeout_s": 180, "stop_grace_s": 2},
+        "hardware": {"gpu_memory_gb": 24},
         "storage": {"root": str(tmp_path / "home")},
         "runtime": {"ship_package": False, "env": {}},
     }))

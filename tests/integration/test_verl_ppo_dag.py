@@ -83,10 +83,24 @@ def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Pat
     assert teardown["stopped_processes"] > 0
     assert ray_processes(cluster["extra"]["temp_dir"]) == []
 
+    # The preprocessed data is an Asset event of the run's profile (what retraining DAGs wait for).
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from verl_pipeline.airflow.assets import preprocessed_data_uri
+
+    with create_session() as session:
+        events = session.scalars(
+            select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.uri == preprocessed_data_uri("smoke"), AssetEvent.source_run_id == dr.run_id)
+        ).all()
+        assert len(events) == 1 and events[0].extra["train_path"] == data["train_path"]
+
 
 def test_invalid_params_fail_before_any_cluster_starts(airflow_db: Path) -> None:
     dag = _dag()
-    dr = dag.test(run_conf={"n_gpus_per_node": 3})
+    dr = dag.test(run_conf={"data_source": "/does/not/exist.jsonl"})
     states = _states(dr)
     assert str(dr.state) == "failed"
     assert states["provision_ray_cluster"] == "failed"

@@ -21,6 +21,8 @@ INFRA = [
     ("The instance was preempted by the cloud provider", "preempted"),
     ("Ray Jobs API unreachable: Cannot connect to host 127.0.0.1:8265", "Jobs API unreachable"),
     ("ray.exceptions.ObjectLostError: Failed to retrieve object", "object lost with its node"),
+    ("ray.exceptions.ActorUnavailableError: The actor 801b is unavailable: The actor is temporarily unavailable: "
+     "RpcError: RPC error: Socket closed rpc_code: 14.", "actor unreachable (its node or process is gone)"),
 ]
 
 USER = [

@@ -52,3 +52,75 @@ def test_runtime_env_carries_verl_environment_and_ships_the_package() -> None:
 def test_auto_mode_must_be_resolved_first() -> None:
     with pytest.raises(ValueError):
         _job(Mode.AUTO)
+
+
+def test_infiniband_cluster_sets_nccl_env_and_debug_is_on_request() -> None:
+    spec = build_run_spec({"nnodes": 4}, run_name="r", model_profile="qwen2.5-7b-grpo", cluster_profile="h100-ib")
+    job = render_job(spec, mode=Mode.TRAIN, train_files="/mnt/shared/d/t.parquet", val_files="/mnt/shared/d/v.parquet",
+                     model_path="/mnt/shared/models/m")
+    env = job.runtime_env["env_vars"]
+    assert env["NCCL_IB_HCA"].startswith("mlx5_0,mlx5_1") and env["NCCL_PROTO"] == "Simple"
+    assert "NCCL_DEBUG" not in env
+    loud = build_run_spec({"nnodes": 4}, run_name="r", model_profile="qwen2.5-7b-grpo", cluster_profile="h100-ib",
+                          nccl_debug=True)
+    env = render_job(loud, mode=Mode.TRAIN, train_files="/mnt/shared/t", val_files="/mnt/shared/v",
+                     model_path="/mnt/shared/m").runtime_env["env_vars"]
+    assert env["NCCL_DEBUG"] == "INFO"
+    # No InfiniBand on the local cluster: NCCL picks its defaults.
+    _, local = _job(Mode.TRAIN)
+    assert not {"NCCL_IB_HCA", "NCCL_PROTO", "NCCL_DEBUG"} & set(local.runtime_env["env_vars"])
+
+
+def test_grpo_job_has_no_critic_and_keeps_the_profile_save_freq() -> None:
+    spec = build_run_spec({}, run_name="r", model_profile="qwen2.5-0.5b-grpo")
+    job = render_job(spec, mode=Mode.TRAIN, train_files="/d/t", val_files="/d/v", model_path="/m/a")
+    assert "critic.model.path" not in job.settings
+    assert job.settings["trainer.save_freq"] == 10
+    assert job.settings["actor_rollout_ref.rollout.n"] == 5
+    for key in ("trainer.default_local_dir", "trainer.resume_mode", "trainer.logger", "trainer.save_freq"):
+        assert key in job.derived
+
+
+def test_save_run_files_logs_and_keeps_the_merged_config_next_to_checkpoints(caplog: pytest.LogCaptureFixture) -> None:
+    import json
+    import logging
+
+    from verl_pipeline import steps
+
+    spec, job = _job(Mode.PREFLIGHT)
+    with caplog.at_level(logging.INFO, logger="verl_pipeline.steps"):
+        steps.save_run_files(spec, job)
+    saved = json.loads((spec.checkpoint_dir / "run_config.json").read_text())
+    assert saved["job"]["entrypoint"] == job.entrypoint
+    assert saved["spec"]["verl"]["data.train_batch_size"] == 16
+    assert any("verl data.train_batch_size = 16" in r.getMessage() for r in caplog.records)
+
+
+def test_cli_render_prints_entrypoint_runtime_env_and_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    from verl_pipeline.cli import main
+
+    rc = main(["render", "--model-profile", "qwen2.5-32b-grpo", "--cluster-profile", "h100-ib", "--nnodes", "4",
+               "--n-gpus-per-node", "8", "--set", "trainer.test_freq=5"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "verl 0.9.1: composed ppo_trainer.yaml and passed validate_config" in out
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size" in out and ">= 2 for models >= 20B" in out
+    assert "data.train_batch_size" in out and "64 prompts per node x 4 node(s)" in out
+    words = shlex.split(out.split("entrypoint:\n", 1)[1].split("\nruntime_env:", 1)[0])
+    assert words[:3] == ["python", "-m", "verl.trainer.main_ppo"]
+    assert "trainer.test_freq=5" in words and "actor_rollout_ref.rollout.tensor_model_parallel_size=4" in words
+    assert '"NCCL_IB_HCA"' in out
+    assert "placeholder" in out  # the 32B weights are not here; render says so instead of downloading
+
+
+def test_a_prefetched_reward_model_reaches_verl() -> None:
+    from verl_pipeline import steps
+
+    spec = build_run_spec({}, run_name="verl_ppo/manual__reward")
+    models = {"actor": {"path": "/m/actor"}, "reward": {"path": "/m/reward"}}
+    data = {"train_path": "/d/train.parquet", "val_path": "/d/val.parquet"}
+    job = steps.render(spec, data=data, models=models, mode=Mode.TRAIN)
+    assert job.settings["reward.reward_model.model_path"] == "/m/reward"
+    assert "reward.reward_model.model_path=/m/reward" in job.overrides
+    without = steps.render(spec, data=data, models={"actor": {"path": "/m/actor"}}, mode=Mode.TRAIN)
+    assert "reward.reward_model.model_path" not in without.settings

@@ -75,3 +75,6 @@ class RayJobsHook(BaseHook):
 
     async def alogs(self, submission_id: str) -> str:
         return await (await self.aclient()).alogs(submission_id)
+
+    async def anodes_alive(self) -> int:
+        return sum(1 for n in await (await self.aclient()).anodes() if n.alive)

@@ -22,7 +22,10 @@ log = logging.getLogger(__name__)
 
 PROVISION_TASK = "provision_ray_cluster"
 PREPROCESS_TASK = "preprocess_data"
+PLAN_MODELS_TASK = "plan_models"
 PREFETCH_TASK = "prefetch_model"
+#: Airflow connection holding the hub token (password); optional.
+HF_CONN_ID = "hf_default"
 SUBMIT_TASK = "submit_verl_job"
 WAIT_TASK = "wait_for_verl_job"
 TEARDOWN_TASK = "teardown_ray_cluster"
@@ -108,41 +111,129 @@ class ProvisionRayClusterOperator(_PipelineOperator):
         return handle.to_dict()
 
 
+#: The preprocessed train/val parquet: a retraining DAG can be scheduled on it (``schedule=[...]``).
+#: Each event's ``extra`` names the files, the content key and whether they are new.
 class PreprocessDataOperator(_PipelineOperator):
-    """Write the run's train/val parquet in verl's row schema (content-keyed, atomic)."""
+    """Write the run's train/val parquet in verl's row schema (checked, content-keyed, atomic).
+
+    ``recipe`` (templated) replaces the profile's recipe; the DAG passes its ``recipe`` param.
+    With ``emit_asset`` the output is an event on the run profile's preprocessed-data Asset
+    (through the :func:`preprocessed_data_alias` outlet), which retraining DAGs are scheduled on;
+    a DAG scheduled on that Asset must not emit it (it would trigger itself).
+    """
+
+    template_fields: Sequence[str] = ("recipe",)
+
+    def __init__(self, *, recipe: str | None = None, emit_asset: bool = True, **kwargs: Any) -> None:
+        if emit_asset:
+            from verl_pipeline.airflow.assets import preprocessed_data_alias
+
+            kwargs.setdefault("outlets", [preprocessed_data_alias()])
+        super().__init__(**kwargs)
+        self.recipe = recipe
+        self.emit_asset = emit_asset
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from verl_pipeline.data.preprocess import preprocess
+        from verl_pipeline.data.preprocess import preprocess_for_spec
 
         try:
             spec = spec_from_context(context)
-            result = preprocess(spec.data, spec.data_options, spec.data_root)
+            result = preprocess_for_spec(spec, recipe=self.recipe or None)
         except PipelineError as e:
             raise _fail(e) from e
-        self.log.info("Data: %s", result.counts)
+        c = result.counts
+        self.log.info("Data (%s): %d rows in, %d train / %d val written, rejected %s, %d duplicates, %d too long%s",
+                      c.get("recipe"), c.get("records_in", 0), c.get("train_rows", 0), c.get("val_rows", 0),
+                      c.get("rejected"), c.get("deduplicated", 0), c.get("too_long", 0),
+                      " (cached)" if result.cached else "")
+        events = context.get("outlet_events")
+        if self.emit_asset and events is not None:
+            from verl_pipeline.airflow.assets import preprocessed_data_alias, preprocessed_data_asset
+
+            events[preprocessed_data_alias()].add(
+                preprocessed_data_asset(spec.profile),
+                extra={"train_path": result.train_path, "val_path": result.val_path, "key": result.key,
+                       "cached": result.cached, "recipe": c.get("recipe"), "rows": c.get("written")},
+            )
         return result.to_dict()
 
 
-class PrefetchModelOperator(_PipelineOperator):
-    """Fetch (or build) the actor model, and the critic's when it differs; return local paths."""
+class PlanModelsOperator(_PipelineOperator):
+    """List the run's distinct models with the roles each plays: what ``prefetch_model`` maps over.
 
-    def __init__(self, *, hf_conn_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.hf_conn_id = hf_conn_id
+    Returns ``[{"source": ..., "roles": ["actor", ...]}, ...]`` (the actor's model first).
+    """
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from verl_pipeline.models.prefetch import prefetch
+    ui_color = "#fdebd0"
 
-        token = None
-        if self.hf_conn_id:
-            token = _connection(self.hf_conn_id).password or None
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from verl_pipeline.models.prefetch import plan_models
+
         try:
-            spec = spec_from_context(context)
-            out = {"actor": prefetch(spec.model, spec.model_cache, token=token).to_dict()}
-            if spec.critic_model and spec.critic_model != spec.model:
-                out["critic"] = prefetch(spec.critic_model, spec.model_cache, token=token).to_dict()
+            plan = plan_models(spec_from_context(context))
         except PipelineError as e:
             raise _fail(e) from e
+        for item in plan:
+            self.log.info("Model %s for %s", item["source"], ", ".join(item["roles"]))
+        return plan
+
+
+class PrefetchModelOperator(_PipelineOperator):
+    """Fetch (or build) one model of the run into the shared cache, verify it, return its local path by role.
+
+    ``model`` is one item of :class:`PlanModelsOperator`'s result (the DAG maps this operator over
+    them); without it, every model of the run is fetched in turn. The hub token comes from the
+    Airflow connection ``hf_conn_id`` (password) when it exists, else from ``HF_TOKEN``; it is never
+    logged. Returns ``{role: {"path": ..., "commit": ..., ...}}``.
+    """
+
+    ui_color = "#fdebd0"
+
+    def __init__(self, *, model: dict[str, Any] | None = None, hf_conn_id: str | None = HF_CONN_ID,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+        self.hf_conn_id = hf_conn_id
+
+    def _hub_token(self) -> str | None:
+        if not self.hf_conn_id:
+            return None
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            conn = _connection(self.hf_conn_id)
+        except AirflowNotFoundException:  # normal: public models need no token
+            self.log.info("No Airflow connection %r: hub requests use HF_TOKEN if set", self.hf_conn_id)
+            return None
+        if conn.password:
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(conn.password)  # redacted should any library ever print it
+        return conn.password or None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline.models.hub import ModelAccessError
+        from verl_pipeline.models.prefetch import prefetch_roles, prefetch_run
+
+        token = self._hub_token()
+        try:
+            spec = spec_from_context(context)
+            if self.model:
+                roles = list(self.model.get("roles") or [])
+                context["model_label"] = f"{'+'.join(roles)}: {self.model.get('source')}"
+                out = prefetch_roles(spec, roles, token=token)
+                source = out[roles[0]]["source"]
+                if self.model.get("source") and source != self.model["source"]:
+                    raise AirflowFailException(f"model of {roles} changed since planning: {self.model['source']} "
+                                               f"-> {source}")
+            else:
+                out = prefetch_run(spec, token=token)
+        except ModelAccessError as e:  # gated, unknown repo or revision: a retry cannot succeed
+            raise AirflowFailException(f"{type(e).__name__}: {e}") from e
+        except PipelineError as e:
+            raise _fail(e) from e
+        for role, r in out.items():
+            self.log.info("%s: %s (%s)", role, r["path"], "cache hit" if r.get("cached") else "fetched")
         return out
 
 
@@ -172,8 +263,10 @@ class SubmitVerlJobOperator(_PipelineOperator):
 
         cluster = self._pull(context, self.cluster_task_id)
         data = self._pull(context, self.data_task_id)
-        models = self._pull(context, self.model_task_id)
-        if not cluster or not data or not models:
+        from verl_pipeline.models.prefetch import models_by_role
+
+        models = models_by_role(self._pull(context, self.model_task_id))
+        if not cluster or not data or "actor" not in models:
             raise AirflowException("upstream results missing (cluster, data or model): did an upstream task fail?")
         try:
             spec = spec_from_context(context)
@@ -252,7 +345,8 @@ class WaitForVerlJobOperator(_PipelineOperator):
         self.log.info("Ray job %s is running: deferring (poll every %.0fs)", job_id, self.poll_interval)
         self.defer(
             trigger=RayJobTrigger(cluster=handle.to_dict(), job_id=job_id, conn_id=self.conn_id or handle.conn_id,
-                                  poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors),
+                                  poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors,
+                                  expected_nodes=handle.expected_nodes if handle.owned else 0),
             method_name="execute_complete",
             timeout=None,
         )
@@ -319,9 +413,10 @@ class WaitForVerlJobOperator(_PipelineOperator):
         from verl_pipeline import steps
         from verl_pipeline.constants import Mode
         from verl_pipeline.jobs.submit import submit_or_reattach
+        from verl_pipeline.models.prefetch import models_by_role
 
         data = self._pull(context, self.data_task_id)
-        models = self._pull(context, self.model_task_id)
+        models = models_by_role(self._pull(context, self.model_task_id))
         if not data or not models:
             raise AirflowException("cannot resubmit: data or model results of this run are missing")
         try:
@@ -360,6 +455,14 @@ class WaitForVerlJobOperator(_PipelineOperator):
             if status == "error":
                 # The trigger could not reach the job (cluster gone): an infrastructure failure.
                 raise AirflowException(f"Ray job {job_id}: {message} — retrying")
+            if status == "node_lost":
+                # The job may hang on the dead node: stop it so the retry never runs two at once.
+                try:
+                    handle.client(self._token(handle.conn_id)).stop(job_id)
+                except PipelineError as e:
+                    self.log.warning("Could not stop Ray job %s: %s", job_id, e)
+                raise AirflowException(f"Ray job {job_id}: {message} [infrastructure failure: node died] — "
+                                       "retrying re-provisions the cluster and resumes from the last checkpoint")
             self._raise_failure(job_id, str(event.get("job_status", status)), message, self._logs(handle, job_id))
         result: dict[str, Any] = {"job_id": job_id, "status": event.get("job_status", "SUCCEEDED"),
                                   "mode": sub.get("mode"), "run_dir": sub.get("run_dir")}

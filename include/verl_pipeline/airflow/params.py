@@ -16,8 +16,12 @@ def build_params() -> dict[str, Any]:
         "profile": Param(DEFAULT_PROFILE, type="string", enum=profiles,
                          description="Run profile from configs/profiles (model profile + cluster profile)."),
         "data_source": Param(None, type=["null", "string"],
-                             description="builtin:arithmetic, or an absolute path to a GSM8K-format JSONL file "
-                                         "or a directory with train.jsonl/test.jsonl. Empty: the profile's."),
+                             description="builtin:arithmetic; an absolute file/glob/directory (JSONL, JSON, CSV, "
+                                         "Parquet; train.* + test.*); an fsspec URL (s3://, gs://...); "
+                                         "hf://name?config=...&revision=.... Empty: the profile's."),
+        "recipe": Param(None, type=["null", "string"], enum=[None, *list_profiles("recipes")],
+                        description="Preprocessing recipe from configs/recipes (gsm8k, math, generic). "
+                                    "Empty: the profile's (gsm8k)."),
         "model_source": Param(None, type=["null", "string"],
                               description="builtin:tiny-qwen2, hf://org/name@revision or an absolute model "
                                           "directory. Empty: the model profile's."),

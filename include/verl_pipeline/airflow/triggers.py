@@ -18,8 +18,13 @@ class RayJobTrigger(BaseTrigger):
     """Wait until a Ray job is terminal.
 
     Never raises: every outcome is one ``TriggerEvent`` with ``status`` ``success``, ``failed``,
-    ``stopped`` or ``error``, plus ``job_id``, ``message`` and ``log_offset`` (characters of the
-    job log already forwarded, so a resumed trigger does not repeat them).
+    ``stopped``, ``node_lost`` or ``error``, plus ``job_id``, ``message`` and ``log_offset``
+    (characters of the job log already forwarded, so a resumed trigger does not repeat them).
+
+    ``node_lost``: fewer Ray nodes than the cluster was provisioned with stayed alive for
+    ``node_grace_polls`` polls while the job still ran. A job can hang instead of failing when a
+    node dies (collectives waiting on a dead peer, work waiting for a node that will not return),
+    so the waiter does not wait for the job to notice.
     """
 
     def __init__(
@@ -32,6 +37,8 @@ class RayJobTrigger(BaseTrigger):
         log_offset: int = 0,
         forward_logs: bool = True,
         max_poll_errors: int = 12,
+        expected_nodes: int = 0,
+        node_grace_polls: int = 3,
     ) -> None:
         super().__init__()
         self.cluster = cluster
@@ -41,6 +48,8 @@ class RayJobTrigger(BaseTrigger):
         self.log_offset = log_offset
         self.forward_logs = forward_logs
         self.max_poll_errors = max_poll_errors
+        self.expected_nodes = expected_nodes
+        self.node_grace_polls = node_grace_polls
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -53,6 +62,8 @@ class RayJobTrigger(BaseTrigger):
                 "log_offset": self.log_offset,
                 "forward_logs": self.forward_logs,
                 "max_poll_errors": self.max_poll_errors,
+                "expected_nodes": self.expected_nodes,
+                "node_grace_polls": self.node_grace_polls,
             },
         )
 
@@ -76,6 +87,7 @@ class RayJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         errors = 0
+        short_polls = 0
         try:
             hook = self._hook()
             while True:
@@ -113,6 +125,23 @@ class RayJobTrigger(BaseTrigger):
                         "log_offset": self.log_offset,
                     })
                     return
+                if self.expected_nodes:
+                    try:
+                        alive = await hook.anodes_alive()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:
+                        self.log.warning("Could not count the Ray nodes of %s: %s", self.job_id, e)
+                        alive = self.expected_nodes
+                    short_polls = short_polls + 1 if alive < self.expected_nodes else 0
+                    if short_polls >= self.node_grace_polls:
+                        yield TriggerEvent({
+                            "status": "node_lost", "job_id": self.job_id, "job_status": info.status.value,
+                            "log_offset": self.log_offset,
+                            "message": f"Ray node died: {alive} of {self.expected_nodes} nodes alive while job "
+                                       f"{self.job_id} was {info.status.value}",
+                        })
+                        return
                 await asyncio.sleep(self.poll_interval)
         except asyncio.CancelledError:
             raise

@@ -7,8 +7,10 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from verl_pipeline.constants import BackendKind
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.jobs.client import RayJobsClient
 
@@ -64,6 +66,23 @@ class ClusterStatus:
     gpus: float
     ray_version: str | None
     detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClusterHealth:
+    """Whether a provisioned cluster's infrastructure (allocation, pods, processes) is still there.
+
+    ``infrastructure`` is True when ``alive`` is False because the site took the cluster away
+    (cancelled, preempted, node failure …): a failure to retry on a fresh cluster, not the job's fault.
+    """
+
+    alive: bool
+    state: str
+    detail: str
+    infrastructure: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,10 +157,28 @@ class ClusterBackend(abc.ABC):
     def status(self, handle: ClusterHandle) -> ClusterStatus:
         return probe(handle.client())
 
+    def health(self, handle: ClusterHandle) -> ClusterHealth:
+        """Is the cluster still there? Default: its Jobs API answers."""
+        st = probe(handle.client())
+        return ClusterHealth(st.ready, "READY" if st.ready else "UNREACHABLE", st.detail,
+                             infrastructure=not st.ready)
+
+    def for_run(self, run_dir: Path) -> ClusterBackend:
+        """This backend bound to a run directory (backends that keep files per run override it)."""
+        return self
+
 
 def get_backend(spec: dict[str, Any]) -> ClusterBackend:
     """The backend for a cluster profile's ``backend`` section."""
     kind = spec.get("backend")
+    if kind == BackendKind.SLURM.value:
+        from verl_pipeline.cluster.slurm import SlurmBackend
+
+        return SlurmBackend.from_spec(spec)
+    if kind == BackendKind.KUBERAY.value:
+        from verl_pipeline.cluster.kuberay import KubeRayBackend
+
+        return KubeRayBackend.from_spec(spec)
     if kind == "local":
         from verl_pipeline.cluster.local import LocalBackend
 
@@ -150,4 +187,5 @@ def get_backend(spec: dict[str, Any]) -> ClusterBackend:
         from verl_pipeline.cluster.address import AddressBackend
 
         return AddressBackend.from_spec(spec)
-    raise ConfigError("cluster.backend", kind, "unknown backend", "use one of: local, address")
+    raise ConfigError("cluster.backend", kind, "unknown backend",
+                      f"use one of: {', '.join(k.value for k in BackendKind)}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.cluster import procs
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, wait_ready
+from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic
 
@@ -46,6 +46,8 @@ _WORKER_PORT_SPAN = 200
 #: Ports only the head opens (worker nodes join the head's GCS and have no dashboard).
 _HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}
 STATE_FILE = "verl_pipeline_cluster.json"
+#: Environment variable naming the cluster (its temp dir) in every process the cluster runs.
+CLUSTER_MARKER = "VERL_PIPELINE_CLUSTER"
 
 
 def free_port() -> int:
@@ -139,7 +141,7 @@ class LocalBackend(ClusterBackend):
             return Path(self.temp_dir).expanduser().resolve()
         return Path("/tmp") / f"vp-{slug(name, 16)}-{short_hash(name, length=8)}"
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, marker: str) -> dict[str, str]:
         env = dict(os.environ)
         # Explicit on the server (and on every client via ClusterHandle.client): without it Ray turns
         # token auth on by itself when ~/.ray/auth_token exists. Loopback only, so no token.
@@ -148,13 +150,18 @@ class LocalBackend(ClusterBackend):
         # Job entrypoints run `python …` through a shell on the head: make it this environment's.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.pop("RAY_ADDRESS", None)
+        # Inherited by every process of this cluster, job drivers included (see procs.with_environ).
+        env[CLUSTER_MARKER] = marker
         return env
 
     def _start(self, cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        """Start one ``ray start --block`` node (leader of its own session), marked with its cluster."""
         log.info("Starting a local Ray node: %s", " ".join(cmd))
         with open(log_path, "ab") as out:
             return subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self._env(),
+                # The node's log lives in the cluster's temp dir, which names the cluster.
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=self._env(str(log_path.parent)),
                 start_new_session=True, close_fds=True,
             )
 
@@ -169,7 +176,7 @@ class LocalBackend(ClusterBackend):
 
     def provision(self, name: str) -> ClusterHandle:
         temp_dir = self.temp_dir_for(name)
-        leftovers = procs.alive(procs.with_cmdline(str(temp_dir)))
+        leftovers = procs.alive(procs.with_cmdline(str(temp_dir)) + procs.with_environ(CLUSTER_MARKER, str(temp_dir)))
         if leftovers:
             log.warning("Stopping %d leftover Ray processes of an earlier attempt in %s", len(leftovers), temp_dir)
             procs.terminate(leftovers, grace_s=self.stop_grace_s)
@@ -260,6 +267,16 @@ class LocalBackend(ClusterBackend):
     def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
         return stop_local(handle)
 
+    def health(self, handle: ClusterHandle) -> ClusterHealth:
+        """Every node's ``ray start`` process is alive (seen at once, before Ray's own heartbeat
+        timeout marks a dead node), and the Jobs API answers."""
+        dead = [n["rank"] for n in handle.extra.get("nodes") or []
+                if procs.ProcRef.from_list(n["root"]).process() is None]
+        if dead:
+            return ClusterHealth(False, "NODE_DEAD", f"Ray node(s) {dead} of {handle.name} are gone",
+                                 infrastructure=True)
+        return super().health(handle)
+
 
 def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     """Stop every process of a local cluster. Returns what was stopped; raises if any survive."""
@@ -287,6 +304,7 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
         refs.update(procs.in_process_group(pgid))
     if temp_dir:
         refs.update(procs.with_cmdline(temp_dir))
+        refs.update(procs.with_environ(CLUSTER_MARKER, temp_dir))
     before = procs.alive(refs)
     t0 = time.monotonic()
     left = procs.terminate(before, grace_s=grace)
@@ -296,6 +314,7 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
         late.update(procs.in_process_group(pgid))
     if temp_dir:
         late.update(procs.with_cmdline(temp_dir))
+        late.update(procs.with_environ(CLUSTER_MARKER, temp_dir))
     left += procs.terminate(procs.alive(late), grace_s=grace)
     if left:
         raise ClusterError(f"Ray processes survived SIGKILL: {sorted(r.pid for r in left)}")

@@ -87,6 +87,23 @@ def with_cmdline(fragment: str) -> list[ProcRef]:
     return out
 
 
+def with_environ(key: str, value: str) -> list[ProcRef]:
+    """Live processes whose environment has ``key=value``.
+
+    Ray passes its environment down to everything it starts (raylet, workers, job drivers), and a
+    job driver runs in a process group of its own that outlives a killed node: a marker variable
+    set on ``ray start`` is what still ties it to its cluster.
+    """
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get(key) == value:
+                out.append(ref_of(p))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return out
+
+
 def alive(refs: Iterable[ProcRef]) -> list[ProcRef]:
     return [r for r in refs if r.process() is not None]
 

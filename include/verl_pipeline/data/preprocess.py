@@ -1,9 +1,26 @@
-"""Convert a data source to verl's parquet rows (the ``gsm8k`` recipe), atomically and idempotently.
+"""Any data source → verl's parquet rows, checked row by row, streamed, atomic and idempotent.
 
 verl's row schema: ``data_source`` (selects the reward function), ``prompt`` (chat messages),
 ``ability``, ``reward_model`` ``{"style": "rule", "ground_truth": …}`` and ``extra_info``.
-Outputs live in a directory named by a hash of the inputs and options: an unchanged re-run finds
-them and does no work.
+
+What is checked, and how often:
+
+- per row: the record parses and is an object with the recipe's columns of the right types; the
+  prompt is non-empty after trimming; a ground truth is extracted; the prompt (after the model's
+  chat template) fits ``max_prompt_length`` tokens (with a byte-level BPE tokenizer a prompt of at
+  most that many UTF-8 bytes provably fits and is not tokenized; every other prompt is); the prompt
+  is not an exact duplicate of an earlier one (train first, then val: a val prompt seen in train is
+  removed too; 64-bit hashes, a collision would drop a row: ~3e-6 probability at 10M rows).
+- per data_source, before any row is written (verl is imported while the first batch is read):
+  verl's ``default_compute_score`` (or the configured custom reward function) has a reward
+  function for it.
+- per batch (its first accepted row): that scorer gives 1.0 to the extracted ground truth answered
+  in the recipe's ``check_solution`` form, so the extraction matches what the scorer compares.
+
+Failing rows go to ``rejects.jsonl`` (source, line, reason); rows removed as duplicates or too long
+go to ``filtered.jsonl``. The step fails when rejects exceed ``max_reject_fraction`` (default 0).
+Outputs live in a directory named by a hash of the input content, recipe, options and tokenizer:
+an unchanged re-run finds them and does no work.
 """
 
 from __future__ import annotations
@@ -12,36 +29,43 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
 from verl_pipeline.config import DataSource
-from verl_pipeline.data.generator import generate_problems
+from verl_pipeline.data.recipes import GSM8K_PATTERN, RECIPE_KEYS, Recipe, extract_gsm8k, last_boxed, load_recipe
+from verl_pipeline.data.sources import Batch, Columns, Part, fingerprint, read_part, resolve_parts
 from verl_pipeline.exceptions import ConfigError, DataError
 from verl_pipeline.paths import write_json_atomic
 
 log = logging.getLogger(__name__)
 
 #: Bump when the rows this module writes change, so cached outputs are rebuilt.
-RECIPE_VERSION = "gsm8k-v1"
+CODE_VERSION = "v2"
+RECIPE_VERSION = f"gsm8k-{CODE_VERSION}"
 DATA_SOURCE = "openai/gsm8k"
+DEFAULT_RECIPE = "gsm8k"
 # verl's GSM8K example appends this so the model answers in the `#### N` form the scorer reads.
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-_ANSWER = re.compile(r"####\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$")
+OPTION_KEYS = frozenset({"recipe", "train_size", "val_size", "seed", "val_fraction", "max_reject_fraction", "dedup",
+                         "batch_rows", "max_prompt_length", "tokenizer", *RECIPE_KEYS})
+FINGERPRINTS = "fingerprints.json"
+_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
 ROW_SCHEMA = pa.schema(
     [
         ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("prompt", pa.list_(_MESSAGE)),
         ("ability", pa.string()),
         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
         (
@@ -51,6 +75,8 @@ ROW_SCHEMA = pa.schema(
         ),
     ]
 )
+
+extract_ground_truth = extract_gsm8k
 
 
 @dataclass
@@ -67,91 +93,302 @@ class PreprocessResult:
         return asdict(self)
 
 
-def extract_ground_truth(answer: str) -> str | None:
-    """The number after ``####`` on the answer's last line, commas removed (GSM8K's convention)."""
-    m = _ANSWER.search(answer.strip())
-    return m.group(1).replace(",", "") if m else None
+def row_schema(recipe: Recipe) -> pa.Schema:
+    """ROW_SCHEMA, with the recipe's extra columns (strings) appended to ``extra_info``."""
+    if not recipe.extra_columns:
+        return ROW_SCHEMA
+    info = ROW_SCHEMA.field("extra_info").type
+    fields = [info.field(i) for i in range(info.num_fields)] + [pa.field(c, pa.string()) for c in recipe.extra_columns]
+    return ROW_SCHEMA.set(ROW_SCHEMA.get_field_index("extra_info"), pa.field("extra_info", pa.struct(fields)))
 
 
-def _records(source: DataSource, options: dict[str, Any]) -> dict[str, Iterator[tuple[int, Any]]]:
-    """``{split: iterator of (source line number, raw record)}``."""
-    if source.kind == "builtin":
-        seed = int(options.get("seed", 0))
-        n_train = int(options.get("train_size", 256))
-        n_val = int(options.get("val_size", 32))
-        train = ((i + 1, asdict(p)) for i, p in enumerate(generate_problems(n_train, seed=seed)))
-        val = ((i + 1, asdict(p)) for i, p in enumerate(generate_problems(n_val, seed=seed + 1_000_003)))
-        return {"train": train, "val": val}
-    path = Path(source.ref)
-    if path.is_dir():
-        splits = {"train": path / "train.jsonl"}
-        if (path / "test.jsonl").is_file():
-            splits["val"] = path / "test.jsonl"
-        return {name: _jsonl(p) for name, p in splits.items()}
-    return {"all": _jsonl(path)}
+def check_options(options: dict[str, Any]) -> None:
+    for key in options:
+        if key not in OPTION_KEYS:
+            raise ConfigError(f"data.{key}", options[key], "unknown data option", f"use one of {sorted(OPTION_KEYS)}")
+    frac = options.get("max_reject_fraction", 0.0)
+    if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 <= frac <= 1:
+        raise ConfigError("data.max_reject_fraction", frac, "must be a number from 0 to 1", "max_reject_fraction: 0")
+    val = options.get("val_fraction", 0.1)
+    if isinstance(val, bool) or not isinstance(val, int | float) or not 0 < val < 1:
+        raise ConfigError("data.val_fraction", val, "must be a number between 0 and 1", "val_fraction: 0.1")
+    mpl = options.get("max_prompt_length")
+    if mpl is not None and (isinstance(mpl, bool) or not isinstance(mpl, int) or mpl < 1):
+        raise ConfigError("data.max_prompt_length", mpl, "must be a positive integer", "max_prompt_length: 512")
+    rows = options.get("batch_rows", 65536)
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= 1_000_000:
+        raise ConfigError("data.batch_rows", rows, "must be an integer from 1 to 1000000", "batch_rows: 65536")
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+class _Run:
+    """One preprocessing run: the per-batch work and its counters."""
+
+    def __init__(self, recipe: Recipe, options: dict[str, Any], tmp_dir: Path, tokenizer: str | None,
+                 max_len: int | None) -> None:
+        from verl_pipeline.data.checks import PromptLengths, RewardCheck, SeenHashes
+
+        self.recipe = recipe
+        self.schema = row_schema(recipe)
+        self.tmp_dir = tmp_dir
+        self.reward = RewardCheck(recipe)
+        self.lengths = PromptLengths(tokenizer, recipe.system_prompt) if tokenizer and max_len else None
+        self.max_len = max_len
+        self.dedup = bool(options.get("dedup", True))
+        self.seen = SeenHashes()
+        self.every = max(2, round(1 / float(options.get("val_fraction", 0.1))))
+        self.writers: dict[str, Any] = {}
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-writer")
+        self.pending: Future[None] | None = None
+        self.rows = {"train": 0, "val": 0}
+        self.read = 0
+        self.rejected: Counter[str] = Counter()
+        self.filtered: Counter[str] = Counter()
+        self.longest: dict[str, Any] = {"tokens": 0}
+        self.longest_kept = 0
+        self.measured = 0
+        self.rej = open(tmp_dir / "rejects.jsonl", "w", encoding="utf-8")
+        self.filt = open(tmp_dir / "filtered.jsonl", "w", encoding="utf-8")
+        self.columns = Columns(recipe.template_fields, recipe.answer_column, list(recipe.extra_columns))
+
+    def close(self) -> None:
+        try:
+            if self.pending is not None:
+                self.pending.result()
+        finally:
+            self.pool.shutdown(wait=True)
+        for w in self.writers.values():
+            w.close()
+        self.rej.close()
+        self.filt.close()
+
+    def _log(self, f: IO[str], label: str, split: str, lines: np.ndarray, reasons: list[str]) -> None:
+        f.writelines(json.dumps({"source": label, "split": split, "line": int(n), "reason": r}) + "\n"
+                     for n, r in zip(lines, reasons, strict=True))
+
+    def batch(self, b: Batch, part: Part, split: str) -> None:
+        r = self.recipe
+        t = b.table
+        n = t.num_rows
+        self.read += n
+        reasons = np.full(n, None, dtype=object)
+
+        # ground truth
+        answer = t.column(r.answer_column)
+        if r.answer_extraction == "gsm8k":
+            truth = pc.struct_field(pc.extract_regex(pc.utf8_trim_whitespace(answer), GSM8K_PATTERN), [0])
+            truth = pc.replace_substring(truth, ",", "")
+        elif r.answer_extraction == "regex":
+            truth = pc.utf8_trim_whitespace(pc.struct_field(pc.extract_regex(answer, r.answer_regex), ["answer"]))
+        elif r.answer_extraction == "boxed":
+            truth = pa.array([None if a is None else last_boxed(a) for a in answer.to_pylist()], pa.string())
+        else:
+            truth = pc.utf8_trim_whitespace(answer)
+        truth = _chunk(truth)
+        truth_missing = pc.or_kleene(pc.is_null(truth), pc.equal(pc.utf8_length(truth), 0))
+        reasons[_np(pc.fill_null(truth_missing, True))] = "no_ground_truth"
+
+        # prompt
+        if r.prompt_template is not None:
+            question = _render(r.prompt_template, t)
+        else:
+            question = t.column(str(r.prompt_column))
+        question = _chunk(question)
+        trimmed = _chunk(pc.utf8_trim_whitespace(question))
+        reasons[_np(pc.fill_null(pc.equal(pc.utf8_length(trimmed), 0), False))] = "empty_prompt"
+        for c in reversed(self.columns.all):
+            if c in self.columns.extra:
                 continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield lineno, DataError(f"{path.name}:{lineno}: not valid JSON ({e.msg})")
+            reasons[_np(pc.is_null(t.column(c)))] = f"missing_{c}"
+        if b.reasons is not None:
+            pre = np.array(b.reasons, dtype=object)
+            has = pre != None  # noqa: E711 - elementwise on an object array
+            reasons[has] = pre[has]
+
+        bad = reasons != None  # noqa: E711
+        if bad.any():
+            self.rejected.update(reasons[bad].tolist())
+            self._log(self.rej, part.label, split, b.rows[bad], reasons[bad].tolist())
+        keep = np.flatnonzero(~bad)
+        if not len(keep):
+            return
+        idx = pa.array(keep)
+        content = trimmed.take(idx)
+        if r.instruction:
+            content = pc.binary_join_element_wise(content, " " + r.instruction, "")
+        rows = b.rows[keep]
+        truth_k = truth.take(idx)
+        self.reward.sample(truth_k[0].as_py(), part.label, int(rows[0]))
+
+        sel = np.arange(len(keep))
+        if self.dedup:
+            # Python's string hash (64-bit SipHash): consistent within this run, which is all dedup needs.
+            hashes = np.fromiter(map(hash, content.to_numpy(zero_copy_only=False)), dtype=np.int64,
+                                 count=len(content))
+            uniq, first = np.unique(hashes, return_index=True)
+            is_first = np.zeros(len(hashes), dtype=bool)
+            is_first[first] = True
+            is_first &= ~self.seen.contains(hashes)
+            self.seen.add(uniq)
+            dup = ~is_first
+            if dup.any():
+                self.filtered["duplicate_prompt"] += int(dup.sum())
+                self._log(self.filt, part.label, split, rows[dup], ["duplicate_prompt"] * int(dup.sum()))
+            sel = np.flatnonzero(is_first)
+        if self.lengths is not None and len(sel):
+            assert self.max_len is not None
+            lens = self.lengths.lengths(content.take(pa.array(sel)), self.max_len)
+            i = int(lens.argmax())
+            if lens[i] > self.longest["tokens"]:
+                self.longest = {"tokens": int(lens[i]), "source": part.label, "line": int(rows[sel[i]])}
+            self.measured += int((lens >= 0).sum())
+            over = lens > self.max_len
+            if over.any():
+                self.filtered["prompt_too_long"] += int(over.sum())
+                self._log(self.filt, part.label, split, rows[sel[over]], ["prompt_too_long"] * int(over.sum()))
+                sel = sel[~over]
+                lens = lens[~over]
+            if len(lens):
+                self.longest_kept = max(self.longest_kept, int(lens.max()))
+        if not len(sel):
+            return
+        if split == "all":
+            is_val = rows[sel] % self.every == 0
+            self._write("train", sel[~is_val], keep, content, truth_k, question, t)
+            self._write("val", sel[is_val], keep, content, truth_k, question, t)
+        else:
+            self._write(split, sel, keep, content, truth_k, question, t)
+
+    def _write(self, split: str, sel: np.ndarray, keep: np.ndarray, content: pa.Array, truth: pa.Array,
+               question: pa.Array, t: pa.Table) -> None:
+        import pyarrow.parquet as pq
+
+        m = len(sel)
+        if not m:
+            return
+        r = self.recipe
+        s = pa.array(sel)
+        src = pa.array(keep[sel])
+        content = _chunk(content.take(s))
+        zeros = pa.array(np.zeros(m, dtype=np.int32))
+        if r.system_prompt:
+            roles = pa.array(["system", "user"]).take(pa.array(np.tile(np.array([0, 1], dtype=np.int32), m)))
+            order = np.empty(2 * m, dtype=np.int64)
+            order[0::2] = 0
+            order[1::2] = np.arange(1, m + 1)
+            texts = pa.concat_arrays([pa.array([r.system_prompt], pa.string()), content]).take(pa.array(order))
+            offsets = pa.array(np.arange(0, 2 * m + 1, 2, dtype=np.int32))
+        else:
+            roles = pa.array(["user"]).take(zeros)
+            texts = content
+            offsets = pa.array(np.arange(0, m + 1, dtype=np.int32))
+        messages = pa.StructArray.from_arrays([roles, texts], fields=list(_MESSAGE))
+        prompt = pa.ListArray.from_arrays(offsets, messages, type=pa.list_(_MESSAGE))
+        start = self.rows[split]
+        info_arrays = [pa.array([split]).take(zeros), pa.array(np.arange(start, start + m, dtype=np.int64)),
+                       t.column(r.answer_column).take(src), question.take(src)]
+        info_arrays += [t.column(c).take(src) for c in r.extra_columns]
+        info_type = self.schema.field("extra_info").type
+        extra_info = pa.StructArray.from_arrays([_chunk(a) for a in info_arrays],
+                                                fields=[info_type.field(i) for i in range(info_type.num_fields)])
+        reward = pa.StructArray.from_arrays([pa.array(["rule"]).take(zeros), truth.take(s)],
+                                            names=["style", "ground_truth"])
+        table = pa.Table.from_arrays(
+            [pa.array([r.data_source]).take(zeros), prompt, pa.array([r.ability]).take(zeros), reward, extra_info],
+            schema=self.schema)
+        if split not in self.writers:
+            # Dictionary encoding only for the constant columns (it is wasted work on unique text).
+            constant = ["data_source", "ability", "prompt.list.element.role", "reward_model.style", "extra_info.split"]
+            self.writers[split] = pq.ParquetWriter(self.tmp_dir / f"{split}.parquet", self.schema,
+                                                   use_dictionary=constant)
+        # Parquet encoding runs on a writer thread (Arrow releases the GIL) while the next batch is read;
+        # one write in flight at a time keeps memory bounded.
+        if self.pending is not None:
+            self.pending.result()
+        self.pending = self.pool.submit(self.writers[split].write_table, table)
+        self.rows[split] += m
 
 
-def _to_row(record: Any, split: str, index: int) -> tuple[dict[str, Any] | None, str | None]:
-    """A verl row, or ``(None, reason)`` for a rejected record."""
-    if isinstance(record, Exception):
-        return None, "invalid_json"
-    if not isinstance(record, dict):
-        return None, "not_an_object"
-    question, answer = record.get("question"), record.get("answer")
-    if not isinstance(question, str) or not isinstance(answer, str):
-        return None, "missing_question_or_answer"
-    if not question.strip():
-        return None, "empty_prompt"
-    truth = extract_ground_truth(answer)
-    if truth is None:
-        return None, "no_ground_truth"
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": truth},
-        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
-    }, None
+def _np(mask: Any) -> np.ndarray:
+    return np.asarray(_chunk(mask).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _input_key(source: DataSource, options: dict[str, Any]) -> str:
-    h = hashlib.sha256()
-    h.update(f"{RECIPE_VERSION}\0{source}\0{json.dumps(options, sort_keys=True)}".encode())
-    if source.kind != "builtin":
-        path = Path(source.ref)
-        files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-        for f in files:
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-    return h.hexdigest()[:16]
+def _chunk(a: Any) -> pa.Array:
+    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
 
 
-def preprocess(source: DataSource, options: dict[str, Any], out_root: Path) -> PreprocessResult:
-    """Write ``train.parquet`` and ``val.parquet`` for ``source`` under ``out_root``.
+def _render(template: str, t: pa.Table) -> pa.Array:
+    """``template`` filled from the table's columns, vectorized; null where any field is null."""
+    import string
 
-    Rejected records go to ``rejects.jsonl`` with their line number and reason; any reject above
-    ``options["max_reject_fraction"]`` (default 0) fails the step.
+    pieces: list[Any] = []
+    for literal, name, _spec, _conv in string.Formatter().parse(template):
+        if literal:
+            pieces.append(literal)
+        if name is not None:
+            pieces.append(_chunk(t.column(name)))
+    if len(pieces) == 1 and not isinstance(pieces[0], str):
+        return pieces[0]
+    arrays = [p if not isinstance(p, str) else pa.array([p]).take(pa.array(np.zeros(t.num_rows, dtype=np.int32)))
+              for p in pieces]
+    return pc.binary_join_element_wise(*arrays, "")
+
+
+def _as_list(sources: DataSource | Sequence[DataSource]) -> list[DataSource]:
+    return [sources] if isinstance(sources, DataSource) else list(sources)
+
+
+def preprocess(
+    sources: DataSource | Sequence[DataSource],
+    options: dict[str, Any],
+    out_root: Path,
+    *,
+    tokenizer: str | None = None,
+    max_prompt_length: int | None = None,
+) -> PreprocessResult:
+    """Write ``train.parquet`` and ``val.parquet`` for ``sources`` under ``out_root``.
+
+    ``options`` are the data options (profile ``data:`` section): ``recipe`` and its keys,
+    ``max_reject_fraction``, ``val_fraction``, ``dedup``, ``batch_rows``, builtin sizes; their
+    ``tokenizer``/``max_prompt_length`` replace the arguments. Without a tokenizer and a maximum
+    length the length filter is off (and ``counts["length_filter"]`` says so).
     """
     t0 = time.monotonic()
-    known = {"train_size", "val_size", "seed", "val_fraction", "max_reject_fraction"}
-    for key in options:
-        if key not in known:
-            raise ConfigError(f"data.{key}", options[key], "unknown data option", f"use one of {sorted(known)}")
-    key = _input_key(source, options)
-    out_dir = out_root / f"{RECIPE_VERSION}-{key}"
+    options = dict(options)
+    check_options(options)
+    srcs = _as_list(sources)
+    if not srcs:
+        raise DataError("no data source given")
+    recipe = load_recipe(str(options.get("recipe") or DEFAULT_RECIPE), options)
+    tokenizer = options.get("tokenizer") or tokenizer
+    max_len = options.get("max_prompt_length") or max_prompt_length
+    if tokenizer and not Path(str(tokenizer)).is_dir():
+        raise ConfigError("data.tokenizer", tokenizer, "no such directory", "the model directory (with tokenizer.json)")
+
+    parts: dict[str, list[Part]] = {}
+    for src in srcs:
+        for split, ps in resolve_parts(src, options).items():
+            parts.setdefault(split, []).extend(ps)
+    out_root.mkdir(parents=True, exist_ok=True)
+    fp_path = out_root / FINGERPRINTS
+    try:
+        fp_cache = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        fp_cache = {}
+    data_hash, new_fp = fingerprint(parts, fp_cache)
+    if new_fp and any(fp_cache.get(k) != v for k, v in new_fp.items()):
+        write_json_atomic(fp_path, {**fp_cache, **new_fp})
+    tok_hash = ""
+    if tokenizer and max_len:
+        from verl_pipeline.data.checks import tokenizer_digest
+
+        tok_hash = tokenizer_digest(str(tokenizer))
+    h = hashlib.sha256()
+    keyed = {k: v for k, v in options.items() if k not in ("tokenizer", "max_prompt_length", "batch_rows")}
+    for piece in (CODE_VERSION, json.dumps(recipe.to_dict(), sort_keys=True), json.dumps(keyed, sort_keys=True,
+                  default=str), data_hash, tok_hash, str(max_len if tok_hash else None)):
+        h.update(piece.encode() + b"\0")
+    key = h.hexdigest()[:16]
+    out_dir = out_root / f"{recipe.name}-{CODE_VERSION}-{key}"
     stats_path = out_dir / "stats.json"
     if stats_path.is_file():
         counts = json.loads(stats_path.read_text())
@@ -162,45 +399,53 @@ def preprocess(source: DataSource, options: dict[str, Any], out_root: Path) -> P
     tmp_dir = out_root / f".{out_dir.name}.{os.getpid()}.partial"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir(parents=True)
-    rows: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
-    rejects: Counter[str] = Counter()
-    seen = 0
+    source_text = ", ".join(str(s) for s in srcs)
     try:
-        with open(tmp_dir / "rejects.jsonl", "w", encoding="utf-8") as rej:
-            for split, records in _records(source, options).items():
-                for lineno, record in records:
-                    seen += 1
-                    target = split
-                    if split == "all":
-                        # Deterministic split of a single file: every k-th record goes to val.
-                        every = max(2, round(1 / float(options.get("val_fraction", 0.1))))
-                        target = "val" if lineno % every == 0 else "train"
-                    row, reason = _to_row(record, target, len(rows[target]))
-                    if row is None:
-                        rejects[str(reason)] += 1
-                        rej.write(json.dumps({"split": split, "line": lineno, "reason": reason}) + "\n")
-                        continue
-                    rows[target].append(row)
+        run = _Run(recipe, options, tmp_dir, str(tokenizer) if tokenizer else None, int(max_len) if max_len else None)
+        batch_rows = int(options.get("batch_rows", 65536))
+        last_log = time.monotonic()
+        try:
+            for split in ("train", "val", "all"):
+                for part in parts.get(split, []):
+                    log.info("Reading %s (%s) for split %s", part.label, part.kind, split)
+                    for b in read_part(part, run.columns, batch_rows):
+                        run.batch(b, part, split)
+                        if time.monotonic() - last_log > 10:
+                            last_log = time.monotonic()
+                            log.info("... %d rows read, %d written, %d rejected, %d filtered (%.0f rows/s)",
+                                     run.read, sum(run.rows.values()), sum(run.rejected.values()),
+                                     sum(run.filtered.values()), run.read / (last_log - t0))
+        finally:
+            run.close()
+        run.reward.wait()
+        n_rej = sum(run.rejected.values())
         max_frac = float(options.get("max_reject_fraction", 0.0))
-        n_rej = sum(rejects.values())
-        if seen == 0:
-            raise DataError(f"data source {source} has no records")
-        if n_rej / seen > max_frac:
+        if run.read == 0:
+            raise DataError(f"data source {source_text} has no records")
+        if n_rej / run.read > max_frac:
             kept = out_root / f"rejects-{key}.jsonl"
             shutil.copyfile(tmp_dir / "rejects.jsonl", kept)
             raise DataError(
-                f"{n_rej} of {seen} records rejected ({dict(rejects)}), more than max_reject_fraction={max_frac}; "
-                f"see {kept}"
-            )
-        if not rows["train"] or not rows["val"]:
-            raise DataError(f"data source {source} gave {len(rows['train'])} train / {len(rows['val'])} val rows; "
+                f"{n_rej} of {run.read} records rejected ({dict(run.rejected)}), more than max_reject_fraction="
+                f"{max_frac}; see {kept}")
+        if not run.rows["train"] or not run.rows["val"]:
+            raise DataError(f"data source {source_text} gave {run.rows['train']} train / {run.rows['val']} val rows "
+                            f"after checks ({dict(run.rejected)} rejected, {dict(run.filtered)} filtered); "
                             "both splits need rows")
-        for split in ("train", "val"):
-            table = pa.Table.from_pylist(rows[split], schema=ROW_SCHEMA)
-            pq.write_table(table, tmp_dir / f"{split}.parquet")
-        counts = {"records_in": seen, "train_rows": len(rows["train"]), "val_rows": len(rows["val"]),
-                  "rejected": dict(rejects), "data_source": DATA_SOURCE, "recipe": RECIPE_VERSION,
-                  "source": str(source)}
+        counts = {
+            "records_in": run.read, "train_rows": run.rows["train"], "val_rows": run.rows["val"],
+            "written": run.rows["train"] + run.rows["val"], "rejected": dict(run.rejected),
+            "reject_fraction": round(n_rej / run.read, 6), "max_reject_fraction": max_frac,
+            "deduplicated": run.filtered.get("duplicate_prompt", 0),
+            "too_long": run.filtered.get("prompt_too_long", 0),
+            "length_filter": ({"tokenizer": str(tokenizer), "max_prompt_length": max_len,
+                               "longest_prompt": run.longest, "longest_kept_tokens": run.longest_kept,
+                               "tokenized_rows": run.measured, "byte_bound": bool(run.lengths.byte_level)}
+                              if run.lengths else "off (no tokenizer or max_prompt_length)"),
+            "data_source": recipe.data_source, "recipe": recipe.name, "source": source_text,
+            "scorer": run.reward.scorer, "scorer_samples": run.reward.samples,
+            "seconds": round(time.monotonic() - t0, 3),
+        }
         write_json_atomic(tmp_dir / "stats.json", counts)
         try:
             os.rename(tmp_dir, out_dir)
@@ -211,7 +456,30 @@ def preprocess(source: DataSource, options: dict[str, Any], out_root: Path) -> P
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
-    log.info("Preprocessed %s: %d train / %d val rows, %d rejected, into %s", source, counts["train_rows"],
-             counts["val_rows"], sum(rejects.values()), out_dir)
+    log.info("Preprocessed %s with recipe %s: %d rows read, %d train / %d val written, rejected %s, "
+             "filtered %s, longest prompt %s, into %s", source_text, recipe.name, run.read, counts["train_rows"],
+             counts["val_rows"], dict(run.rejected), dict(run.filtered), run.longest, out_dir)
     return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
                             False, counts, round(time.monotonic() - t0, 3))
+
+
+def tokenizer_for_model(model: Any, cache_root: Path) -> str:
+    """The directory whose tokenizer the run's model uses (the built-in model is built if needed)."""
+    from verl_pipeline.models.prefetch import prefetch
+
+    if model.kind == "path":
+        return str(model.ref)
+    return prefetch(model, cache_root).path
+
+
+def preprocess_for_spec(spec: Any, sources: DataSource | Sequence[DataSource] | None = None,
+                        out_root: Path | None = None, recipe: str | None = None) -> PreprocessResult:
+    """:func:`preprocess` for a run: its data options, its model's tokenizer and its max_prompt_length."""
+    options = dict(spec.data_options)
+    if recipe:
+        options["recipe"] = recipe
+    max_len = options.get("max_prompt_length") or spec.verl.get("data.max_prompt_length")
+    tokenizer = options.get("tokenizer") or (tokenizer_for_model(spec.model, spec.model_cache) if max_len else None)
+    return preprocess(sources if sources is not None else spec.data, options,
+                      out_root if out_root is not None else spec.data_root, tokenizer=tokenizer,
+                      max_prompt_length=int(max_len) if max_len else None)

@@ -37,6 +37,8 @@ class Classification:
 _INFRA: list[tuple[str, str]] = [
     ("node died", r"NodeDiedError|node .{0,80}(has )?died|The node .{0,120} (is dead|has been marked dead)"),
     ("actor died with its node", r"ActorDiedError.{0,400}(node|raylet)|owner.{0,40}died"),
+    ("actor unreachable (its node or process is gone)", r"ActorUnavailableError|RPC error: Socket closed|"
+                                                        r"rpc_code: 14\b"),
     ("raylet or GCS lost", r"raylet (died|is dead|crashed)|GCS .{0,40}(unavailable|failed|lost|died)|"
                            r"Failed to connect to GCS|RaySystemError|"
                            r"Job supervisor actor (died|could not be scheduled)"),

@@ -67,6 +67,22 @@ class NodeInfo:
     resources: dict[str, float]
 
 
+def _parse_nodes(data: dict[str, Any]) -> list[NodeInfo]:
+    out = []
+    for n in data["data"]["summary"]:
+        raylet = n.get("raylet", {})
+        out.append(
+            NodeInfo(
+                node_id=raylet.get("nodeId", ""),
+                alive=raylet.get("state") == "ALIVE",
+                is_head=bool(raylet.get("isHeadNode")),
+                ip=n.get("ip") or raylet.get("nodeManagerAddress", ""),
+                resources={k: float(v) for k, v in (raylet.get("resourcesTotal") or {}).items()},
+            )
+        )
+    return out
+
+
 class RayJobsClient:
     """Talks to one Ray cluster's dashboard (``http://host:port``).
 
@@ -110,20 +126,10 @@ class RayJobsClient:
 
     def nodes(self) -> list[NodeInfo]:
         """Every node the cluster knows, alive or dead, with its total resources."""
-        data = self._get("/nodes?view=summary")
-        out = []
-        for n in data["data"]["summary"]:
-            raylet = n.get("raylet", {})
-            out.append(
-                NodeInfo(
-                    node_id=raylet.get("nodeId", ""),
-                    alive=raylet.get("state") == "ALIVE",
-                    is_head=bool(raylet.get("isHeadNode")),
-                    ip=n.get("ip") or raylet.get("nodeManagerAddress", ""),
-                    resources={k: float(v) for k, v in (raylet.get("resourcesTotal") or {}).items()},
-                )
-            )
-        return out
+        return _parse_nodes(self._get("/nodes?view=summary"))
+
+    async def anodes(self) -> list[NodeInfo]:
+        return _parse_nodes(await self._aget("/nodes?view=summary"))
 
     def get_job(self, submission_id: str) -> JobInfo | None:
         data = self._get(f"/api/jobs/{submission_id}", ok404=True)

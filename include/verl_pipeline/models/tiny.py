@@ -109,6 +109,10 @@ def build_tiny_model(dest: Path) -> Path:
 
     import os
 
+    # Temporary files are created 0600; the Ray nodes' users must be able to read the model.
+    for p in tmp.iterdir():
+        os.chmod(p, p.stat().st_mode | 0o644)
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(tmp, dest)

@@ -9,6 +9,7 @@ from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import Mode
 from verl_pipeline.paths import package_dir
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
+from verl_pipeline.trainer.scaling import nccl_env, uses_critic
 
 #: verl's recommended environment for every worker (see verl's runtime_env.yaml), plus tokenizers
 #: parallelism off: forked dataloader workers deadlock with it on.
@@ -37,7 +38,8 @@ class RenderedJob:
 
 
 def job_settings(
-    spec: RunSpec, *, train_files: str, val_files: str, model_path: str, critic_path: str | None = None
+    spec: RunSpec, *, train_files: str, val_files: str, model_path: str, critic_path: str | None = None,
+    reward_path: str | None = None,
 ) -> dict[str, Any]:
     """Every verl setting of the run: the profile's, then what the pipeline owns (paths, shape, logging)."""
     settings = dict(spec.verl)
@@ -59,12 +61,30 @@ def job_settings(
             "trainer.logger": ["console", "file"],
         }
     )
-    if settings.get("trainer.save_freq") in (None, -1):
+    if settings.get("trainer.save_freq") in (None, -1) or int(settings["trainer.save_freq"]) <= 0:
         # Retries resume from checkpoints, so a run must write some: at least one at the end.
         settings["trainer.save_freq"] = max(1, spec.total_training_steps)
-    if settings.get("algorithm.adv_estimator", "gae") == "gae" or settings.get("critic.enable"):
+    if uses_critic(settings):
         settings["critic.model.path"] = critic_path or model_path
+    if reward_path:
+        # The prefetched reward model; the model profile configures the rest of
+        # verl's reward.reward_model section (enable, rollout engine).
+        settings["reward.reward_model.model_path"] = reward_path
     return settings
+
+
+def pipeline_rules(spec: RunSpec, settings: dict[str, Any]) -> dict[str, str]:
+    """The rule behind every key the pipeline owns (added to the scaling rules in ``render``)."""
+    return {
+        "trainer.nnodes": f"{spec.nnodes} (cluster profile -> run profile -> DAG param nnodes)",
+        "trainer.n_gpus_per_node": f"{spec.n_gpus_per_node} (cluster profile -> run profile -> DAG param)",
+        "trainer.default_local_dir": f"{settings['trainer.default_local_dir']!r} — absolute, on shared storage "
+                                     "(checkpoints of this run)",
+        "trainer.resume_mode": "'auto' — a retried job resumes from the latest checkpoint",
+        "trainer.save_freq": f"{settings['trainer.save_freq']!r} — retries resume from checkpoints, so a run "
+                             "always saves (the profile's value, else once at the end)",
+        "trainer.logger": "['console', 'file'] — `file` writes $VERL_FILE_LOGGER_PATH, which the pipeline reads",
+    }
 
 
 def render_job(
@@ -75,18 +95,23 @@ def render_job(
     val_files: str,
     model_path: str,
     critic_path: str | None = None,
+    reward_path: str | None = None,
 ) -> RenderedJob:
     """The exact entrypoint and runtime_env that will be submitted for ``spec`` in ``mode``."""
     if mode is Mode.AUTO:
         raise ValueError("resolve Mode.AUTO against the cluster before rendering")
     settings = job_settings(spec, train_files=train_files, val_files=val_files, model_path=model_path,
-                            critic_path=critic_path)
+                            critic_path=critic_path, reward_path=reward_path)
     overrides = render_overrides(settings)
     if mode is Mode.TRAIN:
         command: tuple[str, ...] = spec.trainer_command
     else:
         command = (*PREFLIGHT_COMMAND, "--summary-path", str(spec.run_dir / "preflight.json"), "--")
     env = dict(BASE_ENV)
+    if spec.hardware is not None:
+        env.update(nccl_env(spec.hardware, debug=spec.nccl_debug))
+    elif spec.nccl_debug:
+        env["NCCL_DEBUG"] = "INFO"
     env["VERL_FILE_LOGGER_PATH"] = str(spec.metrics_path)
     env.update({str(k): str(v) for k, v in (spec.runtime.get("env") or {}).items()})
     runtime_env: dict[str, Any] = {"env_vars": env}
@@ -98,7 +123,7 @@ def render_job(
         overrides=overrides,
         runtime_env=runtime_env,
         settings=settings,
-        derived=dict(spec.derived),
+        derived={**spec.derived, **pipeline_rules(spec, settings)},
     )
 
 

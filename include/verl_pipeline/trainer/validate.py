@@ -5,19 +5,68 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
+import threading
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.exceptions import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-class VerlConfigError(PipelineError):
-    """verl rejected the configuration (composition or validation)."""
+class VerlConfigError(ConfigError):
+    """verl rejected the configuration (composition or validation).
+
+    A ConfigError: ``key`` is the verl key the message names (``verl`` when it names none), ``rule``
+    verl's own message, ``fix`` what would pass when the pattern is known.
+    """
+
+
+# verl's messages -> (key, fix). The key is taken from the message where verl names it.
+_KNOWN: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(r"real_train_batch_size \((\d+)\) must be divisible by minimal possible batch size \((\d+)\)"),
+     "data.train_batch_size", "data.train_batch_size x rollout.n a multiple of the GPU count"),
+    (re.compile(r"train_batch_size \((\d+)\) must be >= actor\.ppo_mini_batch_size"),
+     "actor_rollout_ref.actor.ppo_mini_batch_size", "a value <= data.train_batch_size"),
+    (re.compile(r"\[actor\] You have set both"),
+     "actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size=null"),
+    (re.compile(r"\[critic\] You have set both"),
+     "critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size=null"),
+    (re.compile(r"Invalid loss_agg_mode: (\S+)"),
+     "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.loss_agg_mode=token-mean"),
+    (re.compile(r"validation gen temperature should be greater than 0"),
+     "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.temperature=1.0"),
+    (re.compile(r"Could not override '([\w.]+)'"), "", "a key that exists in verl's ppo_trainer.yaml"),
+    (re.compile(r"Key '(\w+)' is not in struct.*full_key: ([\w.]+)", re.S), "", "a key that exists in verl's config"),
+)
+
+
+def _explain(message: str) -> tuple[str, str | None]:
+    for pattern, key, fix in _KNOWN:
+        m = pattern.search(message)
+        if m:
+            if not key:
+                key = m.group(m.lastindex or 1)
+            return key, fix
+    m = re.search(r"'((?:actor_rollout_ref|critic|data|trainer|algorithm)\.[\w.]+)'", message)
+    return (m.group(1), None) if m else ("verl", None)
+
+
+def _reject(stage: str, message: str, overrides: Sequence[str]) -> VerlConfigError:
+    message = " ".join(message.split())
+    key, fix = _explain(message)
+    value: Any = None
+    for o in overrides:
+        k, _, v = o.partition("=")
+        if k.lstrip("+") == key:
+            value = v
+    return VerlConfigError(key, value, f"verl {stage}: {message}",
+                           fix or "a value verl accepts for the key its message names (see verl's ppo_trainer.yaml)")
 
 
 @dataclass(frozen=True)
@@ -35,39 +84,66 @@ def verl_config_dir() -> Path:
     return Path(verl.__file__).parent / "trainer" / "config"
 
 
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _hydra() -> Iterator[None]:
+    """Hydra initialised on verl's config directory; reused when the caller already holds it."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        yield
+
+
+@contextlib.contextmanager
+def session() -> Iterator[None]:
+    """Keep Hydra initialised for many ``compose``/``validate`` calls (the matrix test, ``render``)."""
+    with _LOCK, _hydra():
+        yield
+
+
 def compose(overrides: Sequence[str], config_name: str = "ppo_trainer") -> Any:
     """verl's ``ppo_trainer.yaml`` with ``overrides`` applied, exactly as ``main_ppo`` composes it."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        with _hydra():
             return hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
-        raise VerlConfigError(f"verl could not compose the configuration: {e}") from None
+        raise _reject("could not compose the configuration", str(e), overrides) from None
 
 
 def validate(overrides: Sequence[str]) -> Validated:
-    """Compose and run verl's ``validate_config`` (which runs the actor/critic dataclass checks).
+    """Compose, then run verl's ``validate_config`` (actor and critic dataclass checks included) and
+    build verl's rollout dataclass (its ``__post_init__`` checks parallelism and engine settings).
 
     Validates for the shape in the overrides (``trainer.nnodes`` x ``trainer.n_gpus_per_node``),
     not for the machine this runs on.
     """
     t0 = time.monotonic()
     cfg = compose(overrides)
+    from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     try:
-        use_critic = bool(need_critic(cfg))
-        use_ref = bool(need_reference_policy(cfg))
-        # verl prints progress; keep it out of our stdout (the job log) unless it fails.
-        with contextlib.redirect_stdout(io.StringIO()):
+        # verl warns that GRPO disables the critic and prints progress: expected, and not for our log.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore", UserWarning)
+            use_critic = bool(need_critic(cfg))
+            use_ref = bool(need_reference_policy(cfg))
             validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
-    except (AssertionError, ValueError, TypeError, KeyError, OmegaConfBaseException) as e:
-        raise VerlConfigError(f"verl rejected the configuration: {e}") from None
+            omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    except (AssertionError, ValueError, TypeError, KeyError, RuntimeError, HydraException,
+            OmegaConfBaseException) as e:
+        raise _reject("rejected the configuration", str(e), overrides) from None
     n_gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     return Validated(cfg, use_critic, use_ref, n_gpus, round(time.monotonic() - t0, 2))

@@ -1,0 +1,39 @@
+"""The pipeline's Airflow Assets, defined in ONE place (producers' outlets and consumers' schedules).
+
+The preprocessed-data Asset of a profile is updated by whatever DAG (re)builds that profile's
+training data; retraining DAGs are scheduled on it (data-aware scheduling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_pipeline.paths import slug
+
+#: URI scheme of the pipeline's assets (a logical identity, not a storage location: the data itself is
+#: content-keyed under the pipeline home, at a path that changes with its content).
+ASSET_SCHEME = "verl-pipeline"
+
+
+def preprocessed_data_uri(profile: str) -> str:
+    """``verl-pipeline://preprocessed-data/<profile>``: the URI of a profile's preprocessed data."""
+    return f"{ASSET_SCHEME}://preprocessed-data/{slug(profile, 80)}"
+
+
+#: The AssetAlias a producing task declares as its outlet: the profile (and so the Asset) is only
+#: known at run time, from the DAG run's params.
+PREPROCESSED_DATA_ALIAS = "verl_pipeline_preprocessed_data"
+
+
+def preprocessed_data_alias() -> Any:
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=PREPROCESSED_DATA_ALIAS, group="verl-pipeline")
+
+
+def preprocessed_data_asset(profile: str) -> Any:
+    """The :class:`airflow.sdk.Asset` for a profile's preprocessed (verl parquet) data."""
+    from airflow.sdk import Asset
+
+    return Asset(name=f"verl_preprocessed_data__{slug(profile, 80).replace('-', '_')}",
+                 uri=preprocessed_data_uri(profile), group="verl-pipeline")

@@ -1,0 +1,179 @@
+"""Scheduled retraining: one DAG per profile that asks for it, built by :func:`build_retrain_dag`.
+
+A profile opts in with a ``retrain`` section::
+
+    retrain:
+      schedule: "0 3 * * 1"     # cron (UTC): weekly, Monday 03:00
+      on_data_update: true      # also run when the profile's preprocessed-data Asset is updated
+
+The DAG is the ``verl_ppo`` pipeline pinned to that profile plus ``publish_run``: after the job
+succeeded it records the run's manifest and moves ``latest/<profile>`` to it (see
+:mod:`verl_pipeline.runs`); a failed run records a ``failed`` manifest and leaves ``latest`` alone.
+Runs of one profile never overlap (``max_active_runs=1``) and missed intervals are not caught up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from verl_pipeline.airflow.operators import PREFETCH_TASK, PREPROCESS_TASK, SUBMIT_TASK, WAIT_TASK, spec_from_context
+from verl_pipeline.config import list_profiles, load_yaml_profile
+from verl_pipeline.exceptions import ConfigError, PipelineError
+from verl_pipeline.paths import slug
+
+PUBLISH_TASK = "publish_run"
+DAG_ID_PREFIX = "verl_retrain__"
+_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly")
+
+
+@dataclass(frozen=True)
+class RetrainSchedule:
+    profile: str
+    cron: str
+    on_data_update: bool = True
+
+    @property
+    def dag_id(self) -> str:
+        return f"{DAG_ID_PREFIX}{slug(self.profile, 80).replace('-', '_')}"
+
+
+def _check_cron(profile: str, cron: Any) -> str:
+    from croniter import croniter
+
+    key = f"profiles/{profile}.retrain.schedule"
+    if not isinstance(cron, str) or not cron.strip():
+        raise ConfigError(key, cron, "must be a cron expression", 'schedule: "0 3 * * 1" (weekly)')
+    cron = cron.strip()
+    if cron.startswith("@"):
+        if cron not in _PRESETS:
+            raise ConfigError(key, cron, "unknown cron preset", f"one of {list(_PRESETS)} or a 5-field cron")
+    elif len(cron.split()) != 5 or not croniter.is_valid(cron):
+        raise ConfigError(key, cron, "is not a valid 5-field cron expression", 'schedule: "0 3 * * 1"')
+    return cron
+
+
+def retrain_schedule(profile: str) -> RetrainSchedule | None:
+    """The profile's ``retrain`` section, validated; None when the profile does not ask for retraining."""
+    section = load_yaml_profile("profiles", profile).get("retrain")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ConfigError(f"profiles/{profile}.retrain", section, "must be a mapping",
+                          'retrain: {schedule: "0 3 * * 1", on_data_update: true}')
+    unknown = sorted(set(section) - {"schedule", "on_data_update"})
+    if unknown:
+        raise ConfigError(f"profiles/{profile}.retrain.{unknown[0]}", section[unknown[0]], "unknown key",
+                          "use schedule and on_data_update")
+    on_data = section.get("on_data_update", True)
+    if not isinstance(on_data, bool):
+        raise ConfigError(f"profiles/{profile}.retrain.on_data_update", on_data, "must be true or false",
+                          "on_data_update: true")
+    return RetrainSchedule(profile, _check_cron(profile, section.get("schedule")), on_data)
+
+
+def retrain_schedules() -> list[RetrainSchedule]:
+    """Every profile's retraining schedule (profiles without a ``retrain`` section are skipped)."""
+    out = []
+    for name in list_profiles():
+        sched = retrain_schedule(name)
+        if sched is not None:
+            out.append(sched)
+    return out
+
+
+class PublishRunOperator(BaseOperator):
+    """Record the run's manifest; on success move ``latest/<profile>`` to it. Runs whatever happened."""
+
+    ui_color = "#d5f5e3"
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline import runs
+
+        ti = context["ti"]
+        try:
+            spec = spec_from_context(context)
+        except PipelineError as e:
+            # Nothing ran (the run's own params/profiles are invalid): no run directory to record.
+            raise AirflowFailException(f"run not published, its spec is invalid: {e}") from e
+        waited = ti.xcom_pull(task_ids=WAIT_TASK)
+        ok = bool(waited) and waited.get("status") == "SUCCEEDED"
+        manifest = runs.record_run(
+            run_dir=spec.run_dir, run_key=spec.run_key, run_name=spec.run_name, profile=spec.profile,
+            status=runs.RunStatus.SUCCEEDED if ok else runs.RunStatus.FAILED,
+            checkpoint_dir=spec.checkpoint_dir,
+            data=ti.xcom_pull(task_ids=PREPROCESS_TASK), models=ti.xcom_pull(task_ids=PREFETCH_TASK),
+            submit=ti.xcom_pull(task_ids=SUBMIT_TASK),
+        )
+        if not ok:
+            kept = runs.latest_run(spec.storage_root, spec.profile)
+            raise AirflowFailException(f"run {spec.run_key} did not succeed: latest/{spec.profile} stays at {kept}")
+        previous = runs.promote(spec.storage_root, spec.profile, spec.run_dir)
+        self.log.info("latest/%s -> %s (previous good run kept: %s)", spec.profile, spec.run_dir, previous)
+        return {"run_dir": str(spec.run_dir), "manifest": manifest.to_dict(),
+                "latest": str(runs.latest_link(spec.storage_root, spec.profile)),
+                "previous": str(previous) if previous else None}
+
+
+def build_retrain_dag(sched: RetrainSchedule) -> Any:
+    """The retraining DAG of one profile (cron, or cron OR data update when ``on_data_update``)."""
+    from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, TriggerRule, chain
+
+    from verl_pipeline.airflow.assets import preprocessed_data_asset
+    from verl_pipeline.airflow.operators import (
+        PROVISION_TASK,
+        TEARDOWN_TASK,
+        PrefetchModelOperator,
+        PreprocessDataOperator,
+        ProvisionRayClusterOperator,
+        SubmitVerlJobOperator,
+        TeardownRayClusterOperator,
+        WaitForVerlJobOperator,
+    )
+    from verl_pipeline.airflow.params import build_params
+
+    timetable = CronTriggerTimetable(sched.cron, timezone="UTC")
+    schedule: Any = (AssetOrTimeSchedule(timetable=timetable, assets=[preprocessed_data_asset(sched.profile)])
+                     if sched.on_data_update else timetable)
+    params = build_params()
+    params["profile"] = Param(sched.profile, type="string", enum=[sched.profile],
+                              description="This retraining DAG's profile (fixed).")
+    doc = (f"### Scheduled retraining of `{sched.profile}`\n\nRuns on `{sched.cron}` (UTC)"
+           + (f" and whenever the asset `{preprocessed_data_asset(sched.profile).uri}` is updated" if
+              sched.on_data_update else "")
+           + ". Each run writes its own versioned run directory; `latest/" + sched.profile
+           + "` moves to a run only when it succeeded.")
+    with DAG(
+        dag_id=sched.dag_id,
+        description=f"Scheduled verl retraining of profile {sched.profile}",
+        doc_md=doc,
+        schedule=schedule,
+        catchup=False,
+        max_active_runs=1,
+        tags=["verl", "ray", "rl", "retrain"],
+        params=params,
+        default_args={
+            "owner": "ml-platform",
+            "retries": 2,
+            "retry_delay": timedelta(seconds=20),
+            "retry_exponential_backoff": True,
+            "max_retry_delay": timedelta(minutes=10),
+        },
+    ) as dag:
+        provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
+        # No outlet here: this DAG consumes the preprocessed-data Asset, it must not re-trigger itself.
+        preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK, emit_asset=False)
+        prefetch = PrefetchModelOperator(task_id=PREFETCH_TASK)
+        submit = SubmitVerlJobOperator(task_id=SUBMIT_TASK)
+        wait = WaitForVerlJobOperator(task_id=WAIT_TASK)
+        publish = PublishRunOperator(task_id=PUBLISH_TASK, trigger_rule=TriggerRule.ALL_DONE, retries=1,
+                                     retry_delay=timedelta(seconds=5))
+        teardown = TeardownRayClusterOperator(task_id=TEARDOWN_TASK, retries=1, retry_delay=timedelta(seconds=5))
+        chain(provision, preprocess, prefetch, submit, wait, publish, teardown)
+        teardown.as_teardown(setups=provision)
+        teardown.trigger_rule = TriggerRule.ALL_DONE
+    return dag

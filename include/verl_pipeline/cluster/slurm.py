@@ -1,0 +1,590 @@
+"""A Ray cluster inside a Slurm allocation, started by an sbatch script the pipeline renders.
+
+The script follows verl's multi-node practice: the head on the first host of
+``scontrol show hostnames $SLURM_JOB_NODELIST`` (its IP resolved on that host), workers with
+``srun --overlap`` on the other hosts, ``--num-cpus/--num-gpus`` from the Slurm variables. Once
+every node is started it publishes the head address as a JSON file on shared storage and holds
+the allocation until ``scancel``. The script is saved in the run directory and logged.
+
+Provision = cancel a leftover allocation of the same run, ``sbatch``, wait for RUNNING, read the
+published head address, then the readiness gate every backend shares. Teardown = ``scancel`` and
+confirm the job left the queue. A provision after a failure always gets a fresh allocation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, ClusterStatus, probe, wait_ready
+from verl_pipeline.exceptions import ClusterError, ConfigError
+from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+SCRIPT_NAME = "ray-cluster.sbatch"
+STATE_FILE = "slurm-job.json"
+#: Per-node ports, as offsets from the node's port base (``port_base + port_stride * node_index``).
+NODE_PORT_OFFSETS = {
+    "--node-manager-port": 0,
+    "--object-manager-port": 1,
+    "--dashboard-agent-listen-port": 2,
+    "--dashboard-agent-grpc-port": 3,
+    "--metrics-export-port": 4,
+    "--runtime-env-agent-port": 5,
+}
+WORKER_PORT_OFFSET = 10
+WORKER_PORT_SPAN = 80
+#: Slurm job states after which the allocation is gone for good.
+TERMINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"}
+#: Pending reasons that never resolve by waiting: fail at once instead of waiting out pending_timeout_s.
+HOPELESS_REASONS = {"PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "PartitionDown", "AccountNotAllowed",
+                    "InvalidAccount", "InvalidQOS", "QOSMaxNodePerJobLimit", "QOSMaxGRESPerJob", "BadConstraints",
+                    "ReqNodeNotAvail", "JobHeldAdmin", "DependencyNeverSatisfied"}
+_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
+_NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTAINER_RUNTIMES = ("apptainer", "enroot", "docker")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One look at a Slurm job (``scontrol show job -o``); ``state`` is ``GONE`` once Slurm forgot it."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    exit_code: str = ""
+    nodes: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES or self.state == "GONE"
+
+    def describe(self) -> str:
+        text = f"Slurm job {self.job_id} is {self.state}"
+        if self.reason and self.reason != "None":
+            text += f" (reason: {self.reason})"
+        if self.exit_code and self.exit_code != "0:0":
+            text += f", exit code {self.exit_code}"
+        return text
+
+
+def parse_scontrol_job(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one ``scontrol show job -o`` line (values may contain spaces only in Command)."""
+    out: dict[str, str] = {}
+    for m in re.finditer(r"(\w[\w/:]*)=(\S*)", text):
+        out.setdefault(m.group(1), m.group(2))
+    return out
+
+
+@dataclass(frozen=True)
+class Container:
+    runtime: str
+    image: str
+    mounts: tuple[str, ...] = ()
+    shm_size: str = "64g"
+
+    def wrap(self, name: str) -> list[str]:
+        """The command prefix that runs a Ray node inside the container with host networking."""
+        if self.runtime == "apptainer":
+            # Apptainer shares the host network and /dev/shm by default.
+            cmd = ["apptainer", "exec", "--nv"]
+            for m in self.mounts:
+                cmd += ["--bind", m]
+            return [*cmd, self.image]
+        if self.runtime == "docker":
+            cmd = ["docker", "run", "--rm", f"--name={name}", "--network=host", "--ipc=host",
+                   f"--shm-size={self.shm_size}", "--gpus=all"]
+            for m in self.mounts:
+                cmd += ["-v", m]
+            return [*cmd, self.image]
+        # enroot through Slurm's pyxis plugin: container flags go to srun itself.
+        flags = [f"--container-image={self.image}"]
+        if self.mounts:
+            flags.append(f"--container-mounts={','.join(self.mounts)}")
+        return flags
+
+
+@dataclass(frozen=True)
+class SlurmBackend(ClusterBackend):
+    """Settings of the ``slurm`` cluster profile (see configs/clusters/slurm-*.yaml)."""
+
+    nodes: int = 1
+    cpus_per_node: int = 8
+    gpus_per_node: int = 0
+    time_limit: str = "04:00:00"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    mem: str | None = None
+    extra_sbatch: tuple[str, ...] = ()
+    container: Container | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    dashboard_host: str = "0.0.0.0"
+    gcs_port: int = 6379
+    dashboard_port: int = 8265
+    client_server_port: int = 10001
+    port_base: int = 30000
+    port_stride: int = 0
+    object_store_memory_mb: int | None = None
+    temp_dir: str | None = None
+    shared_dir: str | None = None
+    slurm_conf: str | None = None
+    slurm_bin: str | None = None
+    pending_timeout_s: float = 900.0
+    ready_timeout_s: float = 600.0
+    cancel_timeout_s: float = 120.0
+    poll_s: float = 2.0
+    #: Set by :meth:`for_run`: the run directory the script, logs and head address go to.
+    run_dir: str | None = None
+    kind: str = "slurm"
+
+    KNOWN = ("nodes", "cpus_per_node", "gpus_per_node", "time", "partition", "account", "qos", "mem",
+             "extra_sbatch", "container", "env", "python", "dashboard_host", "gcs_port", "dashboard_port",
+             "client_server_port", "port_base", "port_stride", "object_store_memory_mb", "temp_dir", "shared_dir",
+             "slurm_conf", "slurm_bin", "pending_timeout_s", "ready_timeout_s", "cancel_timeout_s", "poll_s")
+
+    # -- configuration -----------------------------------------------------------------------------
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> SlurmBackend:
+        for key in spec:
+            if key != "backend" and key not in cls.KNOWN:
+                raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the slurm backend",
+                                  f"use one of {sorted(cls.KNOWN)}")
+
+        def integer(key: str, default: int, lo: int, hi: int) -> int:
+            value = spec.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise ConfigError(f"cluster.{key}", value, f"must be an integer between {lo} and {hi}",
+                                  f"{key}: {default}")
+            return value
+
+        def text(key: str, default: str | None = None, pattern: re.Pattern[str] = _NAME) -> str | None:
+            value = spec.get(key, default)
+            if value is None:
+                return None
+            if not isinstance(value, str | int) or not pattern.match(str(value)):
+                raise ConfigError(f"cluster.{key}", value, f"must match {pattern.pattern}", f"{key}: <name>")
+            return str(value)
+
+        def seconds(key: str, default: float) -> float:
+            value = spec.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"cluster.{key}", value, "must be a positive number of seconds", f"{key}: {default}")
+            return float(value)
+
+        def port(key: str, default: int, allow_zero: bool = False) -> int:
+            value = spec.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or not (
+                1024 <= value <= 65535 or (allow_zero and value == 0)
+            ):
+                rule = ("must be 0 (pick free ports at submit time) or 1024-65535" if allow_zero
+                        else "must be 1024-65535")
+                raise ConfigError(f"cluster.{key}", value, rule, f"{key}: {default}")
+            return value
+
+        extra = spec.get("extra_sbatch") or []
+        if not isinstance(extra, list) or not all(isinstance(a, str) and a.startswith("--") and "\n" not in a
+                                                  for a in extra):
+            raise ConfigError("cluster.extra_sbatch", extra, "must be a list of sbatch options starting with --",
+                              "extra_sbatch: ['--exclusive']")
+        env = spec.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_KEY.match(k) for k in env):
+            raise ConfigError("cluster.env", env, "must map environment variable names to values",
+                              "env: {NCCL_IB_HCA: mlx5, NCCL_SOCKET_IFNAME: ib0}")
+        container = None
+        c = spec.get("container")
+        if c:
+            if not isinstance(c, dict) or c.get("runtime") not in CONTAINER_RUNTIMES or not c.get("image"):
+                raise ConfigError("cluster.container", c, f"needs runtime ({'/'.join(CONTAINER_RUNTIMES)}) and image",
+                                  "container: {runtime: apptainer, image: /shared/images/verl.sif}")
+            unknown = set(c) - {"runtime", "image", "mounts", "shm_size"}
+            if unknown:
+                raise ConfigError(f"cluster.container.{sorted(unknown)[0]}", c[sorted(unknown)[0]],
+                                  "unknown container setting", "use runtime, image, mounts, shm_size")
+            mounts = c.get("mounts") or []
+            if not isinstance(mounts, list) or not all(isinstance(m, str) and ":" in m for m in mounts):
+                raise ConfigError("cluster.container.mounts", mounts, "must be a list of host:container paths",
+                                  "mounts: ['/shared:/shared']")
+            shm = str(c.get("shm_size", "64g"))
+            if not re.fullmatch(r"\d+[kmgKMG]?", shm):
+                raise ConfigError("cluster.container.shm_size", shm, "must be a size like 64g", "shm_size: 64g")
+            container = Container(str(c["runtime"]), str(c["image"]), tuple(mounts), shm)
+        python = spec.get("python")
+        if python is not None and not Path(str(python)).is_absolute():
+            raise ConfigError("cluster.python", python, "must be an absolute path to the nodes' python",
+                              "python: /opt/verl/.venv/bin/python (null = the submitting environment's)")
+        for key in ("temp_dir", "shared_dir", "slurm_conf", "slurm_bin"):
+            value = spec.get(key)
+            if value is not None and not Path(str(value)).expanduser().is_absolute():
+                raise ConfigError(f"cluster.{key}", value, "must be an absolute path", f"{key}: /shared/...")
+        time_limit = str(spec.get("time", "04:00:00"))
+        if not _TIME.match(time_limit):
+            raise ConfigError("cluster.time", time_limit, "is not a Slurm time limit",
+                              "time: '1-00:00:00' or '04:00:00'")
+        dash_host = str(spec.get("dashboard_host", "0.0.0.0"))
+        if not re.fullmatch(r"[0-9.]+|[A-Za-z0-9.\-]+", dash_host):
+            raise ConfigError("cluster.dashboard_host", dash_host, "must be an address", "dashboard_host: 0.0.0.0")
+        osm = spec.get("object_store_memory_mb")
+        if osm is not None and (not isinstance(osm, int) or osm < 80):
+            raise ConfigError("cluster.object_store_memory_mb", osm, "Ray needs at least 80 MB", "null or 4096")
+        b = cls(
+            nodes=integer("nodes", 1, 1, 4096),
+            cpus_per_node=integer("cpus_per_node", 8, 1, 4096),
+            gpus_per_node=integer("gpus_per_node", 0, 0, 16),
+            time_limit=time_limit,
+            partition=text("partition"),
+            account=text("account"),
+            qos=text("qos"),
+            mem=text("mem", pattern=re.compile(r"^\d+[KMGT]?$")),
+            extra_sbatch=tuple(extra),
+            container=container,
+            env={str(k): str(v) for k, v in env.items()},
+            python=str(python) if python else None,
+            dashboard_host=dash_host,
+            gcs_port=port("gcs_port", 6379),
+            dashboard_port=port("dashboard_port", 8265),
+            client_server_port=port("client_server_port", 10001),
+            port_base=port("port_base", 30000, allow_zero=True),
+            port_stride=integer("port_stride", 0, 0, 10000),
+            object_store_memory_mb=osm,
+            temp_dir=spec.get("temp_dir"),
+            shared_dir=spec.get("shared_dir"),
+            slurm_conf=spec.get("slurm_conf"),
+            slurm_bin=spec.get("slurm_bin"),
+            pending_timeout_s=seconds("pending_timeout_s", 900),
+            ready_timeout_s=seconds("ready_timeout_s", 600),
+            cancel_timeout_s=seconds("cancel_timeout_s", 120),
+            poll_s=seconds("poll_s", 2),
+        )
+        if 0 < b.port_stride < WORKER_PORT_OFFSET + WORKER_PORT_SPAN:
+            raise ConfigError("cluster.port_stride", b.port_stride,
+                              f"nodes sharing a host need at least {WORKER_PORT_OFFSET + WORKER_PORT_SPAN} ports each",
+                              f"port_stride: 0 (one node per host) or {WORKER_PORT_OFFSET + WORKER_PORT_SPAN}")
+        return b
+
+    def for_run(self, run_dir: Path) -> SlurmBackend:
+        return replace(self, run_dir=str(run_dir))
+
+    # -- names and places ------------------------------------------------------------------------
+    def job_name(self, name: str) -> str:
+        return f"vp-{slug(name, 24)}-{short_hash(name, length=8)}"
+
+    def workdir_for(self, name: str) -> Path:
+        """Where the script, Slurm's output and the published head address go (shared storage).
+
+        The run directory when the backend is bound to a run (storage root must be shared),
+        else ``shared_dir``, else the pipeline home.
+        """
+        if self.run_dir:
+            return Path(self.run_dir) / "slurm"
+        if self.shared_dir:
+            return Path(self.shared_dir).expanduser() / self.job_name(name)
+        return pipeline_home() / "slurm" / self.job_name(name)
+
+    def temp_dir_for(self, name: str) -> str:
+        # Short: Ray puts unix sockets under it (107-byte limit).
+        return self.temp_dir or f"/tmp/vps-{short_hash(name, length=10)}"
+
+    def python_for_nodes(self) -> str:
+        return self.python or sys.executable
+
+    # -- the sbatch script -----------------------------------------------------------------------
+    def render_script(self, name: str, *, port_base: int | None = None) -> str:
+        """The sbatch script for run ``name`` (pure: no I/O)."""
+        q = shlex.quote
+        workdir = self.workdir_for(name)
+        base = self.port_base if port_base is None else port_base
+        py = self.python_for_nodes()
+        ray = str(Path(py).parent / "ray")
+        lines = [
+            "#!/bin/bash",
+            "# Rendered by verl-pipeline: a Ray cluster held for the run until `scancel`.",
+            f"#SBATCH --job-name={self.job_name(name)}",
+            f"#SBATCH --nodes={self.nodes}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --cpus-per-task={self.cpus_per_node}",
+            f"#SBATCH --time={self.time_limit}",
+            f"#SBATCH --output={workdir}/slurm-%j.out",
+            f"#SBATCH --chdir={workdir}",
+        ]
+        if self.gpus_per_node:
+            lines.append(f"#SBATCH --gpus-per-node={self.gpus_per_node}")
+        for flag, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos),
+                            ("mem", self.mem)):
+            if value:
+                lines.append(f"#SBATCH --{flag}={value}")
+        lines += [f"#SBATCH {arg}" for arg in self.extra_sbatch]
+        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+        lines += ["", "set -uo pipefail", "unset RAY_ADDRESS"]
+        lines += [f"export {k}={q(v)}" for k, v in env.items()]
+        lines += [
+            f"PY={q(py)}",
+            f"RAY={q(ray)}",
+            # Job entrypoints run `python …` through a shell on the head: make it this environment's.
+            'export PATH="$(dirname "$PY"):$PATH"',
+            f"WORKDIR={q(str(workdir))}",
+            f"TEMP_DIR={q(self.temp_dir_for(name))}",
+            f"GCS_PORT={self.gcs_port}",
+            f"DASHBOARD_PORT={self.dashboard_port}",
+            f"PORT_BASE={base}",
+            f"PORT_STRIDE={self.port_stride}",
+            "",
+            'echo "verl-pipeline: Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
+            'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+            'HEAD=${NODES[0]}',
+            "# The head's address, resolved on the head host (never guessed from the node name).",
+            'HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname -I 2>/dev/null | awk \'{print $1}\')',
+            'if [ -z "$HEAD_IP" ]; then',
+            '  HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname --ip-address | awk \'{print $1}\')',
+            "fi",
+            'if [ -z "$HEAD_IP" ]; then echo "verl-pipeline: cannot resolve the IP of $HEAD" >&2; exit 3; fi',
+            'CPUS=${SLURM_CPUS_PER_TASK:-' + str(self.cpus_per_node) + '}',
+            'GPUS=${SLURM_GPUS_PER_NODE:-0}; GPUS=${GPUS##*:}',
+            'node_ports() {  # distinct ports per node when several nodes share a host (port_stride > 0)',
+            '  local b=$((PORT_BASE + PORT_STRIDE * $1))',
+            "  echo " + " ".join(f"{flag}=$((b + {off}))" for flag, off in NODE_PORT_OFFSETS.items())
+            + f" --min-worker-port=$((b + {WORKER_PORT_OFFSET}))"
+            + f" --max-worker-port=$((b + {WORKER_PORT_OFFSET + WORKER_PORT_SPAN - 1}))",
+            "}",
+        ]
+        osm = (f" --object-store-memory={self.object_store_memory_mb * 1024 * 1024}"
+               if self.object_store_memory_mb else "")
+        common = f'--block --disable-usage-stats --num-cpus="$CPUS" --num-gpus="$GPUS"{osm}'
+        srun = "srun --overlap --nodes=1 --ntasks=1 --kill-on-bad-exit=1"
+        if self.container and self.container.runtime == "enroot":
+            srun += " " + " ".join(q(a) for a in self.container.wrap(""))
+        wrap = ""
+        if self.container and self.container.runtime != "enroot":
+            wrap = " ".join(q(a) for a in self.container.wrap(f"vp-ray-{short_hash(name, length=8)}")) + " "
+        lines += [
+            'echo "verl-pipeline: Ray head on $HEAD ($HEAD_IP), workers on ${NODES[*]:1}"',
+            f'{srun} -w "$HEAD" {wrap}"$RAY" start --head --node-ip-address="$HEAD_IP" --port="$GCS_PORT" \\',
+            f'  --dashboard-host={q(self.dashboard_host)} --dashboard-port="$DASHBOARD_PORT" '
+            f'--ray-client-server-port={self.client_server_port} \\',
+            f'  --temp-dir="$TEMP_DIR" {common} $(node_ports 0) &',
+            "PIDS=($!)",
+            "# Workers join once the head's GCS accepts connections.",
+            "for _ in $(seq 1 300); do",
+            '  (exec 3<>"/dev/tcp/$HEAD_IP/$GCS_PORT") 2>/dev/null && break',
+            '  kill -0 "${PIDS[0]}" 2>/dev/null || { echo "verl-pipeline: the Ray head exited" >&2; exit 4; }',
+            "  sleep 1",
+            "done",
+            'for ((i = 1; i < ${#NODES[@]}; i++)); do',
+            f'  {srun} -w "${{NODES[$i]}}" {wrap}"$RAY" start --address="$HEAD_IP:$GCS_PORT" \\',
+            f'    {common} $(node_ports "$i") &',
+            "  PIDS+=($!)",
+            "done",
+        ]
+        url_host = '"$HEAD_IP"' if self.dashboard_host in ("0.0.0.0", "::") else q(self.dashboard_host)
+        lines += [
+            "# Publish the head address on shared storage (atomically) for the pipeline to read.",
+            f"DASH_HOST={url_host}",
+            'HEAD_FILE="$WORKDIR/head-$SLURM_JOB_ID.json"',
+            'printf \'{"job_id": "%s", "head_node": "%s", "head_ip": "%s", "gcs_address": "%s:%s", '
+            '"dashboard_url": "http://%s:%s", "nodes": %s}\\n\' \\',
+            '  "$SLURM_JOB_ID" "$HEAD" "$HEAD_IP" "$HEAD_IP" "$GCS_PORT" "$DASH_HOST" "$DASHBOARD_PORT" '
+            '"${#NODES[@]}" > "$HEAD_FILE.tmp"',
+            'mv "$HEAD_FILE.tmp" "$HEAD_FILE"',
+            "# Hold the allocation until teardown (scancel); if any Ray node exits, release it.",
+            "wait -n",
+            'echo "verl-pipeline: a Ray node exited: releasing the allocation" >&2',
+            "exit 5",
+            "",
+        ]
+        return "\n".join(lines)
+
+    # -- Slurm commands --------------------------------------------------------------------------
+    def _cmd(self, name: str) -> str:
+        if self.slurm_bin:
+            return str(Path(self.slurm_bin) / name)
+        found = shutil.which(name)
+        if not found:
+            raise ClusterError(f"the Slurm command `{name}` is not installed on this machine (install slurm-client "
+                               "or set cluster.slurm_bin)")
+        return found
+
+    def _run(self, args: list[str], *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        proc = subprocess.run([self._cmd(args[0]), *args[1:]], capture_output=True, text=True, env=env,
+                              timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"`{' '.join(args)}` failed (exit {proc.returncode}): "
+                               f"{(proc.stderr or proc.stdout).strip()}")
+        return proc
+
+    def job(self, job_id: str) -> SlurmJob:
+        proc = self._run(["scontrol", "show", "job", "-o", job_id], check=False)
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:
+                return SlurmJob(job_id, "GONE", "no longer known to Slurm")
+            raise ClusterError(f"`scontrol show job {job_id}` failed: {proc.stderr.strip()}")
+        info = parse_scontrol_job(proc.stdout)
+        return SlurmJob(job_id, info.get("JobState", "UNKNOWN"), info.get("Reason", ""), info.get("ExitCode", ""),
+                        info.get("NodeList", ""))
+
+    def jobs_named(self, job_name: str) -> list[str]:
+        proc = self._run(["squeue", "-h", f"--name={job_name}", "-o", "%i"])
+        return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def provision(self, name: str) -> ClusterHandle:
+        workdir = self.workdir_for(name)
+        job_name = self.job_name(name)
+        # A retry (e.g. after a node failure) gets a fresh allocation: release any earlier one first.
+        for old in self.jobs_named(job_name):
+            log.warning("Cancelling Slurm job %s left by an earlier attempt of %s", old, name)
+            self._cancel_and_confirm(old)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for stale in workdir.glob("head-*.json"):
+            # An address published by an earlier allocation must never be mistaken for this one's.
+            stale.unlink()
+        from verl_pipeline.cluster.local import _free_range
+
+        base = self.port_base or _free_range(self.port_stride * self.nodes + WORKER_PORT_OFFSET + WORKER_PORT_SPAN)
+        script = self.render_script(name, port_base=base)
+        script_path = workdir / SCRIPT_NAME
+        with atomic_path(script_path) as tmp:
+            tmp.write_text(script)
+        log.info("sbatch script %s:\n%s", script_path, script)
+        out = self._run(["sbatch", "--parsable", str(script_path)]).stdout.strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise ClusterError(f"sbatch printed no job id: {out!r}")
+        log.info("Submitted Slurm job %s (%s): %d node(s) x %d CPU / %d GPU", job_id, job_name, self.nodes,
+                 self.cpus_per_node, self.gpus_per_node)
+        handle = ClusterHandle(
+            backend=self.kind, name=name, dashboard_url="", owned=True, auth_mode="disabled",
+            expected_nodes=self.nodes, expected_cpus=self.nodes * self.cpus_per_node,
+            expected_gpus=self.nodes * self.gpus_per_node,
+            extra={"job_id": job_id, "job_name": job_name, "workdir": str(workdir), "script": str(script_path),
+                   "output": str(workdir / f"slurm-{job_id}.out"), "slurm_conf": self.slurm_conf,
+                   "slurm_bin": self.slurm_bin, "cancel_timeout_s": self.cancel_timeout_s,
+                   "temp_dir": self.temp_dir_for(name)},
+        )
+        write_json_atomic(workdir / STATE_FILE, handle.to_dict())
+        try:
+            self._wait_running(handle)
+            head = self._wait_head_file(handle)
+            handle.dashboard_url = str(head["dashboard_url"])
+            handle.gcs_address = str(head["gcs_address"])
+            handle.extra["head_node"] = head.get("head_node")
+            handle.extra["head_ip"] = head.get("head_ip")
+            write_json_atomic(workdir / STATE_FILE, handle.to_dict())
+
+            def still_starting() -> None:
+                job = self.job(job_id)
+                if job.state != "RUNNING":
+                    raise ClusterError(f"{job.describe()} before Ray was ready. {self._output_tail(handle)}")
+
+            wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting, poll_s=self.poll_s)
+        except BaseException:
+            self.teardown(handle)
+            raise
+        return handle
+
+    def _output_tail(self, handle: ClusterHandle, chars: int = 1500) -> str:
+        path = Path(handle.extra.get("output", ""))
+        if path.is_file():
+            return f"Last output of the job ({path}):\n{path.read_text(errors='replace')[-chars:]}"
+        return f"The job wrote no output at {path}."
+
+    def _wait_running(self, handle: ClusterHandle) -> None:
+        job_id = handle.extra["job_id"]
+        deadline = time.monotonic() + self.pending_timeout_s
+        while True:
+            job = self.job(job_id)
+            if job.state == "RUNNING":
+                log.info("Slurm job %s is RUNNING on %s", job_id, job.nodes)
+                return
+            if job.terminal:
+                raise ClusterError(f"{job.describe()}: the allocation failed before Ray started. "
+                                   f"{self._output_tail(handle)}")
+            if job.reason.split(",")[0] in HOPELESS_REASONS:
+                raise ClusterError(f"{job.describe()}: Slurm can never start this allocation as requested "
+                                   "(check cluster.nodes/cpus_per_node/gpus_per_node/time/partition/account "
+                                   "against `sinfo` and your site's limits)")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{job.describe()} after {self.pending_timeout_s:.0f}s: gave up waiting for the "
+                                   "allocation (raise cluster.pending_timeout_s, or pick another partition/size)")
+            time.sleep(self.poll_s)
+
+    def _wait_head_file(self, handle: ClusterHandle) -> dict[str, Any]:
+        job_id = handle.extra["job_id"]
+        path = Path(handle.extra["workdir"]) / f"head-{job_id}.json"
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if path.is_file():
+                data: dict[str, Any] = json.loads(path.read_text())
+                log.info("Slurm job %s published its Ray head: %s (dashboard %s)", job_id, data.get("head_ip"),
+                         data.get("dashboard_url"))
+                return data
+            job = self.job(job_id)
+            if job.state != "RUNNING":
+                raise ClusterError(f"{job.describe()} before it published the Ray head address. "
+                                   f"{self._output_tail(handle)}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Slurm job {job_id} published no Ray head address at {path} within "
+                                   f"{self.ready_timeout_s:.0f}s. {self._output_tail(handle)}")
+            time.sleep(self.poll_s / 2)
+
+    def _cancel_and_confirm(self, job_id: str, timeout_s: float | None = None) -> SlurmJob:
+        timeout_s = self.cancel_timeout_s if timeout_s is None else timeout_s
+        self._run(["scancel", job_id], check=False)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.job(job_id)
+            # COMPLETING (CG) is terminal for the scheduler but the nodes still run its processes.
+            if job.terminal and "COMPLETING" not in job.state:
+                in_queue = self._run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
+                if not in_queue or in_queue in TERMINAL_STATES:
+                    return job
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{job.describe()}: still in the queue {timeout_s:.0f}s after scancel")
+            time.sleep(0.5)
+
+    def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
+        b = replace(self, slurm_conf=handle.extra.get("slurm_conf") or self.slurm_conf,
+                    slurm_bin=handle.extra.get("slurm_bin") or self.slurm_bin,
+                    cancel_timeout_s=float(handle.extra.get("cancel_timeout_s") or self.cancel_timeout_s))
+        job_id = str(handle.extra.get("job_id") or "")
+        if not job_id:
+            return {"slurm_job_id": None, "stopped_processes": 0}
+        t0 = time.monotonic()
+        before = b.job(job_id)
+        final = b._cancel_and_confirm(job_id)
+        log.info("Slurm job %s (%s) was %s; after scancel: %s in %.1fs", job_id, handle.name, before.state,
+                 final.state, time.monotonic() - t0)
+        state = Path(str(handle.extra.get("workdir", ""))) / STATE_FILE
+        if state.is_file():
+            os.replace(state, state.with_name("slurm-job.stopped.json"))
+        return {"slurm_job_id": job_id, "state_before": before.state, "reason_before": before.reason,
+                "final_state": final.state, "seconds": round(time.monotonic() - t0, 2)}
+
+    def health(self, handle: ClusterHandle) -> ClusterHealth:
+        """Whether the allocation still runs, with the Slurm state and reason when it does not."""
+        b = replace(self, slurm_conf=handle.extra.get("slurm_conf") or self.slurm_conf,
+                    slurm_bin=handle.extra.get("slurm_bin") or self.slurm_bin)
+        job = b.job(str(handle.extra.get("job_id")))
+        if job.state != "RUNNING":
+            return ClusterHealth(False, job.state, job.describe(), infrastructure=True)
+        return ClusterHealth(True, job.state, job.describe())
+
+    def status(self, handle: ClusterHandle) -> ClusterStatus:
+        st = probe(handle.client())
+        return replace(st, detail=f"{st.detail}; {self.health(handle).detail}")

@@ -1,0 +1,166 @@
+"""Recipes: how raw records become verl rows (prompt, ground truth, data_source), from ``configs/recipes``.
+
+A recipe is a YAML file (``gsm8k``, ``math``, ``generic``) whose keys any data option of the same
+name replaces, so a user's own data needs no code: a prompt column or template, an answer column
+and an extraction rule, the ``data_source`` verl scores, optional system prompt and instruction.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.paths import configs_dir
+
+EXTRACTIONS = ("gsm8k", "boxed", "regex", "column")
+#: Keys of a recipe that data options may replace.
+RECIPE_KEYS = ("data_source", "ability", "prompt_column", "prompt_template", "answer_column", "answer_extraction",
+               "answer_regex", "instruction", "system_prompt", "extra_columns", "check_solution",
+               "custom_reward_path", "custom_reward_name")
+GSM8K_PATTERN = r"####\s*(?P<answer>-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$"
+_GSM8K = re.compile(GSM8K_PATTERN)
+
+
+def list_recipes() -> list[str]:
+    folder = configs_dir() / "recipes"
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    data_source: str
+    ability: str
+    prompt_column: str | None
+    prompt_template: str | None
+    answer_column: str
+    answer_extraction: str
+    answer_regex: str | None = None
+    instruction: str | None = None
+    system_prompt: str | None = None
+    extra_columns: tuple[str, ...] = field(default_factory=tuple)
+    check_solution: str = "{ground_truth}"
+    custom_reward_path: str | None = None
+    custom_reward_name: str = "compute_score"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["extra_columns"] = list(self.extra_columns)
+        return d
+
+    @property
+    def template_fields(self) -> list[str]:
+        """Columns the prompt is made of (the template's fields, or the prompt column)."""
+        if self.prompt_template is not None:
+            return [f for _, f, _, _ in string.Formatter().parse(self.prompt_template) if f is not None]
+        return [str(self.prompt_column)]
+
+    @property
+    def input_columns(self) -> list[str]:
+        """Every source column this recipe reads, in a stable order without repeats."""
+        cols = [*self.template_fields, self.answer_column, *self.extra_columns]
+        return list(dict.fromkeys(cols))
+
+
+def load_recipe(name: str, options: dict[str, Any]) -> Recipe:
+    """The recipe ``name`` from ``configs/recipes`` with ``options`` (same keys) applied, validated."""
+    import yaml
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise ConfigError("data.recipe", name, "is not a recipe name", f"one of {list_recipes()}")
+    path = configs_dir() / "recipes" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError("data.recipe", name, f"no such recipe in {path.parent}", f"one of {list_recipes()}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), type(raw).__name__, "a recipe must be a YAML mapping")
+    raw.pop("description", None)
+    unknown = sorted(set(raw) - set(RECIPE_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}:{unknown[0]}", raw[unknown[0]], "unknown recipe key", f"one of {RECIPE_KEYS}")
+    merged = {**raw, **{k: v for k, v in options.items() if k in RECIPE_KEYS}}
+    if merged.get("prompt_template") is not None:
+        merged["prompt_column"] = None if "prompt_column" not in options else merged["prompt_column"]
+    for key in ("data_source", "ability", "answer_column"):
+        if not isinstance(merged.get(key), str) or not merged[key].strip():
+            raise ConfigError(f"data.{key}", merged.get(key), "must be a non-empty string", f"data.{key}: <value>")
+    extraction = merged.get("answer_extraction", "column")
+    if extraction not in EXTRACTIONS:
+        raise ConfigError("data.answer_extraction", extraction, "unknown extraction", f"one of {list(EXTRACTIONS)}")
+    template, column = merged.get("prompt_template"), merged.get("prompt_column")
+    if (template is None) == (column is None):
+        raise ConfigError("data.prompt_column", column, "set exactly one of prompt_column and prompt_template",
+                          "prompt_column: question  or  prompt_template: '{title}\\n{body}'")
+    if template is not None:
+        try:
+            fields = [f for _, f, spec, conv in string.Formatter().parse(str(template)) if f is not None]
+        except ValueError as e:
+            raise ConfigError("data.prompt_template", template, f"is not a valid template ({e})",
+                              "'{question}' with {{ and }} for literal braces") from None
+        if not fields or any(not f or not re.fullmatch(r"[\w.\- ]+", f) for f in fields):
+            raise ConfigError("data.prompt_template", template, "needs one or more {column} fields, plain names only",
+                              "'{question}\\n\\nContext: {context}'")
+    regex = merged.get("answer_regex")
+    if extraction == "regex":
+        if not isinstance(regex, str) or not regex:
+            raise ConfigError("data.answer_regex", regex, "is required when answer_extraction is regex",
+                              "answer_regex: 'Answer: (?P<answer>.+)$'")
+        try:
+            compiled = re.compile(regex)
+        except re.error as e:
+            raise ConfigError("data.answer_regex", regex, f"is not a valid regular expression ({e})") from None
+        if "answer" not in compiled.groupindex:
+            raise ConfigError("data.answer_regex", regex, "needs a named group `answer`", "'#### (?P<answer>\\d+)'")
+    extras = merged.get("extra_columns") or []
+    if isinstance(extras, str) or not all(isinstance(c, str) and c for c in extras):
+        raise ConfigError("data.extra_columns", extras, "must be a list of column names", "extra_columns: [id]")
+    reserved = {"split", "index", "answer", "question"}
+    if reserved & set(extras):
+        raise ConfigError("data.extra_columns", extras, f"must not use the reserved names {sorted(reserved)}",
+                          "rename the column or leave it out")
+    check = str(merged.get("check_solution") or "{ground_truth}")
+    if "{ground_truth}" not in check:
+        raise ConfigError("data.check_solution", check, "must contain {ground_truth}", "'#### {ground_truth}'")
+    for key in ("instruction", "system_prompt", "custom_reward_path"):
+        if merged.get(key) is not None and not isinstance(merged[key], str):
+            raise ConfigError(f"data.{key}", merged[key], "must be a string or null")
+    return Recipe(
+        name=name, data_source=merged["data_source"].strip(), ability=merged["ability"].strip(),
+        prompt_column=column, prompt_template=template, answer_column=merged["answer_column"],
+        answer_extraction=extraction, answer_regex=regex, instruction=merged.get("instruction") or None,
+        system_prompt=merged.get("system_prompt") or None, extra_columns=tuple(extras), check_solution=check,
+        custom_reward_path=merged.get("custom_reward_path") or None,
+        custom_reward_name=str(merged.get("custom_reward_name") or "compute_score"),
+    )
+
+
+def extract_gsm8k(answer: str) -> str | None:
+    """The number after ``####`` on the answer's last line, commas removed (GSM8K's convention)."""
+    m = _GSM8K.search(answer.strip())
+    return m.group("answer").replace(",", "") if m else None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{…}`` (or ``\\fbox{…}``), nested braces handled; None if absent."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = start + (6 if text.startswith("\\boxed", start) else 5)
+    if text.startswith(" ", i):  # `\boxed 5`: the token after the space
+        token = text[i:].split()
+        return token[0].split("$")[0] or None if token else None
+    if not text.startswith("{", i):
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        c = text[j]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j].strip() or None
+    return None

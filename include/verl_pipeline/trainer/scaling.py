@@ -1,0 +1,340 @@
+"""Scaling rules: verl settings derived from the model, the cluster hardware and the target shape.
+
+Every rule is a plain function of the model profile's facts (``model.params_b``, ``hidden_size``,
+``num_layers``, ``num_attention_heads``), the cluster profile's hardware (GPU memory, CPUs, network)
+and the shape (``nnodes`` x ``n_gpus_per_node``). Each derived value is recorded with the rule
+that produced it, and each is overridable: a key set explicitly in a profile's ``verl:`` section
+(or passed as an override) is kept, and the record says what the rule would have chosen.
+
+No heavy imports here: the rules run on the Airflow worker in microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_pipeline.exceptions import ConfigError
+
+#: Bytes per parameter of the rollout engine's weights (bf16).
+ROLLOUT_BYTES_PER_PARAM = 2
+#: Share of a GPU's memory the rollout weights may take; the rest is KV cache and the actor.
+ROLLOUT_WEIGHT_SHARE = 0.35
+#: Hard limit for an explicit TP: weights may take at most this share of vLLM's memory (rest: KV cache).
+ROLLOUT_WEIGHT_LIMIT = 0.5
+#: Models at least this large (billions of parameters) always get tensor parallelism >= 2.
+LARGE_MODEL_B = 20.0
+#: FSDP training state per parameter with fp32 master weights: 4 (weights) + 4 (grads) + 8 (Adam).
+TRAIN_BYTES_PER_PARAM = 16
+#: Share of a GPU's memory the sharded training state may take before offloading switches on.
+TRAIN_STATE_SHARE = 0.5
+#: CPUs verl's placement group reserves per GPU (one bundle per GPU, ``max_colocate_count`` = 3).
+CPUS_PER_GPU_BUNDLE = 3
+#: TransferQueue's default number of storage actors (1 CPU each) in verl 0.9.
+TRANSFER_QUEUE_STORAGE_UNITS = 8
+#: Driver-side actors of a verl job: the TaskRunner and the TransferQueue controller (1 CPU each).
+DRIVER_CPUS = 2
+#: Oldest Ray verl 0.9 supports on the cluster.
+MIN_RAY_VERSION = (2, 41)
+
+# gpu_memory_utilization by GPU memory (GB): bigger GPUs keep a smaller share free for the actor.
+_UTILIZATION = ((24, 0.8), (48, 0.85), (96, 0.9), (math.inf, 0.95))
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the scaling rules need to know about a model (from its profile; weights are not read)."""
+
+    params_b: float
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+
+    #: True when params_b was estimated from the shape rather than given.
+    estimated: bool = False
+
+    @classmethod
+    def from_profile(cls, section: dict[str, Any], profile: str) -> ModelFacts:
+        """Read the size facts; ``params_b`` may be left out and is then estimated from the shape."""
+        values: dict[str, Any] = {}
+        for name, kind, example in (("hidden_size", int, "3584"), ("num_layers", int, "28"),
+                                    ("num_attention_heads", int, "28"), ("params_b", float, "7.6")):
+            raw = section.get(name)
+            key = f"models/{profile}.model.{name}"
+            if raw is None:
+                if name == "params_b":
+                    continue
+                raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it",
+                                  f"{name}: {example}")
+            try:
+                value = kind(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(key, raw, f"must be a number ({kind.__name__})", f"{name}: {example}") from None
+            if value <= 0:
+                raise ConfigError(key, raw, "must be positive", f"{name}: {example}")
+            values[name] = value
+        if "params_b" not in values:
+            values["params_b"] = estimate_params_b(values["hidden_size"], values["num_layers"])
+            values["estimated"] = True
+        return cls(**values)
+
+    @property
+    def weights_gb(self) -> float:
+        return self.params_b * ROLLOUT_BYTES_PER_PARAM
+
+
+def estimate_params_b(hidden_size: int, num_layers: int) -> float:
+    """Transformer blocks only: 12 x layers x hidden^2 (attention 4h^2 + a 4h MLP 8h^2), in billions.
+
+    A lower bound (no embeddings, wider MLPs count more): profiles should give ``params_b``.
+    """
+    return 12 * num_layers * hidden_size**2 / 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A cluster profile's ``hardware`` and ``network`` sections."""
+
+    gpu_memory_gb: float
+    cpus_per_node: int | None
+    infiniband: bool = False
+    ib_hcas: tuple[str, ...] = ()
+    nccl_proto: str | None = None
+
+    @classmethod
+    def from_profile(cls, cprof: dict[str, Any], profile: str) -> Hardware:
+        hw = dict(cprof.get("hardware") or {})
+        net = dict(cprof.get("network") or {})
+        mem = hw.get("gpu_memory_gb")
+        if mem is None or isinstance(mem, bool) or not isinstance(mem, int | float) or mem <= 0:
+            raise ConfigError(f"clusters/{profile}.hardware.gpu_memory_gb", mem,
+                              "is required and must be a positive number (GB per GPU)", "gpu_memory_gb: 80")
+        cpus = hw.get("cpus_per_node")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
+            raise ConfigError(f"clusters/{profile}.hardware.cpus_per_node", cpus, "must be a positive integer",
+                              "cpus_per_node: 96")
+        ib = bool(net.get("infiniband", False))
+        hcas = tuple(str(h) for h in (net.get("ib_hcas") or []))
+        if ib and not hcas:
+            raise ConfigError(f"clusters/{profile}.network.ib_hcas", [], "InfiniBand needs the HCAs NCCL may use",
+                              "ib_hcas: [mlx5_0, mlx5_1]")
+        return cls(float(mem), cpus, ib, hcas, net.get("nccl_proto"))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One derived (or explicitly kept) value and why."""
+
+    key: str
+    value: Any
+    rule: str
+    overridden: bool = False
+
+    def text(self) -> str:
+        return f"{self.value!r} — {self.rule}" + (" [explicit value kept]" if self.overridden else "")
+
+
+@dataclass
+class Derivation:
+    settings: dict[str, Any]
+    rules: list[Rule] = field(default_factory=list)
+
+    def set(self, key: str, value: Any, rule: str, explicit: set[str]) -> None:
+        if key in explicit:
+            self.rules.append(Rule(key, self.settings[key], f"set explicitly; the rule would give {value!r} ({rule})",
+                                   overridden=True))
+            return
+        self.settings[key] = value
+        self.rules.append(Rule(key, value, rule))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def uses_critic(settings: dict[str, Any]) -> bool:
+    enabled = settings.get("critic.enable")
+    if enabled is not None:
+        return bool(enabled)
+    return settings.get("algorithm.adv_estimator", "gae") == "gae"
+
+
+def uses_reference(settings: dict[str, Any]) -> bool:
+    return bool(settings.get("actor_rollout_ref.actor.use_kl_loss")) or bool(settings.get("algorithm.use_kl_in_reward"))
+
+
+def batch_step(n_gpus_per_node: int, rollout_n: int) -> int:
+    """The per-node prompt count must be a multiple of this so prompts x rollout.n split evenly over GPUs."""
+    return n_gpus_per_node // math.gcd(n_gpus_per_node, rollout_n)
+
+
+def rollout_tp(model: ModelFacts, hw: Hardware, n_gpus_per_node: int) -> tuple[int | None, str]:
+    """Smallest tensor-parallel size that divides GPUs per node, the attention heads, and fits the weights."""
+    budget = ROLLOUT_WEIGHT_SHARE * hw.gpu_memory_gb
+    floor = 2 if model.params_b >= LARGE_MODEL_B else 1
+    for tp in _divisors(n_gpus_per_node):
+        if tp < floor or model.num_attention_heads % tp:
+            continue
+        if model.weights_gb / tp <= budget:
+            why = (f"bf16 weights {model.weights_gb:.1f} GB / tp {tp} = {model.weights_gb / tp:.1f} GB <= "
+                   f"{ROLLOUT_WEIGHT_SHARE:.0%} of {hw.gpu_memory_gb:g} GB; tp divides n_gpus_per_node "
+                   f"({n_gpus_per_node}) and num_attention_heads ({model.num_attention_heads})")
+            if floor > 1:
+                why += f"; >= 2 for models >= {LARGE_MODEL_B:g}B"
+            if model.estimated:
+                why += f"; {model.params_b:.1f}B estimated from hidden_size x num_layers (set model.params_b)"
+            return tp, why
+    need = max(floor, math.ceil(model.weights_gb / budget))
+    return None, (f"bf16 weights {model.weights_gb:.1f} GB need tp >= {need} to stay within "
+                  f"{ROLLOUT_WEIGHT_SHARE:.0%} of {hw.gpu_memory_gb:g} GB per GPU, but only {n_gpus_per_node} "
+                  "GPU(s) per node")
+
+
+def min_gpus_per_node(model: ModelFacts, hw: Hardware) -> int:
+    """The fewest GPUs per node (a power of two) for which the rollout TP rule has a solution."""
+    for g in (1, 2, 4, 8, 16):
+        if rollout_tp(model, hw, g)[0] is not None:
+            return g
+    return 32
+
+
+def memory_utilization(gpu_memory_gb: float) -> tuple[float, str]:
+    for limit, util in _UTILIZATION:
+        if gpu_memory_gb <= limit:
+            bound = f"<= {limit:g} GB" if math.isfinite(limit) else f"> {_UTILIZATION[-2][0]:g} GB"
+            return util, f"GPU memory {gpu_memory_gb:g} GB ({bound}) -> {util}"
+    raise AssertionError("unreachable")
+
+
+def train_state_gb(model: ModelFacts, n_gpus: int, *, critic: bool, ref: bool) -> float:
+    """Estimated sharded FSDP state per GPU: actor (+ critic) Adam state, (+ bf16 reference weights)."""
+    per_model = model.params_b * TRAIN_BYTES_PER_PARAM / n_gpus
+    total = per_model * (2 if critic else 1)
+    if ref:
+        total += model.params_b * 2 / n_gpus
+    return total
+
+
+def _pick_mini(base: int, step: int, per_node_batch: int) -> int:
+    """Multiple of ``step`` dividing ``per_node_batch``, closest to ``base`` from below (else the smallest)."""
+    options = [m for m in range(step, per_node_batch + 1, step) if per_node_batch % m == 0]
+    below = [m for m in options if m <= base]
+    return max(below) if below else min(options)
+
+
+def _largest_divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in _divisors(n) if d <= max(1, cap))
+
+
+def derive(
+    settings: dict[str, Any],
+    scaling: dict[str, Any],
+    model: ModelFacts,
+    hw: Hardware,
+    *,
+    nnodes: int,
+    n_gpus_per_node: int,
+    explicit: set[str],
+) -> Derivation:
+    """Apply every rule to ``settings`` (flat verl keys); keys in ``explicit`` are kept as set."""
+    d = Derivation(dict(settings))
+    g, n_gpus = n_gpus_per_node, nnodes * n_gpus_per_node
+    n = int(settings.get("actor_rollout_ref.rollout.n", 1) or 1)
+    critic, ref = uses_critic(settings), uses_reference(settings)
+
+    # -- batch sizes ------------------------------------------------------------------------------
+    step = batch_step(g, n)
+    base = int(scaling.get("train_batch_size_per_node", 0) or 0)
+    if base < 1:
+        raise ConfigError("scaling.train_batch_size_per_node", scaling.get("train_batch_size_per_node"),
+                          "the model profile must give a positive per-node prompt batch",
+                          "train_batch_size_per_node: 128")
+    per_node = math.ceil(base / step) * step
+    rounded = "" if per_node == base else f" (rounded up from {base})"
+    d.set("data.train_batch_size", per_node * nnodes,
+          f"{per_node} prompts per node{rounded} x {nnodes} node(s); per-node count is a multiple of "
+          f"{step} so {per_node} x rollout.n {n} splits over {g} GPU(s) per node", explicit)
+
+    mini_base = int(scaling.get("ppo_mini_batch_size_per_node", per_node) or per_node)
+    mini_node = _pick_mini(mini_base, step, per_node)
+    mini = mini_node * nnodes
+    d.set("actor_rollout_ref.actor.ppo_mini_batch_size", mini,
+          f"{mini_node} per node x {nnodes} node(s) ({per_node // mini_node} update(s) per step); multiple of {step} "
+          f"dividing the per-node batch", explicit)
+    mini = int(d.settings["actor_rollout_ref.actor.ppo_mini_batch_size"])
+    per_gpu_mini = max(1, mini * n // n_gpus)
+    cap = int(scaling.get("max_micro_batch_size_per_gpu", 4) or 4)
+    micro = _largest_divisor_at_most(per_gpu_mini, cap)
+    micro_rule = (f"largest divisor of the per-GPU mini-batch ({mini} x rollout.n {n} / {n_gpus} GPU(s) = "
+                  f"{per_gpu_mini} samples) <= max_micro_batch_size_per_gpu {cap}")
+    d.set("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", micro, micro_rule, explicit)
+    log_prob = int(scaling.get("log_prob_micro_batch_size_per_gpu", 2 * cap) or 2 * cap)
+    lp_rule = "forward-only log-prob micro batch per GPU (model profile scaling; default 2 x max micro batch)"
+    d.set("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", log_prob, lp_rule, explicit)
+    if ref:
+        d.set("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", log_prob, lp_rule, explicit)
+    if critic:
+        d.set("critic.ppo_mini_batch_size", mini, "same prompts per update as the actor", explicit)
+        d.set("critic.ppo_micro_batch_size_per_gpu", micro, micro_rule, explicit)
+
+    # -- rollout parallelism and memory -------------------------------------------------------------
+    tp, why = rollout_tp(model, hw, g)
+    if tp is None:
+        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", None,
+                          f"the model does not fit: {why}",
+                          f"n_gpus_per_node >= {min_gpus_per_node(model, hw)} or GPUs with more memory")
+    d.set("actor_rollout_ref.rollout.tensor_model_parallel_size", tp, why, explicit)
+    util, why = memory_utilization(hw.gpu_memory_gb)
+    d.set("actor_rollout_ref.rollout.gpu_memory_utilization", util,
+          why + " (verl frees the KV cache while the actor trains)", explicit)
+
+    state = train_state_gb(model, n_gpus, critic=critic, ref=ref)
+    budget = TRAIN_STATE_SHARE * hw.gpu_memory_gb
+    offload = state > budget
+    why = (f"estimated FSDP state {state:.1f} GB per GPU ({model.params_b:g}B x {TRAIN_BYTES_PER_PARAM} B/param"
+           f"{' x 2 (critic)' if critic else ''}{' + bf16 reference' if ref else ''} / {n_gpus} GPU(s)) "
+           f"{'>' if offload else '<='} {TRAIN_STATE_SHARE:.0%} of {hw.gpu_memory_gb:g} GB")
+    d.set("actor_rollout_ref.actor.fsdp_config.param_offload", offload, why, explicit)
+    d.set("actor_rollout_ref.actor.fsdp_config.optimizer_offload", offload, why, explicit)
+    if ref:
+        d.set("actor_rollout_ref.ref.fsdp_config.param_offload", offload, why, explicit)
+    if critic:
+        d.set("critic.fsdp.param_offload", offload, why, explicit)
+        d.set("critic.fsdp.optimizer_offload", offload, why, explicit)
+    return d
+
+
+def required_cpus(n_gpus: int, settings: dict[str, Any]) -> tuple[int, str]:
+    """CPUs a verl 0.9 training job reserves on the cluster."""
+    units = int(settings.get("transfer_queue.backend.SimpleStorage.num_data_storage_units",
+                             TRANSFER_QUEUE_STORAGE_UNITS))
+    total = CPUS_PER_GPU_BUNDLE * n_gpus + units + DRIVER_CPUS
+    return total, (f"{CPUS_PER_GPU_BUNDLE} per GPU bundle x {n_gpus} GPU(s) + {units} TransferQueue storage "
+                   f"actors + {DRIVER_CPUS} (TaskRunner, TransferQueue controller) = {total}")
+
+
+def nccl_env(hw: Hardware, *, debug: bool) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if hw.infiniband:
+        env["NCCL_IB_HCA"] = ",".join(hw.ib_hcas)
+        if hw.nccl_proto:
+            env["NCCL_PROTO"] = str(hw.nccl_proto)
+    if debug:
+        env["NCCL_DEBUG"] = "INFO"
+    return env
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = []
+    for piece in str(text).split(".")[:3]:
+        m = re.match(r"\d+", piece)
+        if not m:
+            break
+        parts.append(int(m.group()))
+        if m.end() < len(piece):  # "0rc1": a pre-release suffix ends the numeric part
+            break
+    return tuple(parts) or None

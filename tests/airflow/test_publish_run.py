@@ -1,0 +1,68 @@
+"""PublishRunOperator: records every run's manifest; only a succeeded job moves ``latest``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from verl_pipeline import runs
+from verl_pipeline.airflow.retrain import PublishRunOperator
+from verl_pipeline.config import build_run_spec
+
+
+class _TI:
+    def __init__(self, xcoms: dict[str, Any]) -> None:
+        self.xcoms = xcoms
+
+    def xcom_pull(self, task_ids: str) -> Any:
+        return self.xcoms.get(task_ids)
+
+
+class _Dag:
+    dag_id = "verl_retrain__smoke"
+
+
+def _ctx(run_id: str, waited: dict[str, Any] | None) -> dict[str, Any]:
+    xcoms = {
+        "preprocess_data": {"key": f"data-{run_id}", "train_path": "/d/t.parquet", "val_path": "/d/v.parquet"},
+        "prefetch_model": {"actor": {"source": "builtin:tiny-qwen2", "revision": None, "path": "/m/tiny"}},
+        "submit_verl_job": {"submission_id": f"job-{run_id}", "mode": "preflight"},
+        "wait_for_verl_job": waited,
+    }
+    return {"ti": _TI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": _Dag()}
+
+
+def _storage() -> Path:
+    return Path(os.environ["VERL_PIPELINE_HOME"]).resolve()
+
+
+def test_success_promotes_failure_records_and_keeps_latest() -> None:
+    op = PublishRunOperator(task_id="publish_run")
+    first = op.execute(_ctx("scheduled__pub-1", {"status": "SUCCEEDED", "job_id": "job-1"}))
+    spec1 = build_run_spec({"profile": "smoke"}, run_name="verl_retrain__smoke/scheduled__pub-1")
+    assert first["run_dir"] == str(spec1.run_dir)
+    assert first["manifest"]["data_hash"] == "data-scheduled__pub-1" and first["manifest"]["status"] == "succeeded"
+    assert runs.latest_run(_storage(), "smoke") == spec1.run_dir.resolve()
+
+    # The job failed (wait pushed nothing): a failed manifest, the task fails, latest stays put.
+    with pytest.raises(AirflowFailException, match="did not succeed"):
+        op.execute(_ctx("scheduled__pub-2", None))
+    spec2 = build_run_spec({"profile": "smoke"}, run_name="verl_retrain__smoke/scheduled__pub-2")
+    assert runs.read_manifest(spec2.run_dir).status is runs.RunStatus.FAILED
+    assert runs.latest_run(_storage(), "smoke") == spec1.run_dir.resolve()
+
+    third = op.execute(_ctx("scheduled__pub-3", {"status": "SUCCEEDED", "job_id": "job-3"}))
+    assert third["previous"] == str(spec1.run_dir.resolve())
+    assert (spec1.run_dir / runs.MANIFEST).is_file()  # the previous good run is still there
+
+
+def test_invalid_spec_is_not_published() -> None:
+    op = PublishRunOperator(task_id="publish_run")
+    ctx = _ctx("scheduled__pub-bad", {"status": "SUCCEEDED"})
+    ctx["params"] = {"profile": "smoke", "data_source": "builtin:nope"}
+    with pytest.raises(AirflowFailException, match="spec is invalid"):
+        op.execute(ctx)

@@ -1,0 +1,332 @@
+"""A real Airflow deployment for tests: PostgreSQL + scheduler, dag-processor, triggerer, api-server.
+
+Each component is a separate process with a throwaway ``AIRFLOW_HOME``; PostgreSQL (Debian's
+package) runs from a fresh data directory on a free loopback port. Everything started here is
+recorded by PID and stopped by PID (SIGTERM, then SIGKILL after a grace period), children included.
+
+Also runnable by hand to look at the UI: ``python -m tests.integration.airflow_stack`` (Ctrl-C stops).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
+ADMIN_USER = "admin"
+COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
+
+
+class StackUnavailable(RuntimeError):
+    """A system prerequisite (PostgreSQL binaries) is missing: the caller skips (or fails in CI)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pg_bin_dir() -> Path:
+    """Directory of Debian's PostgreSQL server binaries (``initdb``, ``postgres``), newest version."""
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+                        if p.parent.name.isdigit() else 0)
+    for d in reversed(candidates):
+        if (d / "initdb").is_file() and (d / "postgres").is_file():
+            return d
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    raise StackUnavailable("PostgreSQL server binaries not found (apt-get install -y postgresql)")
+
+
+def _stop_pids(procs: list[psutil.Process], grace_s: float) -> list[int]:
+    """SIGTERM each live process, SIGKILL what is left after ``grace_s``. Returns PIDs that survived."""
+    live = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in live:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(live, timeout=grace_s)
+    if alive:
+        names = []
+        for p in alive:
+            try:
+                names.append(f"{p.pid}:{' '.join(p.cmdline()[:3])}")
+            except psutil.Error:
+                names.append(str(p.pid))
+        print(f"airflow_stack: SIGKILL after {grace_s}s: {names}", file=sys.stderr, flush=True)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in still]
+
+
+@dataclass
+class Postgres:
+    """A throwaway PostgreSQL server on a free loopback port (run as the ``postgres`` user when root)."""
+
+    root: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg2://airflow@127.0.0.1:{self.port}/airflow"
+
+    def _user_kwargs(self) -> dict[str, Any]:
+        return {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        bindir = pg_bin_dir()
+        data, sock = self.root / "data", self.root / "sock"
+        data.mkdir(parents=True)
+        sock.mkdir()
+        if os.geteuid() == 0:
+            # The server runs as `postgres`: let it traverse the parents, own its own directories.
+            for parent in (self.root.parent, self.root.parent.parent):
+                parent.chmod(parent.stat().st_mode | 0o111)
+            shutil.chown(self.root, "postgres", "postgres")
+            for p in (data, sock):
+                shutil.chown(p, "postgres", "postgres")
+        subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "airflow", "--auth=trust",
+                        "--encoding=UTF8", "--no-sync"], check=True, capture_output=True, **self._user_kwargs())
+        with open(self.root / "postgres.log", "wb") as log:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(
+                [str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-h", "127.0.0.1",
+                 "-k", str(sock), "-c", "fsync=off", "-c", "max_connections=200"],
+                stdout=log, stderr=subprocess.STDOUT, **self._user_kwargs(),
+            )
+        import psycopg2
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"postgres exited: {(self.root / 'postgres.log').read_text()[-2000:]}")
+            try:
+                conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="airflow", dbname="postgres")
+                break
+            except psycopg2.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE airflow")
+        conn.close()
+
+    def stop(self) -> list[int]:
+        if self.proc is None:
+            return []
+        # SIGTERM = "smart" shutdown; the server's own children exit with it.
+        tree = [psutil.Process(self.proc.pid)]
+        try:
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return _stop_pids(tree, grace_s=15)
+
+
+@dataclass
+class AirflowStack:
+    """PostgreSQL + the four Airflow components, each its own process, against a throwaway home."""
+
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vp-stack-")))
+    api_port: int = field(default_factory=free_port)
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    # One secret for every component: the api-server verifies the JWTs the scheduler signs.
+    jwt_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    api_secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    postgres: Postgres | None = None
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _tracked: dict[int, psutil.Process] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "airflow"
+
+    def log_path(self, component: str) -> Path:
+        return self.root / "logs" / f"{component}.log"
+
+    def env(self) -> dict[str, str]:
+        assert self.postgres is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres.url,
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            "AIRFLOW__CORE__FERNET_KEY": "",
+            "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
+            "AIRFLOW__API__SECRET_KEY": self.api_secret_key,
+            "AIRFLOW__API__BASE_URL": self.base_url,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__CORE__AUTH_MANAGER":
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
+            "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "VERL_PIPELINE_HOME": str(self.root / "pipeline-home"),
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "HF_HUB_OFFLINE": "1",
+            # The checkout's package first, so every component (the triggerer too) imports this code.
+            "PYTHONPATH": os.pathsep.join([str(REPO / "include"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        })
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+    def start(self, timeout_s: float = 240.0) -> AirflowStack:
+        t0 = time.monotonic()
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        pw_file = self.home / "passwords.json"
+        pw_file.write_text(json.dumps({ADMIN_USER: self.password}))
+        pw_file.chmod(0o600)
+        self.postgres = Postgres(self.root / "pg")
+        self.postgres.start()
+        self.timings["postgres_s"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        migrate = subprocess.run([str(AIRFLOW_BIN), "db", "migrate"], env=self.env(), capture_output=True,
+                                 text=True, timeout=600)
+        if migrate.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
+        self.timings["db_migrate_s"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        for comp in COMPONENTS:
+            args = [str(AIRFLOW_BIN), comp]
+            if comp == "api-server":
+                args += ["--port", str(self.api_port), "--host", "127.0.0.1"]
+            with open(self.log_path(comp), "wb") as log:
+                proc = subprocess.Popen(args, env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+            self.procs[comp] = proc
+            self._tracked[proc.pid] = psutil.Process(proc.pid)
+        self._wait_healthy(deadline=t0 + timeout_s)
+        self.timings["components_healthy_s"] = time.monotonic() - t2
+        return self
+
+    def _check_alive(self) -> None:
+        for comp, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = self.log_path(comp).read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"airflow {comp} exited with {proc.returncode}:\n{tail}")
+
+    def _wait_healthy(self, deadline: float) -> None:
+        last: Any = None
+        while time.monotonic() < deadline:
+            self._check_alive()
+            self._track_children()
+            try:
+                r = httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5)
+                last = r.json() if r.status_code == 200 else r.text
+                if r.status_code == 200:
+                    health = r.json()
+                    states = {k: (v or {}).get("status") for k, v in health.items()}
+                    if all(states.get(k) == "healthy" for k in ("metadatabase", "scheduler", "triggerer",
+                                                                  "dag_processor")):
+                        return
+            except httpx.HTTPError as e:
+                last = e
+            time.sleep(1)
+        raise TimeoutError(f"Airflow stack not healthy in time; last health answer: {last}")
+
+    def _track_children(self) -> None:
+        """Remember every descendant of the components (executor workers, task runners)."""
+        for proc in list(self._tracked.values()):
+            try:
+                for child in proc.children(recursive=True):
+                    self._tracked.setdefault(child.pid, child)
+            except psutil.NoSuchProcess:
+                continue
+
+    # -- REST API v2 --------------------------------------------------------------------------------
+    def token(self) -> str:
+        r = httpx.post(f"{self.base_url}/auth/token", json={"username": ADMIN_USER, "password": self.password},
+                       timeout=30)
+        r.raise_for_status()
+        return str(r.json()["access_token"])
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.token()}"},
+                            timeout=30)
+
+    def wait_for_dag(self, api: httpx.Client, dag_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            r = api.get(f"/api/v2/dags/{dag_id}")
+            if r.status_code == 200:
+                return dict(r.json())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"DAG {dag_id} not parsed in {timeout_s}s: {r.status_code} {r.text[:300]}")
+            time.sleep(1)
+
+    def wait_for_run(self, api: httpx.Client, dag_id: str, run_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            self._track_children()
+            run = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()
+            if run.get("state") in ("success", "failed"):
+                return dict(run)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still {run.get('state')} after {timeout_s}s")
+            time.sleep(2)
+
+    # -- shutdown -----------------------------------------------------------------------------------
+    def stop(self, grace_s: float = 20.0) -> list[int]:
+        """Stop every process this stack started (components, their children, PostgreSQL)."""
+        self._track_children()
+        survivors = _stop_pids(list(self._tracked.values()), grace_s=grace_s)
+        if self.postgres is not None:
+            survivors += self.postgres.stop()
+        return survivors
+
+
+def main() -> None:
+    stack = AirflowStack()
+    try:
+        stack.start()
+        print(f"Airflow at {stack.base_url}  user {ADMIN_USER}  password {stack.password}  root {stack.root}",
+              flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping; survivors:", stack.stop(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""``verl_ppo`` and the data-triggered retraining DAG under a real scheduler on PostgreSQL.
+
+Triggered through the REST API v2 like the UI's trigger form does (``conf`` + ``logical_date: null``);
+the wait task defers to the real triggerer process; the runs use the embedded local Ray cluster in
+preflight mode.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ray_processes
+from tests.integration.airflow_stack import AirflowStack
+from verl_pipeline import runs
+from verl_pipeline.airflow.assets import preprocessed_data_uri
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+DAG = "verl_ppo"
+RETRAIN = "verl_retrain__smoke"
+TASKS = ["provision_ray_cluster", "preprocess_data", "plan_models", "prefetch_model", "submit_verl_job",
+         "wait_for_verl_job", "teardown_ray_cluster"]
+
+
+def _xcom(api: httpx.Client, dag_id: str, run_id: str, task_id: str) -> Any:
+    r = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
+    assert r.status_code == 200, r.text
+    return r.json()["value"]
+
+
+def _task_states(api: httpx.Client, dag_id: str, run_id: str) -> dict[str, str]:
+    tis = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+    return {ti["task_id"]: ti["state"] for ti in tis}
+
+
+@pytest.fixture(scope="module")
+def api(airflow_stack: AirflowStack) -> httpx.Client:
+    client = airflow_stack.client()
+    airflow_stack.wait_for_dag(client, DAG)
+    airflow_stack.wait_for_dag(client, RETRAIN)
+    return client
+
+
+@pytest.fixture(scope="module")
+def started(airflow_stack: AirflowStack, api: httpx.Client) -> dict[str, str]:
+    """Unpause both DAGs, trigger ``verl_ppo`` with a conf, and update the smoke profile's data Asset."""
+    for dag_id in (DAG, RETRAIN):
+        r = api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+        assert r.status_code == 200 and r.json()["is_paused"] is False, r.text
+    r = api.post(f"/api/v2/dags/{DAG}/dagRuns",
+                 json={"logical_date": None, "conf": {"total_training_steps": 3, "mode": "preflight"}})
+    assert r.status_code == 200, r.text
+    ppo_run = r.json()["dag_run_id"]
+    # An upstream DAG's outlet does the same: an event on the profile's preprocessed-data Asset.
+    assets = api.get("/api/v2/assets", params={"uri_pattern": "preprocessed-data/smoke"}).json()["assets"]
+    asset = next(a for a in assets if a["uri"] == preprocessed_data_uri("smoke"))
+    assert {d["dag_id"] for d in asset["scheduled_dags"]} == {RETRAIN}
+    r = api.post("/api/v2/assets/events", json={"asset_id": asset["id"], "extra": {"source": "test_scheduler"}})
+    assert r.status_code == 200, r.text
+    return {"ppo": ppo_run}
+
+
+def test_invalid_params_are_rejected_by_the_api(api: httpx.Client) -> None:
+    before = api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["total_entries"]
+    for conf, key in (({"nnodes": 0}, "nnodes"), ({"mode": "fast"}, "mode"), ({"profile": "nope"}, "profile"),
+                      ({"total_training_steps": "many"}, "total_training_steps")):
+        r = api.post(f"/api/v2/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": conf})
+        assert r.status_code == 400, (conf, r.status_code, r.text)
+        assert key in r.json()["detail"], r.text
+    assert api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["total_entries"] == before
+
+
+def test_verl_ppo_succeeds_under_the_real_scheduler_and_triggerer(
+    airflow_stack: AirflowStack, api: httpx.Client, started: dict[str, str]
+) -> None:
+    run_id = started["ppo"]
+    seen_wait: set[str] = set()
+    trigger_classpaths: set[str] = set()
+    deadline = time.monotonic() + 600
+    while True:
+        ti = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/wait_for_verl_job").json()
+        seen_wait.add(str(ti.get("state")))
+        if ti.get("state") == "deferred" and ti.get("trigger"):
+            trigger_classpaths.add(ti["trigger"]["classpath"])
+            assert ti.get("triggerer_job") is None or ti["triggerer_job"]["job_type"] == "TriggererJob"
+        run = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}").json()
+        if run["state"] in ("success", "failed"):
+            break
+        assert time.monotonic() < deadline, f"run still {run['state']}: {_task_states(api, DAG, run_id)}"
+        time.sleep(1)
+    states = _task_states(api, DAG, run_id)
+    assert run["state"] == "success", states
+    assert states == {t: "success" for t in TASKS}
+
+    # The wait task handed over to the triggerer process (its classpath imported there) and resumed.
+    assert "deferred" in seen_wait, seen_wait
+    assert trigger_classpaths == {"verl_pipeline.airflow.triggers.RayJobTrigger"}, trigger_classpaths
+
+    # The params arrived: the conf reached the rendered job, and the mode the job ran in.
+    assert run["conf"] == {"total_training_steps": 3, "mode": "preflight"}
+    sub = _xcom(api, DAG, run_id, "submit_verl_job")
+    waited = _xcom(api, DAG, run_id, "wait_for_verl_job")
+    assert sub["mode"] == "preflight" and sub["action"] == "submitted"
+    job = json.loads((Path(sub["run_dir"]) / "job.json").read_text())
+    assert "trainer.total_training_steps=3" in job["overrides"]
+    assert waited["status"] == "SUCCEEDED" and waited["preflight"]["ok"] is True
+    assert waited["preflight"]["all_ground_truths_score_1"] is True
+    teardown = _xcom(api, DAG, run_id, "teardown_ray_cluster")
+    assert teardown, "teardown returned nothing"
+    # The run's embedded Ray cluster is gone (agents may outlive the raylet by seconds).
+    cluster = _xcom(api, DAG, run_id, "provision_ray_cluster")
+    deadline = time.monotonic() + 30
+    while ray_processes(cluster["extra"]["temp_dir"]) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert ray_processes(cluster["extra"]["temp_dir"]) == []
+
+
+def test_data_update_triggers_retraining_which_publishes_latest(
+    airflow_stack: AirflowStack, api: httpx.Client, started: dict[str, str]
+) -> None:
+    """Two producers update the smoke profile's data Asset: the test's own API event, and verl_ppo's
+    preprocess task (its AssetAlias outlet). Each is consumed by a retraining run (one run may
+    consume both when they arrive together); every retraining run succeeds."""
+    airflow_stack.wait_for_run(api, DAG, started["ppo"], timeout_s=600)
+    deadline = time.monotonic() + 600
+    while True:
+        retrain_runs = api.get(f"/api/v2/dags/{RETRAIN}/dagRuns").json()["dag_runs"]
+        sources: list[dict[str, Any]] = []
+        for r in retrain_runs:
+            events = api.get(f"/api/v2/dags/{RETRAIN}/dagRuns/{r['dag_run_id']}/upstreamAssetEvents").json()
+            sources += [e.get("extra") or {} for e in events.get("asset_events", [])]
+        from_test = any(e.get("source") == "test_scheduler" for e in sources)
+        from_ppo = any("train_path" in e for e in sources)
+        if from_test and from_ppo:
+            break
+        assert time.monotonic() < deadline, f"retraining runs {retrain_runs} consumed events {sources}"
+        time.sleep(2)
+    # (The profile's weekly cron may also start a "scheduled" run if the test runs at that minute.)
+    assert any(r["run_type"] == "asset_triggered" and r["triggered_by"] == "asset" for r in retrain_runs)
+    assert all(r["run_type"] in ("asset_triggered", "scheduled") for r in retrain_runs), retrain_runs
+    finished = [airflow_stack.wait_for_run(api, RETRAIN, r["dag_run_id"], timeout_s=600) for r in retrain_runs]
+    for r in finished:
+        assert r["state"] == "success", _task_states(api, RETRAIN, r["dag_run_id"])
+    ordered = sorted(finished, key=lambda r: r["queued_at"])
+    storage = Path(airflow_stack.env()["VERL_PIPELINE_HOME"])
+    published = [_xcom(api, RETRAIN, r["dag_run_id"], "publish_run") for r in ordered]
+    for pub in published:
+        run_dir = Path(pub["run_dir"])
+        manifest = runs.read_manifest(run_dir)
+        assert manifest.status is runs.RunStatus.SUCCEEDED and manifest.profile == "smoke"
+        assert manifest.mode == "preflight" and manifest.data_hash and manifest.model_source == "builtin:tiny-qwen2"
+        assert (run_dir / "run_spec.json").is_file() and (run_dir / "job.json").is_file()
+    assert published[0]["previous"] is None
+    # `latest` moved to the last good run; an earlier good run is kept, never deleted.
+    assert runs.latest_run(storage, "smoke") == Path(published[-1]["run_dir"]).resolve()
+    for earlier, later in itertools.pairwise(published):
+        assert Path(earlier["run_dir"]).is_dir()
+        assert Path(later["previous"]).resolve() == Path(earlier["run_dir"]).resolve()

@@ -1,0 +1,183 @@
+"""The verl_ppo DAG end to end on a real (throwaway, single-host) Slurm: two Ray nodes in one allocation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.slurm_fixture import SlurmCluster, processes_of_job, slurm_cluster
+from tests.cluster.test_slurm import nothing_left, slurm_test_spec
+from tests.conftest import ray_processes
+from tests.integration.test_verl_ppo_dag import _states, _xcom
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    yield from slurm_cluster(nodes=2, cpus_per_node=2)
+
+
+@pytest.fixture
+def slurm_configs(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of configs/ with a ``slurm-smoke`` run profile whose cluster profile selects this Slurm."""
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    cluster = {"description": "two Ray nodes in a test Slurm allocation", "cluster": slurm_test_spec(
+        slurm, tmp_path / "shared"), "storage": {"root": None}, "runtime": {"ship_package": True, "env": {}},
+        # The GPUs the configuration is validated for (preflight runs on these CPU-only nodes).
+        "hardware": {"gpu_memory_gb": 24}}
+    (configs / "clusters" / "slurm-test.yaml").write_text(yaml.safe_dump(cluster))
+    smoke = yaml.safe_load((configs / "profiles" / "smoke.yaml").read_text())
+    smoke["cluster_profile"] = "slurm-test"
+    (configs / "profiles" / "slurm-smoke.yaml").write_text(yaml.safe_dump(smoke))
+    # The only Slurm cluster profile here, so `--backend slurm` selects it.
+    (configs / "clusters" / "slurm-gpu.yaml").unlink()
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(configs))
+    return configs
+
+
+def _dag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / "verl_ppo.py"))
+    assert bag.import_errors == {}
+    return bag.dags["verl_ppo"]
+
+
+def test_dag_on_slurm_two_ray_nodes_preflight_then_scancel(
+    airflow_db: Path, slurm_configs: Path, slurm: SlurmCluster
+) -> None:
+    dr = _dag().test(run_conf={"profile": "slurm-smoke", "total_training_steps": 2})
+    states = _states(dr)
+    assert str(dr.state) == "success", states
+
+    cluster = _xcom(dr, "provision_ray_cluster")
+    sub = _xcom(dr, "submit_verl_job")
+    waited = _xcom(dr, "wait_for_verl_job")
+    teardown = _xcom(dr, "teardown_ray_cluster")
+    job_id = cluster["extra"]["job_id"]
+
+    # Two Ray nodes came up inside the allocation, and the preflight job ran on them.
+    assert cluster["backend"] == "slurm" and cluster["expected_nodes"] == 2
+    assert sub["mode"] == "preflight"
+    assert waited["status"] == "SUCCEEDED" and waited["preflight"]["ok"] is True
+    assert waited["preflight"]["cluster"] == {"nodes": 2, "CPU": 2, "GPU": 0}
+    # The script that ran is kept in the run directory, beside Slurm's output of the job.
+    script = Path(cluster["extra"]["script"])
+    assert script == Path(sub["run_dir"]) / "slurm" / "ray-cluster.sbatch"
+    assert (script.parent / f"slurm-{job_id}.out").is_file()
+    assert "#SBATCH --nodes=2" in script.read_text()
+
+    # Teardown cancelled the allocation: it left the queue and none of its processes survive.
+    assert teardown["slurm_job_id"] == job_id and teardown["final_state"] == "CANCELLED"
+    assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
+    assert processes_of_job(job_id) == []
+    assert ray_processes(cluster["extra"]["temp_dir"]) == []
+
+
+def test_cli_backend_slurm_cancel_from_outside_then_a_fresh_allocation(
+    slurm_configs: Path, slurm: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cluster up/status/down --backend slurm` by hand; the site cancels the allocation mid-run: the backend
+    reports it as an infrastructure failure naming the Slurm state, and the next provision (what a retry
+    does) gets a fresh allocation."""
+    import time
+
+    from verl_pipeline.cli import main
+    from verl_pipeline.cluster.base import ClusterHandle, get_backend
+
+    run = ["--run-name", "cli/slurm", "--json"]
+    assert main(["cluster", "up", "--backend", "slurm", *run]) == 0
+    first = json.loads(capsys.readouterr().out)
+    handle = ClusterHandle.from_dict(first)
+    backend = get_backend({"backend": "slurm"})
+    try:
+        assert first["backend"] == "slurm" and first["expected_nodes"] == 2
+        assert main(["cluster", "status", "--backend", "slurm", *run]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["status"]["nodes_alive"] == 2 and status["status"]["cpus"] == 2
+        assert status["health"] == {"alive": True, "state": "RUNNING", "infrastructure": False,
+                                    "detail": f"Slurm job {first['extra']['job_id']} is RUNNING"}
+        assert processes_of_job(first["extra"]["job_id"]), "the Ray nodes run inside the allocation"
+
+        # The site takes the allocation away mid-run.
+        assert slurm.run("scancel", first["extra"]["job_id"]).returncode == 0
+        deadline = time.monotonic() + 30
+        while backend.health(handle).alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+        health = backend.health(handle)
+        assert not health.alive and health.infrastructure and health.state in ("CANCELLED", "COMPLETING")
+        assert f"Slurm job {first['extra']['job_id']} is {health.state}" in health.detail
+        nothing_left(first["extra"])
+        assert main(["cluster", "status", "--backend", "slurm", *run]) == 1
+        status = json.loads(capsys.readouterr().out)
+        assert status["status"]["ready"] is False and status["health"]["state"] in ("CANCELLED", "COMPLETING")
+
+        # Provisioning again (what a retry does) gets a fresh allocation with two Ray nodes.
+        assert main(["cluster", "up", "--backend", "slurm", *run]) == 0
+        handle = ClusterHandle.from_dict(json.loads(capsys.readouterr().out))
+        assert handle.extra["job_id"] != first["extra"]["job_id"]
+        assert backend.status(handle).nodes_alive == 2
+    finally:
+        assert main(["cluster", "down", "--backend", "slurm", *run]) == 0
+    down = json.loads(capsys.readouterr().out)
+    assert down["slurm_job_id"] == handle.extra["job_id"] and down["final_state"] == "CANCELLED"
+    assert slurm.run("squeue", "-h", "-j", handle.extra["job_id"]).stdout.strip() == ""
+    nothing_left(handle.extra)
+    # A second `down` finds nothing left to cancel.
+    assert main(["cluster", "down", "--backend", "slurm", *run]) == 0
+    assert json.loads(capsys.readouterr().out) == {"job_stopped": False}
+
+    # A cluster profile of another backend is refused; so is a backend no profile uses.
+    assert main(["cluster", "up", "--backend", "slurm", "--cluster-profile", "local-cpu", *run]) == 2
+    assert "cluster profile local-cpu uses backend local" in capsys.readouterr().err
+    (slurm_configs / "clusters" / "kuberay-gpu.yaml").unlink()
+    assert main(["cluster", "up", "--backend", "kuberay", *run]) == 2
+    assert "0 cluster profiles in configs/clusters use this backend" in capsys.readouterr().err
+
+
+def test_provision_killed_while_waiting_still_gets_its_allocation_cancelled(
+    slurm_configs: Path, slurm: SlurmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from verl_pipeline.cli import main
+    from verl_pipeline.config import build_run_spec
+
+    run = ["--profile", "slurm-smoke", "--run-name", "pytest/killed", "--json"]
+    spec = build_run_spec({"profile": "slurm-smoke"}, run_name="pytest/killed")
+    state = spec.run_dir / "slurm" / "slurm-job.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "include"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "verl_pipeline", "cluster", "up", *run], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not state.is_file() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.is_file(), "the backend records the job right after sbatch"
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the provision task is killed mid-wait (worker lost)
+        proc.wait()
+    job_id = json.loads(state.read_text())["extra"]["job_id"]
+    assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() != ""
+    # Teardown finds the job from the run directory and cancels it.
+    assert main(["cluster", "down", *run]) == 0
+    assert json.loads(capsys.readouterr().out)["slurm_job_id"] == job_id
+    assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
+    deadline = time.monotonic() + 15
+    while processes_of_job(job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_of_job(job_id) == []

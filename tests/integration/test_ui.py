@@ -1,0 +1,115 @@
+"""The Airflow UI in a real browser (Debian's Chromium driven by Playwright, no downloaded browser).
+
+Logs in, opens ``verl_ppo``'s trigger form, checks the Params and their descriptions, changes one,
+triggers, and follows the run to its end. Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.airflow_stack import ADMIN_USER, AirflowStack
+from verl_pipeline.airflow.params import build_params
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+DAG = "verl_ppo"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    msg = "Chromium not installed (apt-get install -y chromium chromium-driver)"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI: {msg}")
+    pytest.skip(msg)
+
+
+@pytest.fixture
+def page(airflow_stack: AirflowStack) -> Iterator[Any]:
+    executable = _chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    profile_dir = tempfile.mkdtemp(prefix="vp-chromium-")
+    with sync_api.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            profile_dir, executable_path=executable, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        ctx.set_default_timeout(60_000)
+        try:
+            yield ctx.new_page()
+        finally:
+            ctx.close()
+            shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack, page: Any) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    api = airflow_stack.client()
+    airflow_stack.wait_for_dag(api, DAG)
+    api.patch(f"/api/v2/dags/{DAG}", json={"is_paused": False}).raise_for_status()
+    before = {r["dag_run_id"] for r in api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["dag_runs"]}
+
+    # Log in (SimpleAuthManager's form) and land on the DAG's page.
+    page.goto(f"{airflow_stack.base_url}/dags/{DAG}")
+    page.get_by_label("Username").fill(ADMIN_USER)
+    page.get_by_label("Password").fill(airflow_stack.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**/dags/{DAG}**")
+
+    # The trigger form: every Param with its description.
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text("Run Parameters").wait_for()
+    text = dialog.inner_text()
+    for name, param in build_params().items():
+        assert name in text, f"param {name} missing from the trigger form"
+        assert param.description and param.description in " ".join(text.split()), f"{name}: no description"
+
+    # Change one param and trigger.
+    steps = dialog.locator("input[name=element_total_training_steps]")
+    steps.fill("4")
+    assert steps.input_value() == "4"
+    page.screenshot(path=str(ARTIFACTS / "ui-trigger-form.png"), full_page=True)
+    dialog.get_by_role("button", name="Trigger").click()
+
+    # The UI navigates to the new run; it is the one we asked for (conf from the form).
+    page.wait_for_url(f"**/dags/{DAG}/runs/**")
+    run_id = page.url.rsplit("/runs/", 1)[1].split("?")[0]
+    from urllib.parse import unquote
+
+    run_id = unquote(run_id)
+    assert run_id not in before
+    run = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}").json()
+    assert run["conf"]["total_training_steps"] == 4 and run["conf"]["profile"] == "smoke", run["conf"]
+    page.get_by_text(run_id).first.wait_for()
+
+    # Follow it to the end in the UI: the run page shows the final state.
+    run = airflow_stack.wait_for_run(api, DAG, run_id, timeout_s=600)
+    assert run["state"] == "success", run
+    deadline = time.monotonic() + 60
+    while True:
+        page.reload()
+        page.get_by_text(run_id).first.wait_for()
+        if page.get_by_text("Success", exact=False).count() > 0:
+            break
+        assert time.monotonic() < deadline, "the run page never showed the run's success"
+        time.sleep(2)
+    page.screenshot(path=str(ARTIFACTS / "ui-finished-run.png"), full_page=True)
+    assert (ARTIFACTS / "ui-trigger-form.png").stat().st_size > 10_000
+    assert (ARTIFACTS / "ui-finished-run.png").stat().st_size > 10_000

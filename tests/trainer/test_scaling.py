@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import pytest
+
+from verl_pipeline.config import build_run_spec
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.trainer import scaling
+from verl_pipeline.trainer.scaling import Hardware, ModelFacts
+
+QWEN_7B = ModelFacts(params_b=7.6, hidden_size=3584, num_layers=28, num_attention_heads=28)
+QWEN_32B = ModelFacts(params_b=32.8, hidden_size=5120, num_layers=64, num_attention_heads=40)
+H100 = Hardware(gpu_memory_gb=80, cpus_per_node=96, infiniband=True, ib_hcas=("mlx5_0", "mlx5_1"), nccl_proto="Simple")
+L4 = Hardware(gpu_memory_gb=24, cpus_per_node=48)
+
+
+@pytest.mark.parametrize(("mem", "util"), [(16, 0.8), (24, 0.8), (40, 0.85), (48, 0.85), (80, 0.9), (141, 0.95)])
+def test_memory_utilization_by_gpu_memory(mem: float, util: float) -> None:
+    assert scaling.memory_utilization(mem)[0] == util
+
+
+def test_rollout_tp_from_model_size_and_gpu_memory() -> None:
+    assert scaling.rollout_tp(QWEN_7B, H100, 8)[0] == 1
+    assert scaling.rollout_tp(QWEN_7B, L4, 4)[0] == 2
+    assert scaling.rollout_tp(QWEN_32B, H100, 8)[0] == 4
+    assert scaling.rollout_tp(QWEN_32B, L4, 8)[0] == 8
+    tp, why = scaling.rollout_tp(QWEN_32B, H100, 2)
+    assert tp is None and "need tp >= 3" in why
+    assert scaling.min_gpus_per_node(QWEN_32B, H100) == 4
+    # A large model gets TP >= 2 even when one GPU would hold its weights.
+    big_gpu = Hardware(gpu_memory_gb=192, cpus_per_node=None)
+    assert scaling.rollout_tp(QWEN_32B, big_gpu, 8)[0] == 2
+    # TP also divides the attention heads: 28 heads never get 8.
+    assert 28 % scaling.rollout_tp(ModelFacts(60, 1, 1, 28), big_gpu, 8)[0] == 0  # type: ignore[operator]
+
+
+def test_batch_sizes_scale_linearly_and_stay_divisible() -> None:
+    settings = {"actor_rollout_ref.rollout.n": 5, "algorithm.adv_estimator": "grpo",
+                "actor_rollout_ref.actor.use_kl_loss": True}
+    base = {"train_batch_size_per_node": 100, "ppo_mini_batch_size_per_node": 30, "max_micro_batch_size_per_gpu": 4}
+    sizes = []
+    for nnodes in (1, 2, 4, 32):
+        d = scaling.derive(settings, base, QWEN_7B, H100, nnodes=nnodes, n_gpus_per_node=8, explicit=set())
+        s = d.settings
+        tbs, mini = s["data.train_batch_size"], s["actor_rollout_ref.actor.ppo_mini_batch_size"]
+        micro = s["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]
+        assert (tbs * 5) % (8 * nnodes) == 0 and (mini * 5) % (8 * nnodes) == 0 and tbs % mini == 0
+        assert (mini * 5 // (8 * nnodes)) % micro == 0 and micro <= 4
+        assert "critic.ppo_mini_batch_size" not in s  # GRPO: no critic
+        assert s["actor_rollout_ref.ref.fsdp_config.param_offload"] in (True, False)  # KL loss: a reference
+        sizes.append(tbs)
+    assert sizes == [104, 208, 416, 104 * 32]  # 100 per node rounded up to a multiple of 8
+
+
+def test_offload_switches_on_when_state_does_not_fit() -> None:
+    ppo = {"algorithm.adv_estimator": "gae"}
+    one = scaling.derive(ppo, {"train_batch_size_per_node": 64}, QWEN_7B, H100, nnodes=1, n_gpus_per_node=4,
+                         explicit=set())
+    many = scaling.derive(ppo, {"train_batch_size_per_node": 64}, QWEN_7B, H100, nnodes=4, n_gpus_per_node=4,
+                          explicit=set())
+    # 7.6B x 16 B x 2 (critic) / 4 GPUs = 61 GB > 40 GB; over 16 GPUs 15 GB fits.
+    assert one.settings["actor_rollout_ref.actor.fsdp_config.param_offload"] is True
+    assert one.settings["critic.fsdp.optimizer_offload"] is True
+    assert many.settings["actor_rollout_ref.actor.fsdp_config.param_offload"] is False
+    rule = next(r for r in one.rules if r.key == "actor_rollout_ref.actor.fsdp_config.param_offload")
+    assert "x 2 (critic)" in rule.rule and "> 50% of 80 GB" in rule.rule
+
+
+def test_explicit_values_win_and_are_reported() -> None:
+    key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    d = scaling.derive({key: 0.7}, {"train_batch_size_per_node": 8}, QWEN_7B, H100, nnodes=1, n_gpus_per_node=1,
+                       explicit={key})
+    assert d.settings[key] == 0.7
+    rule = next(r for r in d.rules if r.key == key)
+    assert rule.overridden and "would give 0.9" in rule.text()
+
+
+def test_required_cpus_counts_bundles_and_transfer_queue() -> None:
+    need, why = scaling.required_cpus(16, {})
+    assert need == 3 * 16 + 8 + 2 and "TransferQueue" in why
+    assert scaling.required_cpus(1, {"transfer_queue.backend.SimpleStorage.num_data_storage_units": 2})[0] == 7
+
+
+def test_nccl_environment_from_the_cluster_profile() -> None:
+    assert scaling.nccl_env(H100, debug=False) == {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_PROTO": "Simple"}
+    assert scaling.nccl_env(L4, debug=False) == {}
+    assert scaling.nccl_env(L4, debug=True) == {"NCCL_DEBUG": "INFO"}
+
+
+def test_model_facts_are_required_and_positive() -> None:
+    with pytest.raises(ConfigError, match="num_attention_heads"):
+        ModelFacts.from_profile({"params_b": 1, "hidden_size": 1, "num_layers": 1}, "m")
+    with pytest.raises(ConfigError, match="must be positive"):
+        ModelFacts.from_profile({"params_b": -1, "hidden_size": 1, "num_layers": 1, "num_attention_heads": 1}, "m")
+    with pytest.raises(ConfigError, match="must be a number"):
+        ModelFacts.from_profile({"params_b": "big", "hidden_size": 1, "num_layers": 1, "num_attention_heads": 1}, "m")
+
+
+def test_every_derived_key_has_a_rule_in_the_spec() -> None:
+    spec = build_run_spec({"nnodes": 4, "n_gpus_per_node": 8}, run_name="r", model_profile="qwen2.5-32b-grpo",
+                          cluster_profile="h100-ib")
+    for key in ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                "actor_rollout_ref.rollout.gpu_memory_utilization",
+                "actor_rollout_ref.actor.fsdp_config.param_offload"):
+        assert key in spec.verl and spec.derived[key].startswith(repr(spec.verl[key]))
+
+
+def test_params_are_estimated_from_the_shape_when_the_profile_omits_them() -> None:
+    facts = ModelFacts.from_profile({"hidden_size": 5120, "num_layers": 64, "num_attention_heads": 40}, "m")
+    assert facts.estimated and facts.params_b == pytest.approx(20.1, abs=0.1)  # 12 x 64 x 5120^2
+    given = ModelFacts.from_profile({"params_b": 32.8, "hidden_size": 5120, "num_layers": 64,
+                                     "num_attention_heads": 40}, "m")
+    assert not given.estimated and given.params_b == 32.8
