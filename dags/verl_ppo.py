@@ -23,7 +23,7 @@ from verl_pipeline.airflow.operators import (
     WaitForVerlJobOperator,
     cleanup_failed_run,
 )
-from verl_pipeline.airflow.params import build_params
+from verl_pipeline.airflow.params import build_params, default_args
 
 DOC = """
 ### verl PPO on Ray
@@ -49,13 +49,7 @@ with DAG(
     params=build_params(),
     # A run marked failed by hand or cut by a DAG-run timeout skips its teardown task: clean up here.
     on_failure_callback=cleanup_failed_run,
-    default_args={
-        "owner": "ml-platform",
-        "retries": 2,
-        "retry_delay": timedelta(seconds=20),
-        "retry_exponential_backoff": True,
-        "max_retry_delay": timedelta(minutes=10),
-    },
+    default_args=default_args(),
 ) as dag:
     provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
     preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK)

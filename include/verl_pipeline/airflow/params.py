@@ -9,6 +9,20 @@ from airflow.sdk import Param
 from verl_pipeline.config import DEFAULT_PROFILE, list_profiles
 
 
+def default_args() -> dict[str, Any]:
+    """Task defaults of the pipeline's DAGs: retries with exponential backoff (infrastructure
+    failures are retried with resume; the user's errors fail at once whatever this says)."""
+    from datetime import timedelta
+
+    return {
+        "owner": "ml-platform",
+        "retries": 2,
+        "retry_delay": timedelta(seconds=20),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+    }
+
+
 def build_params() -> dict[str, Any]:
     """Params of ``verl_ppo``. ``null`` means "the profile's value"."""
     profiles = list_profiles() or [DEFAULT_PROFILE]

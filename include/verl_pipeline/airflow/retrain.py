@@ -133,8 +133,9 @@ def build_retrain_dag(sched: RetrainSchedule) -> Any:
         SubmitVerlJobOperator,
         TeardownRayClusterOperator,
         WaitForVerlJobOperator,
+        cleanup_failed_run,
     )
-    from verl_pipeline.airflow.params import build_params
+    from verl_pipeline.airflow.params import build_params, default_args
 
     timetable = CronTriggerTimetable(sched.cron, timezone="UTC")
     schedule: Any = (AssetOrTimeSchedule(timetable=timetable, assets=[preprocessed_data_asset(sched.profile)])
@@ -156,13 +157,9 @@ def build_retrain_dag(sched: RetrainSchedule) -> Any:
         max_active_runs=1,
         tags=["verl", "ray", "rl", "retrain"],
         params=params,
-        default_args={
-            "owner": "ml-platform",
-            "retries": 2,
-            "retry_delay": timedelta(seconds=20),
-            "retry_exponential_backoff": True,
-            "max_retry_delay": timedelta(minutes=10),
-        },
+        default_args=default_args(),
+        # A run marked failed by hand or timed out skips its teardown task: clean up here.
+        on_failure_callback=cleanup_failed_run,
     ) as dag:
         provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
         # No outlet here: this DAG consumes the preprocessed-data Asset, it must not re-trigger itself.
