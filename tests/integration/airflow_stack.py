@@ -311,7 +311,20 @@ class AirflowStack:
         survivors = _stop_pids(list(self._tracked.values()), grace_s=grace_s)
         if self.postgres is not None:
             survivors += self.postgres.stop()
+        self._stop_leftover_clusters()
         return survivors
+
+    def _stop_leftover_clusters(self) -> None:
+        """Runs cut short by stopping the stack (a failed test) never reach their teardown task:
+        stop the local Ray clusters they recorded, as the pipeline's teardown would."""
+        from verl_pipeline.cluster.base import ClusterHandle
+        from verl_pipeline.cluster.local import stop_local
+
+        home = Path(self.env()["VERL_PIPELINE_HOME"])
+        for record in sorted(home.glob("runs/*/cluster.json")):
+            handle = ClusterHandle.from_dict(json.loads(record.read_text()))
+            if handle.backend == "local":
+                stop_local(handle)
 
 
 def main() -> None:
