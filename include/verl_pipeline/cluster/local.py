@@ -85,7 +85,8 @@ def ray_executable() -> str:
 
 @dataclass(frozen=True)
 class LocalBackend(ClusterBackend):
-    """Start a one-node Ray cluster on loopback with explicit resources and ports."""
+    """Start ``nodes`` Ray nodes (a head + workers) on this machine, on loopback, with explicit
+    resources and ports."""
 
     num_cpus: int = 2
     num_gpus: int = 0

@@ -68,6 +68,7 @@ class RewardCheck:
         try:
             self.fn(self.recipe.data_source, self.recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
         except NotImplementedError:
+            # verl's default_compute_score raises this for a data_source it has no scorer for.
             raise ConfigError("data.data_source", self.recipe.data_source,
                               f"{self.scorer} has no reward function for this data_source",
                               f"a data_source verl scores ({', '.join(VERL_SCORED_EXAMPLES)}) or set "
