@@ -86,3 +86,32 @@ def test_address_backend_requires_a_url() -> None:
         AddressBackend.from_spec({"backend": "address"})
     with pytest.raises(ConfigError, match="http"):
         AddressBackend.from_spec({"backend": "address", "dashboard_url": "ray://head:10001"})
+
+
+def test_worker_port_range_skips_a_slot_where_any_port_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray agent port held by another cluster (here: one port in the middle of a slot, on the
+    node's own address, as a Ray agent binds it) makes the whole slot unusable; a host with no free
+    slot is a clear error, not a guess."""
+    import socket
+
+    from verl_pipeline.cluster import local
+
+    span = 40
+    # Three candidate slots: [low, low+40), [low+40, low+80), [low+80, low+120).
+    low = local.free_port_range(3 * span, low=15000)
+    monkeypatch.setattr(local, "_ephemeral_start", lambda: low + 3 * span)
+    held = []
+    try:
+        for port in (low + 3, low + span + 17):  # neither is a multiple of a probing stride from the base
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            held.append(s)
+        for _ in range(5):  # the slot is picked at random: every pick avoids the held ones
+            assert local.free_port_range(span, low=low) == low + 2 * span
+        assert local.free_port_range(span, low=low, exclude=()) == low + 2 * span
+        with pytest.raises(ClusterError, match=f"no free range of {span} ports"):
+            local.free_port_range(span, low=low, exclude=(low + 2 * span,))
+    finally:
+        for s in held:
+            s.close()

@@ -50,10 +50,23 @@ def api(airflow_stack: AirflowStack) -> httpx.Client:
 
 @pytest.fixture(scope="module")
 def started(airflow_stack: AirflowStack, api: httpx.Client) -> dict[str, str]:
-    """Unpause both DAGs, trigger ``verl_ppo`` with a conf, and update the smoke profile's data Asset."""
-    for dag_id in (DAG, RETRAIN):
-        r = api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
-        assert r.status_code == 200 and r.json()["is_paused"] is False, r.text
+    """Unpause both DAGs, trigger ``verl_ppo`` with a conf, and update the smoke profile's data Asset.
+
+    The retraining DAG goes first: with ``catchup=False`` Airflow runs its cron's latest tick as soon
+    as it is unpaused. That run finishes before any data update, so each update is queued on its
+    own and not held behind it (two updates queued behind one active run become one run that
+    lists only the first)."""
+    r = api.patch(f"/api/v2/dags/{RETRAIN}", json={"is_paused": False})
+    assert r.status_code == 200 and r.json()["is_paused"] is False, r.text
+    deadline = time.monotonic() + 120
+    while not (runs := api.get(f"/api/v2/dags/{RETRAIN}/dagRuns").json()["dag_runs"]):
+        assert time.monotonic() < deadline, "the retraining DAG's latest cron tick did not start a run"
+        time.sleep(1)
+    assert [r["run_type"] for r in runs] == ["scheduled"], runs
+    cron_run = airflow_stack.wait_for_run(api, RETRAIN, runs[0]["dag_run_id"], timeout_s=600)
+    assert cron_run["state"] == "success", _task_states(api, RETRAIN, runs[0]["dag_run_id"])
+    r = api.patch(f"/api/v2/dags/{DAG}", json={"is_paused": False})
+    assert r.status_code == 200 and r.json()["is_paused"] is False, r.text
     r = api.post(f"/api/v2/dags/{DAG}/dagRuns",
                  json={"logical_date": None, "conf": {"total_training_steps": 3, "mode": "preflight"}})
     assert r.status_code == 200, r.text
@@ -142,7 +155,7 @@ def test_data_update_triggers_retraining_which_publishes_latest(
             break
         assert time.monotonic() < deadline, f"retraining runs {retrain_runs} consumed events {sources}"
         time.sleep(2)
-    # (The profile's weekly cron may also start a "scheduled" run if the test runs at that minute.)
+    # The cron's run (see `started`) and one asset-triggered run per update (or one for both).
     assert any(r["run_type"] == "asset_triggered" and r["triggered_by"] == "asset" for r in retrain_runs)
     assert all(r["run_type"] in ("asset_triggered", "scheduled") for r in retrain_runs), retrain_runs
     finished = [airflow_stack.wait_for_run(api, RETRAIN, r["dag_run_id"], timeout_s=600) for r in retrain_runs]

@@ -45,6 +45,15 @@ def slurm_configs(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.Monke
     return configs
 
 
+def _job_outputs(*roots: Path) -> str:
+    """The tails of every Slurm job output under ``roots`` (the reason a provision failed, in the failure)."""
+    import os
+
+    roots = (*roots, Path(os.environ["VERL_PIPELINE_HOME"]))
+    outs = sorted({p for r in roots if r.is_dir() for p in r.rglob("slurm-*.out")}, key=lambda p: p.stat().st_mtime)
+    return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-1500:]}" for p in outs[-3:])
+
+
 def _dag() -> Any:
     from airflow.dag_processing.dagbag import DagBag
 
@@ -58,7 +67,7 @@ def test_dag_on_slurm_two_ray_nodes_preflight_then_scancel(
 ) -> None:
     dr = _dag().test(run_conf={"profile": "slurm-smoke", "total_training_steps": 2})
     states = _states(dr)
-    assert str(dr.state) == "success", states
+    assert str(dr.state) == "success", f"{states}\n{_job_outputs(slurm_configs.parent)}"
 
     cluster = _xcom(dr, "provision_ray_cluster")
     sub = _xcom(dr, "submit_verl_job")
@@ -96,8 +105,10 @@ def test_cli_backend_slurm_cancel_from_outside_then_a_fresh_allocation(
     from verl_pipeline.cluster.base import ClusterHandle, get_backend
 
     run = ["--run-name", "cli/slurm", "--json"]
-    assert main(["cluster", "up", "--backend", "slurm", *run]) == 0
-    first = json.loads(capsys.readouterr().out)
+    rc = main(["cluster", "up", "--backend", "slurm", *run])
+    out = capsys.readouterr()
+    assert rc == 0, f"{out.err[-3000:]}\n{_job_outputs(slurm_configs.parent)}"
+    first = json.loads(out.out)
     handle = ClusterHandle.from_dict(first)
     backend = get_backend({"backend": "slurm"})
     try:

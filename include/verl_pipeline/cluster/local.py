@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -56,20 +57,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _free_range(span: int, after: int = 20000) -> int:
-    """The first port of ``span`` consecutive ports (from ``after`` on) that all look free right now."""
-    for base in range(after, 60000 - span, span):
-        ok = True
-        for port in range(base, base + span, 17):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections take ports from there)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_free(port: int) -> bool:
+    # The wildcard address: a port that any address of this host holds (loopback or the node IP) is taken.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_range(span: int, exclude: tuple[int, ...] = (), low: int = 10000) -> int:
+    """The first port of ``span`` consecutive ports that are all free right now.
+
+    Below the ephemeral range (so outgoing connections never take them later), every port probed on
+    the wildcard address, and the slot picked at random: clusters that reserved a range for workers
+    they have not started yet (nothing bound to probe) rarely get the same slot. ``exclude`` are
+    bases already handed out for this cluster.
+    """
+    high = _ephemeral_start() - span
+    bases = list(range(low, high + 1, span))
+    random.SystemRandom().shuffle(bases)
+    for base in bases:
+        if any(abs(base - other) < span for other in exclude):
+            continue
+        if all(_port_free(port) for port in range(base, base + span)):
             return base
-    raise ClusterError(f"no free range of {span} ports for Ray workers on this machine")
+    raise ClusterError(f"no free range of {span} ports between {low} and {high + span} on this machine")
 
 
 def ray_executable() -> str:
@@ -184,7 +206,8 @@ class LocalBackend(ClusterBackend):
         temp_dir.mkdir(parents=True, exist_ok=True)
 
         ports = {key: (self.ports.get(key) or free_port()) for key in PORT_FLAGS}
-        worker_base = self.min_worker_port or _free_range(_WORKER_PORT_SPAN)
+        worker_base = self.min_worker_port or free_port_range(_WORKER_PORT_SPAN)
+        bases = [worker_base]
         cmd = [
             ray_executable(), "start", "--head", "--block",
             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
@@ -233,7 +256,10 @@ class LocalBackend(ClusterBackend):
                 handle.gcs_address = f"{head_ip}:{ports['gcs']}"
                 for rank in range(1, self.nodes):
                     node_ports = {key: free_port() for key in PORT_FLAGS if key not in _HEAD_ONLY_PORTS}
-                    base = _free_range(_WORKER_PORT_SPAN, after=worker_base + rank * _WORKER_PORT_SPAN)
+                    # A pinned min_worker_port: the next ranges after it; else a free one anywhere.
+                    base = (self.min_worker_port + rank * _WORKER_PORT_SPAN if self.min_worker_port
+                            else free_port_range(_WORKER_PORT_SPAN, exclude=tuple(bases)))
+                    bases.append(base)
                     cmd = [
                         ray_executable(), "start", "--block", f"--address={handle.gcs_address}",
                         '--resources={"local_worker_node": 1}',

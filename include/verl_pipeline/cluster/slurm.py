@@ -454,9 +454,9 @@ class SlurmBackend(ClusterBackend):
         for stale in workdir.glob("head-*.json"):
             # An address published by an earlier allocation must never be mistaken for this one's.
             stale.unlink()
-        from verl_pipeline.cluster.local import _free_range
+        from verl_pipeline.cluster.local import free_port_range
 
-        base = self.port_base or _free_range(self.port_stride * self.nodes + WORKER_PORT_OFFSET + WORKER_PORT_SPAN)
+        base = self.port_base or free_port_range(self.port_stride * self.nodes + WORKER_PORT_OFFSET + WORKER_PORT_SPAN)
         script = self.render_script(name, port_base=base)
         script_path = workdir / SCRIPT_NAME
         with atomic_path(script_path) as tmp:
