@@ -1,8 +1,9 @@
 """The checks behind a trustworthy dataset: verl can score it, prompts fit, no duplicates.
 
 - :class:`RewardCheck` — the recipe's ``data_source`` has a reward function in verl's
-  ``default_compute_score`` (or the configured custom function), checked once per source before
-  any row is read, and a sample ground truth per batch (the batch's first accepted row) scores 1.0
+  ``default_compute_score`` (or the configured custom function), checked once per source while the
+  first rows are read (verl loads in the background; nothing is published before it passed), and
+  a sample ground truth per batch (the batch's first accepted row) scores 1.0
   when answered in the recipe's ``check_solution`` form.
 - :class:`PromptLengths` — prompt tokens after the model's chat template, as verl's ``RLHFDataset``
   counts them, for every row.
@@ -40,6 +41,7 @@ class RewardCheck:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.samples = 0
+        self.queued: list[tuple[str, str, int]] = []
         self.fn: Callable[..., Any] | None = None
         self.error: BaseException | None = None
         if recipe.custom_reward_path:
@@ -49,8 +51,8 @@ class RewardCheck:
             self.thread = None
         else:
             self.scorer = "verl.utils.reward_score.default_compute_score"
-            # Importing verl (torch) takes seconds: it overlaps with reading the first batch. The
-            # first sample (before anything is written) waits for it.
+            # Importing verl (torch) takes seconds: rows are read, checked and written (to the
+            # unpublished temp directory) meanwhile; samples wait in a queue until it is loaded.
             self.thread = threading.Thread(target=self._init_verl, name="verl-reward-import", daemon=True)
             self.thread.start()
 
@@ -75,14 +77,32 @@ class RewardCheck:
                               "data.custom_reward_path to your reward function file") from None
 
     def wait(self) -> None:
-        """Until the scorer is loaded and the data_source checked; raises what that raised."""
+        """Until the scorer is loaded and the data_source checked, then every queued sample scored;
+        raises what failed."""
         if self.thread is not None:
             self.thread.join()
+        self.poll()
+
+    def poll(self) -> None:
+        """Raise at once if loading the scorer or checking the data_source failed; once loaded, score
+        the samples queued while it loaded. Never blocks."""
         if self.error is not None:
             raise self.error
+        if self.fn is not None and (self.thread is None or not self.thread.is_alive()):
+            queued, self.queued = self.queued, []
+            for args in queued:
+                self._score(*args)
 
     def sample(self, ground_truth: str, label: str, line: int) -> None:
-        self.wait()
+        """Check one ground truth: now when the scorer is loaded, else as soon as it is (``poll``/``wait``).
+
+        Reading and checking rows goes on while verl is imported; nothing is published before
+        ``wait`` returned, and a failure of the import shows at the next ``poll``.
+        """
+        self.queued.append((ground_truth, label, line))
+        self.poll()
+
+    def _score(self, ground_truth: str, label: str, line: int) -> None:
         assert self.fn is not None
         solution = self.recipe.check_solution.format(ground_truth=ground_truth)
         score = self.fn(self.recipe.data_source, solution, ground_truth, extra_info={})
@@ -204,7 +224,7 @@ class PromptLengths:
         picked = contents.take(pa.array(todo)).to_pylist()
         texts = [self.prefix + c + self.suffix for c in picked] if self.exact else [self._render(c) for c in picked]
         enc = self.encode(texts, add_special_tokens=False)
-        out[todo] = np.fromiter((len(e.ids) for e in enc), dtype=np.int64, count=len(texts))
+        out[todo] = np.fromiter((len(e) for e in enc), dtype=np.int64, count=len(texts))
         return out
 
 

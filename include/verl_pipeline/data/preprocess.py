@@ -11,7 +11,8 @@ What is checked, and how often:
   most that many UTF-8 bytes provably fits and is not tokenized; every other prompt is); the prompt
   is not an exact duplicate of an earlier one (train first, then val: a val prompt seen in train is
   removed too; 64-bit hashes, a collision would drop a row: ~3e-6 probability at 10M rows).
-- per data_source, before any row is written (verl is imported while the first batch is read):
+- per data_source (verl is imported in the background while rows are read; a failure stops the
+  run at the next batch, and nothing is published before the check passed):
   verl's ``default_compute_score`` (or the configured custom reward function) has a reward
   function for it.
 - per batch (its first accepted row): that scorer gives 1.0 to the extracted ground truth answered
@@ -170,6 +171,7 @@ class _Run:
         t = b.table
         n = t.num_rows
         self.read += n
+        self.reward.poll()  # a scorer that failed to load stops the run here
         reasons = np.full(n, None, dtype=object)
 
         # ground truth

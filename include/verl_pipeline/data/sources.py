@@ -40,6 +40,8 @@ FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 VAL_SPLIT_NAMES = ("validation", "val", "test")
 _JSONL_CHUNK = 8 << 20
+#: Arrow's JSON parse unit: several per chunk so that its thread pool parses them in parallel.
+_ARROW_JSON_BLOCK = 1 << 20
 #: fsspec protocol → the pip package that implements it (for the missing-backend error).
 FSSPEC_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
                    "abfss": "adlfs", "hdfs": "pyarrow", "http": "aiohttp", "https": "aiohttp", "sftp": "paramiko",
@@ -437,13 +439,19 @@ def _jsonl(f: Any, columns: Columns, batch_rows: int) -> Iterator[Batch]:
         n_lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
         batch = None
         if b"\n\n" not in block and not block.startswith(b"\n") and b"\r\n\r\n" not in block:
-            try:
-                table = pj.read_json(io.BytesIO(block), read_options=pj.ReadOptions(block_size=len(block) + 1))
-                if table.num_rows == n_lines:
-                    batch = Batch(_select(table, columns, "", typed_source=False),
-                                  np.arange(line_base + 1, line_base + n_lines + 1, dtype=np.int64))
-            except (pa.ArrowInvalid, _WrongType):
-                batch = None
+            # Arrow parses blocks on its thread pool (both cores); a record longer than a block makes it
+            # fail, and then the chunk is parsed again as one block.
+            for block_size in dict.fromkeys((min(len(block) + 1, _ARROW_JSON_BLOCK), len(block) + 1)):
+                try:
+                    table = pj.read_json(io.BytesIO(block), read_options=pj.ReadOptions(block_size=block_size))
+                    if table.num_rows == n_lines:
+                        batch = Batch(_select(table, columns, "", typed_source=False),
+                                      np.arange(line_base + 1, line_base + n_lines + 1, dtype=np.int64))
+                    break
+                except _WrongType:
+                    break
+                except pa.ArrowInvalid:
+                    continue
         if batch is not None:
             yield from _rechunk(batch, batch_rows)
         else:
