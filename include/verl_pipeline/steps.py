@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.cluster.base import ClusterHandle, ClusterStatus, get_backend, probe
+from verl_pipeline.cluster.base import ClusterHandle, ClusterHealth, ClusterStatus, get_backend, probe
 from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
-from verl_pipeline.exceptions import ClusterError, ConfigError
+from verl_pipeline.exceptions import ClusterError, ConfigError, PipelineError
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.trainer.render import RenderedJob, render_job
 
@@ -68,6 +68,14 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) 
     handle = backend.provision(spec.cluster_name)
     write_json_atomic(spec.run_dir / "cluster.json", handle.to_dict())
     return handle
+
+
+def cluster_health(handle: ClusterHandle) -> ClusterHealth:
+    """What the backend says of the run's cluster (e.g. the Slurm job's state), never raising."""
+    try:
+        return get_backend({"backend": handle.backend, **_backend_spec(handle)}).health(handle)
+    except PipelineError as e:
+        return ClusterHealth(False, "UNKNOWN", f"cannot ask the {handle.backend} backend: {e}")
 
 
 def ensure_cluster(

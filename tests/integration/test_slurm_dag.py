@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +193,66 @@ def test_provision_killed_while_waiting_still_gets_its_allocation_cancelled(
     while processes_of_job(job_id) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert processes_of_job(job_id) == []
+
+
+def test_allocation_cancelled_mid_training_is_retried_on_a_fresh_allocation_and_resumes(
+    airflow_db: Path, slurm_configs: Path, slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The site cancels the allocation while the (fake, GPU-less) trainer is at step 5 of 8: the wait
+    task fails as an infrastructure failure naming the Slurm state, its retry gets a fresh
+    allocation (two Ray nodes again) and resumes from the last checkpoint; nothing of either
+    allocation survives the run."""
+    from tests.faults.conftest import SAVE_FREQ, TOTAL_STEPS, Killer, _profile, load_dag, metric_lines, run_dir
+    from verl_pipeline.jobs.attempts import read_attempts
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(home))
+    prof = _profile("slurm allocation cancelled", {"trainer": {"save_freq": SAVE_FREQ},
+                                                   "+fake": {"step_seconds": 1.5}})
+    prof["cluster_profile"] = "slurm-test"
+    (slurm_configs / "profiles" / "slurm-faults.yaml").write_text(yaml.safe_dump(prof))
+
+    cancelled: list[str] = []
+
+    def scancel(rd: Path) -> None:
+        job_id = json.loads((rd / "cluster.json").read_text())["extra"]["job_id"]
+        assert slurm.run("scancel", job_id).returncode == 0
+        cancelled.append(job_id)
+
+    killer = Killer(home, at_step=5, kill=scancel)
+    thread = killer.start()
+    dr = load_dag().test(run_conf={"profile": "slurm-faults"})
+    thread.join(timeout=5)
+    assert killer.error is None and cancelled, "the job finished before the allocation was cancelled"
+    assert str(dr.state) == "success", f"{_states(dr)}\n{_job_outputs(home)}"
+    wait_tries = next(int(ti.try_number) for ti in dr.get_task_instances() if ti.task_id == "wait_for_verl_job")
+    assert wait_tries == 2  # failed once (infrastructure), retried once
+
+    rd = run_dir(home)
+    assert rd is not None
+    # The first try's failure names the Slurm state (`dags test` prints the task logs).
+    printed = capfd.readouterr()
+    # (COMPLETING while Slurm still signals the job's processes, CANCELLED after.)
+    assert re.search(rf"\[infrastructure failure: Slurm job {cancelled[0]} is (CANCELLED|COMPLETING)\b",
+                     printed.out + printed.err), "the wait task's failure does not name the Slurm state"
+    # A fresh allocation: another Slurm job, two Ray nodes again; the cancelled one is gone.
+    cluster = _xcom(dr, "provision_ray_cluster")
+    final = json.loads((rd / "cluster.stopped.json").read_text())
+    assert final["extra"]["job_id"] not in (cancelled[0], None)
+    assert cluster["extra"]["job_id"] == cancelled[0]
+    assert final["expected_nodes"] == 2
+    assert slurm.run("squeue", "-h", "-j", cancelled[0]).stdout.strip() == ""
+    # Resumed from the last checkpoint, finished all steps.
+    attempts = read_attempts(rd)
+    assert [a.attempt for a in attempts] == [1, 2]
+    first = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
+    second = [m["step"] for m in metric_lines(rd / "metrics-a2.jsonl")]
+    resumed = attempts[1].resume_from_step
+    assert resumed >= SAVE_FREQ and resumed % SAVE_FREQ == 0 and 0 <= max(first) - resumed <= SAVE_FREQ
+    assert second[0] == resumed + 1 and second[-1] == TOTAL_STEPS
+    # Teardown cancelled the second allocation; no process of either allocation is left.
+    teardown = _xcom(dr, "teardown_ray_cluster")
+    assert teardown["slurm_job_id"] == final["extra"]["job_id"] and teardown["final_state"] == "CANCELLED"
+    for extra in (cluster["extra"], final["extra"]):
+        nothing_left(extra)

@@ -453,8 +453,16 @@ class WaitForVerlJobOperator(_PipelineOperator):
         if status != "success":
             message = str(event.get("message") or "")
             if status == "error":
-                # The trigger could not reach the job (cluster gone): an infrastructure failure.
-                raise AirflowException(f"Ray job {job_id}: {message} — retrying")
+                # The trigger could not reach the job: the backend says whether the site took the
+                # cluster away (e.g. the Slurm allocation was cancelled) — an infrastructure failure.
+                from verl_pipeline import steps
+
+                health = steps.cluster_health(handle)
+                if health.infrastructure:
+                    raise AirflowException(
+                        f"Ray job {job_id}: {message} [infrastructure failure: {health.detail}] — retrying "
+                        "provisions a fresh cluster and resumes from the last checkpoint")
+                raise AirflowException(f"Ray job {job_id}: {message} ({health.state}: {health.detail}) — retrying")
             if status == "node_lost":
                 # The job may hang on the dead node: stop it so the retry never runs two at once.
                 try:
