@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
+PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd"]
 
 
 def _free_port() -> int:
@@ -36,7 +36,7 @@ def _unavailable(reason: str) -> None:
 
 
 def ensure_installed() -> None:
-    if all(shutil.which(c) for c in ("slurmctld", "slurmd", "sbatch", "munged")):
+    if all(shutil.which(c) for c in ("slurmctld", "slurmd", "sbatch", "munged", "slurmrestd")):
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         _unavailable("Slurm is not installed and this is not a root Debian machine with apt-get")
@@ -57,6 +57,8 @@ class SlurmCluster:
     conf: Path = field(init=False)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     munged_pid: int | None = None
+    #: slurmrestd's UNIX socket once :meth:`start_rest` ran.
+    rest_socket: str | None = None
 
     def __post_init__(self) -> None:
         self.conf = self.root / "etc" / "slurm.conf"
@@ -133,6 +135,34 @@ class SlurmCluster:
         logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in (d / "log").glob("*"))
         self.stop()
         raise RuntimeError(f"Slurm did not become idle:\n{logs}")
+
+    def start_rest(self) -> str:
+        """slurmrestd on a UNIX socket with rest_auth/local (munge); its socket path.
+
+        slurmrestd refuses to run as root: it drops to ``nobody`` (so jobs it submits run as ``nobody``).
+        Only the openapi/v0.0.38 plugin: the accounting ones need a slurmdbd this Slurm does not have.
+        """
+        if not shutil.which("slurmrestd"):
+            _unavailable("slurmrestd is not installed")
+        rest_dir = self.root / "rest"
+        rest_dir.mkdir(exist_ok=True)
+        rest_dir.chmod(0o777)  # it binds the socket as `nobody`
+        sock = rest_dir / "slurmrestd.socket"
+        for d in (self.root, self.conf.parent):  # slurmrestd drops to `nobody`: it must read slurm.conf
+            d.chmod(0o755)
+        self.conf.chmod(0o644)
+        log = open(self.root / "log" / "slurmrestd.out", "ab")
+        cmd = ["slurmrestd", "-f", str(self.conf), "-a", "rest_auth/local", "-s", "openapi/v0.0.38", "-u", "nobody",
+               f"unix:{sock}"]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env(), start_new_session=True)
+        self.procs.append(proc)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            if sock.exists():
+                self.rest_socket = str(sock)
+                return self.rest_socket
+            time.sleep(0.2)
+        raise RuntimeError(f"slurmrestd did not start: {(self.root / 'log' / 'slurmrestd.out').read_text()[-1500:]}")
 
     def stop(self) -> None:
         # Any job still running first, then the daemons in reverse order, then munged.

@@ -88,6 +88,48 @@ def test_scontrol_output_is_parsed() -> None:
     assert info["JobState"] == "PENDING" and info["Reason"] == "Resources" and info["ExitCode"] == "0:0"
 
 
+@pytest.mark.parametrize("key,value", [
+    ("slurmrestd", {"url": "http://host:6820/slurm/v0.0.38"}), ("slurmrestd", {"url": "relative.sock"}),
+    ("slurmrestd", {}), ("slurmrestd", {"url": "unix:/run/s.sock", "api_version": "v0.0.30"}),
+    ("slurmrestd", {"url": "unix:/run/s.sock", "tokn_env": "X"}), ("slurmrestd", {"url": "unix:/s", "timeout_s": 0}),
+])
+def test_invalid_slurmrestd_settings_are_rejected(key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as e:
+        get_backend({**SITE, key: value})
+    assert e.value.key.startswith("cluster.slurmrestd")
+
+
+def test_slurmrestd_cannot_carry_extra_sbatch_options() -> None:
+    with pytest.raises(ConfigError, match="slurmrestd does not read #SBATCH lines") as e:
+        get_backend({**SITE, "extra_sbatch": ["--exclusive"], "slurmrestd": {"url": "unix:/run/s.sock"}})
+    assert e.value.key == "cluster.extra_sbatch"
+
+
+@pytest.mark.parametrize("text,minutes", [("30", 30), ("30:30", 31), ("04:00:00", 240), ("1-00", 1440),
+                                          ("1-02:03", 1563), ("2-00:00:01", 2881), ("UNLIMITED", None)])
+def test_slurm_time_limits_in_minutes(text: str, minutes: int | None) -> None:
+    from verl_pipeline.cluster.slurm_rest import time_limit_minutes
+
+    assert time_limit_minutes(text) == minutes
+
+
+def test_slurmrestd_job_properties_carry_the_profile() -> None:
+    b = get_backend({**SITE, "slurmrestd": {"url": "unix:/run/s.sock"}, "mem": "64G", "qos": "high",
+                     "shared_dir": "/shared/vp"})
+    props = b.rest_job_properties("run/1")  # type: ignore[attr-defined]
+    assert props["nodes"] == SITE["nodes"] and props["cpus_per_task"] == SITE["cpus_per_node"]
+    assert props["tres_per_node"] == f"gres:gpu:{SITE['gpus_per_node']}"
+    assert props["memory_per_node"] == 64 * 1024 and props["qos"] == "high" and props["partition"] == SITE["partition"]
+    assert props["current_working_directory"].startswith("/shared/vp/vp-run-1-")
+    assert props["environment"]["SLURM_GPUS_PER_NODE"] == str(SITE["gpus_per_node"])
+
+
+def test_slurmrestd_unreachable_is_a_clear_error(tmp_path: Path) -> None:
+    b = get_backend({**SITE, "slurmrestd": {"url": f"unix:{tmp_path}/none.sock", "timeout_s": 2}})
+    with pytest.raises(ClusterError, match=r"slurmrestd at unix:.*none.sock is unreachable"):
+        b.job("1")  # type: ignore[attr-defined]
+
+
 # -- a real Slurm ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:

@@ -256,3 +256,64 @@ def test_allocation_cancelled_mid_training_is_retried_on_a_fresh_allocation_and_
     assert teardown["slurm_job_id"] == final["extra"]["job_id"] and teardown["final_state"] == "CANCELLED"
     for extra in (cluster["extra"], final["extra"]):
         nothing_left(extra)
+
+
+def test_slurmrestd_submits_watches_and_cancels_the_allocation(slurm: SlurmCluster) -> None:
+    """The backend's Slurm calls through slurmrestd's REST API (UNIX socket, rest_auth/local): the
+    allocation is submitted as the JSON job properties built from the profile, watched, found by
+    name, and cancelled by teardown. (slurmrestd runs jobs as its own user, `nobody` here, who cannot
+    execute this root-owned Python: the job holds the allocation with srun instead of starting Ray;
+    Ray inside an allocation is covered by the sbatch tests above.)"""
+    import os
+    import tempfile
+    import time
+
+    from verl_pipeline.cluster.base import ClusterHandle, get_backend
+
+    sock = slurm.start_rest()
+    shared = Path(tempfile.mkdtemp(prefix="vp-rest-"))
+    shared.chmod(0o777)  # written by the job's user
+    try:
+        backend = get_backend(slurm_test_spec(slurm, shared, slurmrestd={"url": f"unix:{sock}"}))
+        name = f"pytest/rest-{os.getpid()}"
+        workdir = backend.workdir_for(name)
+        workdir.mkdir(parents=True)
+        workdir.chmod(0o777)
+        script = ('#!/bin/bash\nmapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")\n'
+                  'echo "nodes: ${NODES[*]} cpus: $SLURM_CPUS_PER_TASK"\n'
+                  'for n in "${NODES[@]}"; do srun --overlap --nodes=1 --ntasks=1 -w "$n" sleep 600 & done\nwait\n')
+        props = backend.rest_job_properties(name)
+        assert props["nodes"] == 2 and props["cpus_per_task"] == 1 and props["time_limit"] == 30
+        job_id = backend.rest.submit(script, props)
+        handle = ClusterHandle(backend="slurm", name=name, dashboard_url="", owned=True, auth_mode="disabled",
+                               expected_nodes=2, extra={"job_id": job_id, "workdir": str(workdir),
+                                                        "slurmrestd": backend.rest.to_dict(), "cancel_timeout_s": 60})
+        deadline = time.monotonic() + 60
+        while backend.job(job_id).state != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        job = backend.job(job_id)
+        assert job.state == "RUNNING" and job.nodes == "c[1-2]", job
+        assert backend.jobs_named(backend.job_name(name)) == [job_id]
+        assert backend.health(handle).alive
+        # Slurm ran what the properties asked for, where they asked.
+        info = slurm.run("scontrol", "show", "job", "-o", job_id).stdout
+        assert "NumNodes=2" in info and "CPUs/Task=1" in info and "TimeLimit=00:30:00" in info
+        assert f"JobName={backend.job_name(name)}" in info and "Partition=debug" in info
+        output = workdir / f"slurm-{job_id}.out"
+        while "nodes:" not in (output.read_text() if output.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert output.read_text().startswith("nodes: c1 c2 cpus: 1")
+
+        down = backend.teardown(handle)
+        assert down["final_state"] == "CANCELLED" and down["state_before"] == "RUNNING"
+        assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
+        health = backend.health(handle)
+        assert not health.alive and health.infrastructure
+        assert backend.jobs_named(backend.job_name(name)) == []
+        assert backend.job("999999").state == "GONE"
+        deadline = time.monotonic() + 15
+        while processes_of_job(job_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert processes_of_job(job_id) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

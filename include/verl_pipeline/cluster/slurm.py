@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, ClusterStatus, probe, wait_ready
+from verl_pipeline.cluster.slurm_rest import SlurmRest, state_of, time_limit_minutes
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
 
@@ -148,6 +149,8 @@ class SlurmBackend(ClusterBackend):
     ready_timeout_s: float = 600.0
     cancel_timeout_s: float = 120.0
     poll_s: float = 2.0
+    #: Submit, watch and cancel through slurmrestd instead of sbatch/scontrol/scancel.
+    rest: SlurmRest | None = None
     #: Set by :meth:`for_run`: the run directory the script, logs and head address go to.
     run_dir: str | None = None
     kind: str = "slurm"
@@ -155,7 +158,8 @@ class SlurmBackend(ClusterBackend):
     KNOWN = ("nodes", "cpus_per_node", "gpus_per_node", "time", "partition", "account", "qos", "mem",
              "extra_sbatch", "container", "env", "python", "dashboard_host", "gcs_port", "dashboard_port",
              "client_server_port", "port_base", "port_stride", "object_store_memory_mb", "temp_dir", "shared_dir",
-             "slurm_conf", "slurm_bin", "pending_timeout_s", "ready_timeout_s", "cancel_timeout_s", "poll_s")
+             "slurm_conf", "slurm_bin", "pending_timeout_s", "ready_timeout_s", "cancel_timeout_s", "poll_s",
+             "slurmrestd")
 
     # -- configuration -----------------------------------------------------------------------------
     @classmethod
@@ -269,7 +273,12 @@ class SlurmBackend(ClusterBackend):
             ready_timeout_s=seconds("ready_timeout_s", 600),
             cancel_timeout_s=seconds("cancel_timeout_s", 120),
             poll_s=seconds("poll_s", 2),
+            rest=SlurmRest.from_spec(spec["slurmrestd"]) if spec.get("slurmrestd") is not None else None,
         )
+        if b.rest and b.extra_sbatch:
+            raise ConfigError("cluster.extra_sbatch", list(b.extra_sbatch),
+                              "slurmrestd does not read #SBATCH lines, so extra sbatch options cannot be passed "
+                              "through it", "remove extra_sbatch, or submit with sbatch (no slurmrestd setting)")
         if 0 < b.port_stride < WORKER_PORT_OFFSET + WORKER_PORT_SPAN:
             raise ConfigError("cluster.port_stride", b.port_stride,
                               f"nodes sharing a host need at least {WORKER_PORT_OFFSET + WORKER_PORT_SPAN} ports each",
@@ -278,6 +287,42 @@ class SlurmBackend(ClusterBackend):
 
     def for_run(self, run_dir: Path) -> SlurmBackend:
         return replace(self, run_dir=str(run_dir))
+
+    def _for_handle(self, handle: ClusterHandle) -> SlurmBackend:
+        """This backend talking to the Slurm (conf, commands or slurmrestd) that ``handle``'s job is on."""
+        extra = handle.extra
+        rest = SlurmRest.from_spec(extra["slurmrestd"]) if extra.get("slurmrestd") else self.rest
+        return replace(self, slurm_conf=extra.get("slurm_conf") or self.slurm_conf,
+                       slurm_bin=extra.get("slurm_bin") or self.slurm_bin, rest=rest,
+                       cancel_timeout_s=float(extra.get("cancel_timeout_s") or self.cancel_timeout_s))
+
+    def rest_job_properties(self, name: str) -> dict[str, Any]:
+        """The allocation of :meth:`render_script` as slurmrestd job properties (it ignores #SBATCH lines)."""
+        workdir = self.workdir_for(name)
+        job: dict[str, Any] = {
+            "name": self.job_name(name), "nodes": self.nodes, "tasks_per_node": 1,
+            "cpus_per_task": self.cpus_per_node, "current_working_directory": str(workdir),
+            "standard_output": f"{workdir}/slurm-%j.out", "standard_error": f"{workdir}/slurm-%j.out",
+            # The script sets what the Ray nodes need; the job gets a plain environment plus the
+            # variables sbatch would have set from its options (the script reads them).
+            "environment": {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+                            "LANG": os.environ.get("LANG", "C.UTF-8"),
+                            "SLURM_CPUS_PER_TASK": str(self.cpus_per_node),
+                            "SLURM_GPUS_PER_NODE": str(self.gpus_per_node)},
+        }
+        minutes = time_limit_minutes(self.time_limit)
+        if minutes is not None:
+            job["time_limit"] = minutes
+        if self.gpus_per_node:
+            job["tres_per_node"] = f"gres:gpu:{self.gpus_per_node}"
+        for key, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos)):
+            if value:
+                job[key] = value
+        if self.mem:
+            units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+            number, unit = re.fullmatch(r"(\d+)([KMGT]?)", self.mem).groups()  # type: ignore[union-attr]
+            job["memory_per_node"] = max(1, int(int(number) * units[unit or "M"]))
+        return job
 
     # -- names and places ------------------------------------------------------------------------
     def job_name(self, name: str) -> str:
@@ -429,6 +474,11 @@ class SlurmBackend(ClusterBackend):
         return proc
 
     def job(self, job_id: str) -> SlurmJob:
+        if self.rest:
+            record = self.rest.job(job_id)
+            if record is None:
+                return SlurmJob(job_id, "GONE", "no longer known to Slurm")
+            return SlurmJob(job_id, *state_of(record))
         proc = self._run(["scontrol", "show", "job", "-o", job_id], check=False)
         if proc.returncode != 0:
             if "Invalid job id" in proc.stderr:
@@ -439,6 +489,9 @@ class SlurmBackend(ClusterBackend):
                         info.get("NodeList", ""))
 
     def jobs_named(self, job_name: str) -> list[str]:
+        if self.rest:
+            return [str(j["job_id"]) for j in self.rest.jobs_named(job_name)
+                    if state_of(j)[0] not in TERMINAL_STATES]
         proc = self._run(["squeue", "-h", f"--name={job_name}", "-o", "%i"])
         return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
 
@@ -462,10 +515,13 @@ class SlurmBackend(ClusterBackend):
         with atomic_path(script_path) as tmp:
             tmp.write_text(script)
         log.info("sbatch script %s:\n%s", script_path, script)
-        out = self._run(["sbatch", "--parsable", str(script_path)]).stdout.strip()
-        job_id = out.split(";")[0]
-        if not job_id.isdigit():
-            raise ClusterError(f"sbatch printed no job id: {out!r}")
+        if self.rest:
+            job_id = self.rest.submit(script, self.rest_job_properties(name))
+        else:
+            out = self._run(["sbatch", "--parsable", str(script_path)]).stdout.strip()
+            job_id = out.split(";")[0]
+            if not job_id.isdigit():
+                raise ClusterError(f"sbatch printed no job id: {out!r}")
         log.info("Submitted Slurm job %s (%s): %d node(s) x %d CPU / %d GPU", job_id, job_name, self.nodes,
                  self.cpus_per_node, self.gpus_per_node)
         handle = ClusterHandle(
@@ -475,6 +531,7 @@ class SlurmBackend(ClusterBackend):
             extra={"job_id": job_id, "job_name": job_name, "workdir": str(workdir), "script": str(script_path),
                    "output": str(workdir / f"slurm-{job_id}.out"), "slurm_conf": self.slurm_conf,
                    "slurm_bin": self.slurm_bin, "cancel_timeout_s": self.cancel_timeout_s,
+                   "slurmrestd": self.rest.to_dict() if self.rest else None,
                    "temp_dir": self.temp_dir_for(name)},
         )
         write_json_atomic(workdir / STATE_FILE, handle.to_dict())
@@ -545,12 +602,17 @@ class SlurmBackend(ClusterBackend):
 
     def _cancel_and_confirm(self, job_id: str, timeout_s: float | None = None) -> SlurmJob:
         timeout_s = self.cancel_timeout_s if timeout_s is None else timeout_s
-        self._run(["scancel", job_id], check=False)
+        if self.rest:
+            self.rest.cancel(job_id)
+        else:
+            self._run(["scancel", job_id], check=False)
         deadline = time.monotonic() + timeout_s
         while True:
             job = self.job(job_id)
             # COMPLETING (CG) is terminal for the scheduler but the nodes still run its processes.
             if job.terminal and "COMPLETING" not in job.state:
+                if self.rest:  # its record says COMPLETING until the nodes are done with it
+                    return job
                 in_queue = self._run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
                 if not in_queue or in_queue in TERMINAL_STATES:
                     return job
@@ -559,9 +621,7 @@ class SlurmBackend(ClusterBackend):
             time.sleep(0.5)
 
     def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
-        b = replace(self, slurm_conf=handle.extra.get("slurm_conf") or self.slurm_conf,
-                    slurm_bin=handle.extra.get("slurm_bin") or self.slurm_bin,
-                    cancel_timeout_s=float(handle.extra.get("cancel_timeout_s") or self.cancel_timeout_s))
+        b = self._for_handle(handle)
         job_id = str(handle.extra.get("job_id") or "")
         if not job_id:
             return {"slurm_job_id": None, "stopped_processes": 0}
@@ -578,8 +638,7 @@ class SlurmBackend(ClusterBackend):
 
     def health(self, handle: ClusterHandle) -> ClusterHealth:
         """Whether the allocation still runs, with the Slurm state and reason when it does not."""
-        b = replace(self, slurm_conf=handle.extra.get("slurm_conf") or self.slurm_conf,
-                    slurm_bin=handle.extra.get("slurm_bin") or self.slurm_bin)
+        b = self._for_handle(handle)
         job = b.job(str(handle.extra.get("job_id")))
         if job.state != "RUNNING":
             return ClusterHealth(False, job.state, job.describe(), infrastructure=True)

@@ -1,0 +1,172 @@
+"""Slurm through slurmrestd (its REST API) instead of the sbatch/scontrol/scancel commands.
+
+Configured in the cluster profile as ``slurmrestd: {url: ..., api_version: v0.0.38, user: ...,
+token_env: SLURM_JWT}``. ``url`` is ``unix:/path/to/slurmrestd.socket`` (rest_auth/local: the
+daemon's own user submits) or ``http(s)://host:port`` (rest_auth/jwt: the token from
+``$SLURM_JWT``, as ``scontrol token`` prints it, sent with the user name).
+
+slurmrestd does not read ``#SBATCH`` lines: the allocation is described by the job properties
+built here from the same profile settings (the script is sent as is, so a user still reads the
+``#SBATCH`` lines of what ran).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from verl_pipeline.exceptions import ClusterError, ConfigError
+
+log = logging.getLogger(__name__)
+
+API_VERSIONS = ("v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42")
+
+
+def time_limit_minutes(text: str) -> int | None:
+    """Slurm's time limit (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``) in whole minutes,
+    rounded up; None for UNLIMITED/INFINITE."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days = 0
+    rest = text
+    if "-" in text:
+        d, rest = text.split("-", 1)
+        days = int(d) if d.isdigit() else -1
+    parts = rest.split(":")
+    if days < 0 or not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ConfigError("cluster.time", text, "is not a Slurm time limit", "time: '1-00:00:00' or '04:00:00'")
+    n = [int(p) for p in parts]
+    if "-" in text:  # D-H, D-H:M, D-H:M:S
+        h, m, sec = ([*n, 0, 0])[:3]
+    elif len(n) == 3:  # H:M:S
+        h, m, sec = n
+    else:  # M, M:S
+        h, m, sec = 0, n[0], (n[1] if len(n) == 2 else 0)
+    return max(days * 1440 + h * 60 + m + (1 if sec else 0), 1)
+
+
+@dataclass(frozen=True)
+class SlurmRest:
+    url: str
+    api_version: str = "v0.0.38"
+    user: str | None = None
+    token_env: str = "SLURM_JWT"
+    timeout_s: float = 30.0
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> SlurmRest:
+        if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
+            raise ConfigError("cluster.slurmrestd", spec, "needs url (unix:/path/to/socket or http://host:port)",
+                              "slurmrestd: {url: 'unix:/run/slurmrestd/slurmrestd.socket'}")
+        unknown = sorted(set(spec) - {"url", "api_version", "user", "token_env", "timeout_s"})
+        if unknown:
+            raise ConfigError(f"cluster.slurmrestd.{unknown[0]}", spec[unknown[0]], "unknown slurmrestd setting",
+                              "use url, api_version, user, token_env, timeout_s")
+        url = spec["url"]
+        if not (url.startswith("unix:/") or re.match(r"^https?://[^/\s]+/?$", url)):
+            raise ConfigError("cluster.slurmrestd.url", url, "must be unix:/absolute/socket or http(s)://host:port",
+                              "url: 'unix:/run/slurmrestd/slurmrestd.socket'")
+        version = str(spec.get("api_version", "v0.0.38"))
+        if version not in API_VERSIONS:
+            raise ConfigError("cluster.slurmrestd.api_version", version, "is not a slurmrestd API this backend speaks",
+                              f"one of {list(API_VERSIONS)} (`slurmrestd -s list` shows yours)")
+        timeout = spec.get("timeout_s", 30)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError("cluster.slurmrestd.timeout_s", timeout, "must be a positive number", "timeout_s: 30")
+        return cls(url=url.rstrip("/"), api_version=version, user=spec.get("user"),
+                   token_env=str(spec.get("token_env", "SLURM_JWT")), timeout_s=float(timeout))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "api_version": self.api_version, "user": self.user, "token_env": self.token_env,
+                "timeout_s": self.timeout_s}
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        import httpx
+
+        headers = {"Accept": "application/json"}
+        token = os.environ.get(self.token_env)
+        if token:
+            headers["X-SLURM-USER-NAME"] = self.user or getpass.getuser()
+            headers["X-SLURM-USER-TOKEN"] = token
+        if self.url.startswith("unix:"):
+            transport = httpx.HTTPTransport(uds=self.url[len("unix:"):])
+            base = "http://slurmrestd"
+        else:
+            transport = httpx.HTTPTransport()
+            base = self.url
+        full = f"{base}/slurm/{self.api_version}/{path}"
+        try:
+            with httpx.Client(transport=transport, timeout=self.timeout_s) as client:
+                r = client.request(method, full, headers=headers, json=body)
+        except httpx.HTTPError as e:
+            raise ClusterError(f"slurmrestd at {self.url} is unreachable ({type(e).__name__}: {e}); check "
+                               "cluster.slurmrestd.url and that slurmrestd runs") from None
+        try:
+            data: dict[str, Any] = r.json()
+        except ValueError:
+            data = {}
+        errors = [e for e in data.get("errors") or [] if isinstance(e, dict) and (e.get("error_number") or
+                                                                                  e.get("error_code"))]
+        if r.status_code in (401, 403):
+            raise ClusterError(f"slurmrestd at {self.url} refused the request (HTTP {r.status_code}): set "
+                               f"${self.token_env} to a token from `scontrol token` (and cluster.slurmrestd.user), "
+                               "or use the UNIX socket as the daemon's user")
+        if r.status_code >= 400 or errors:
+            what = "; ".join(str(e.get("description") or e.get("error")) for e in errors) or r.text[:300]
+            raise _RestError(f"slurmrestd {method} {path} failed (HTTP {r.status_code}): {what}", errors)
+        return data
+
+    # -- jobs --------------------------------------------------------------------------------------
+    def submit(self, script: str, job: dict[str, Any]) -> str:
+        data = self._request("POST", "job/submit", {"script": script, "job": job})
+        job_id = data.get("job_id")
+        if job_id is None and isinstance(data.get("result"), dict):
+            job_id = data["result"].get("job_id")
+        if job_id is None:
+            raise ClusterError(f"slurmrestd accepted the job but returned no job id: {data}")
+        return str(job_id)
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job's record, or None once Slurm no longer knows it."""
+        try:
+            data = self._request("GET", f"job/{job_id}")
+        except _RestError as e:
+            if any("Invalid job id" in str(x.get("error", "")) or "Unable to find" in str(x.get("description", ""))
+                   for x in e.errors):
+                return None
+            raise
+        jobs = data.get("jobs") or []
+        return jobs[0] if jobs else None
+
+    def cancel(self, job_id: str) -> None:
+        try:
+            self._request("DELETE", f"job/{job_id}")
+        except _RestError as e:
+            log.warning("Cancelling Slurm job %s through slurmrestd: %s", job_id, e)
+
+    def jobs_named(self, name: str) -> list[dict[str, Any]]:
+        return [j for j in self._request("GET", "jobs").get("jobs") or [] if j.get("name") == name]
+
+
+class _RestError(ClusterError):
+    def __init__(self, message: str, errors: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+def state_of(record: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(state, reason, exit code, nodes) of a slurmrestd job record (older and newer API shapes)."""
+    state = record.get("job_state", "UNKNOWN")
+    if isinstance(state, list):  # v0.0.39+: a list of flags, the base state first
+        state = state[0] if state else "UNKNOWN"
+    exit_code = record.get("exit_code", "")
+    if isinstance(exit_code, dict):  # v0.0.39+: {"status": [...], "return_code": {"number": N}}
+        rc = exit_code.get("return_code")
+        exit_code = rc.get("number") if isinstance(rc, dict) else rc
+    return str(state), str(record.get("state_reason", "")), str(exit_code if exit_code is not None else ""), \
+        str(record.get("nodes", ""))
