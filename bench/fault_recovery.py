@@ -2,8 +2,9 @@
 
 Usage: .venv/bin/python bench/fault_recovery.py
 
-Runs the fault-injection tests (tests/faults: real 2-node local Ray cluster, real DAG, real kills),
-which write their measurements to .work/fault-recovery.json, and prints them as a table.
+Runs the fault-injection tests (tests/faults: real 2-node local Ray cluster, real DAG, real kills;
+and the Slurm allocation cancelled mid-training on the throwaway Slurm), which write their
+measurements to .work/fault-recovery.json, and prints them as a table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ RESULTS = REPO / ".work" / "fault-recovery.json"
 
 def main() -> None:
     RESULTS.unlink(missing_ok=True)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/faults"], cwd=REPO)
+    slurm = ("tests/integration/test_slurm_dag.py::"
+             "test_allocation_cancelled_mid_training_is_retried_on_a_fresh_allocation_and_resumes")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/faults", slurm],
+                       cwd=REPO)
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     print("| scenario | recovery (s) | killed after step | resumed from step | steps redone |")
     print("|---|---|---|---|---|")

@@ -256,6 +256,13 @@ def test_allocation_cancelled_mid_training_is_retried_on_a_fresh_allocation_and_
     assert teardown["slurm_job_id"] == final["extra"]["job_id"] and teardown["final_state"] == "CANCELLED"
     for extra in (cluster["extra"], final["extra"]):
         nothing_left(extra)
+    # For bench/fault_recovery.py: scancel -> the resumed attempt's first step.
+    results = REPO / ".work" / "fault-recovery.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(results.read_text()) if results.exists() else {}
+    data["Slurm allocation cancelled"] = {"recovery_s": killer.recovery_s, "killed_after_step": max(first),
+                                          "resumed_from_step": resumed, "steps_redone": max(first) - resumed}
+    results.write_text(json.dumps(data, indent=2))
 
 
 def test_slurmrestd_submits_watches_and_cancels_the_allocation(slurm: SlurmCluster) -> None:
