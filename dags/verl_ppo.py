@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from airflow.sdk import DAG
 
-from airflow.sdk import DAG, TriggerRule, chain
-
-from verl_pipeline.airflow.operators import (
-    PLAN_MODELS_TASK,
-    PREFETCH_TASK,
-    PREPROCESS_TASK,
-    PROVISION_TASK,
-    SUBMIT_TASK,
-    TEARDOWN_TASK,
-    WAIT_TASK,
-    PlanModelsOperator,
-    PrefetchModelOperator,
-    PreprocessDataOperator,
-    ProvisionRayClusterOperator,
-    SubmitVerlJobOperator,
-    TeardownRayClusterOperator,
-    WaitForVerlJobOperator,
-    cleanup_failed_run,
-)
+from verl_pipeline.airflow.operators import cleanup_failed_run
 from verl_pipeline.airflow.params import build_params, default_args
+from verl_pipeline.airflow.pipeline import wire_pipeline
 
 DOC = """
 ### verl PPO on Ray
@@ -51,20 +34,4 @@ with DAG(
     on_failure_callback=cleanup_failed_run,
     default_args=default_args(),
 ) as dag:
-    provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
-    preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK)
-    plan_models = PlanModelsOperator(task_id=PLAN_MODELS_TASK)
-    # One mapped instance per distinct model of the run (actor, critic, reward model), in parallel.
-    prefetch = PrefetchModelOperator.partial(
-        task_id=PREFETCH_TASK, map_index_template="{{ model_label }}",
-    ).expand(model=plan_models.output)
-    submit = SubmitVerlJobOperator(task_id=SUBMIT_TASK)
-    wait = WaitForVerlJobOperator(task_id=WAIT_TASK)
-    # Teardown must not be retried into a long backoff: it runs once more at most, quickly.
-    teardown = TeardownRayClusterOperator(task_id=TEARDOWN_TASK, retries=1, retry_delay=timedelta(seconds=5))
-
-    chain(provision, preprocess, plan_models, prefetch, submit, wait, teardown)
-    teardown.as_teardown(setups=provision)
-    # A teardown normally runs only when its setup succeeded; a provision that failed (or was killed)
-    # after starting Ray processes must still be cleaned up, so teardown runs whatever happened.
-    teardown.trigger_rule = TriggerRule.ALL_DONE
+    wire_pipeline()

@@ -13,8 +13,8 @@ from verl_pipeline.airflow.retrain import RetrainSchedule, build_retrain_dag, re
 from verl_pipeline.exceptions import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-ORDER = ["provision_ray_cluster", "preprocess_data", "prefetch_model", "submit_verl_job", "wait_for_verl_job",
-         "publish_run", "teardown_ray_cluster"]
+ORDER = ["provision_ray_cluster", "preprocess_data", "plan_models", "prefetch_model", "submit_verl_job",
+         "wait_for_verl_job", "publish_run", "teardown_ray_cluster"]
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,7 @@ class PublishRunOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from verl_pipeline import runs
+        from verl_pipeline.models.prefetch import models_by_role
 
         ti = context["ti"]
         try:
@@ -106,7 +107,7 @@ class PublishRunOperator(BaseOperator):
             run_dir=spec.run_dir, run_key=spec.run_key, run_name=spec.run_name, profile=spec.profile,
             status=runs.RunStatus.SUCCEEDED if ok else runs.RunStatus.FAILED,
             checkpoint_dir=spec.checkpoint_dir,
-            data=ti.xcom_pull(task_ids=PREPROCESS_TASK), models=ti.xcom_pull(task_ids=PREFETCH_TASK),
+            data=ti.xcom_pull(task_ids=PREPROCESS_TASK), models=models_by_role(ti.xcom_pull(task_ids=PREFETCH_TASK)),
             submit=ti.xcom_pull(task_ids=SUBMIT_TASK),
         )
         if not ok:
@@ -121,21 +122,12 @@ class PublishRunOperator(BaseOperator):
 
 def build_retrain_dag(sched: RetrainSchedule) -> Any:
     """The retraining DAG of one profile (cron, or cron OR data update when ``on_data_update``)."""
-    from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, TriggerRule, chain
+    from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, TriggerRule
 
     from verl_pipeline.airflow.assets import preprocessed_data_asset
-    from verl_pipeline.airflow.operators import (
-        PROVISION_TASK,
-        TEARDOWN_TASK,
-        PrefetchModelOperator,
-        PreprocessDataOperator,
-        ProvisionRayClusterOperator,
-        SubmitVerlJobOperator,
-        TeardownRayClusterOperator,
-        WaitForVerlJobOperator,
-        cleanup_failed_run,
-    )
+    from verl_pipeline.airflow.operators import cleanup_failed_run
     from verl_pipeline.airflow.params import build_params, default_args
+    from verl_pipeline.airflow.pipeline import wire_pipeline
 
     timetable = CronTriggerTimetable(sched.cron, timezone="UTC")
     schedule: Any = (AssetOrTimeSchedule(timetable=timetable, assets=[preprocessed_data_asset(sched.profile)])
@@ -161,16 +153,8 @@ def build_retrain_dag(sched: RetrainSchedule) -> Any:
         # A run marked failed by hand or timed out skips its teardown task: clean up here.
         on_failure_callback=cleanup_failed_run,
     ) as dag:
-        provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
-        # No outlet here: this DAG consumes the preprocessed-data Asset, it must not re-trigger itself.
-        preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK, emit_asset=False)
-        prefetch = PrefetchModelOperator(task_id=PREFETCH_TASK)
-        submit = SubmitVerlJobOperator(task_id=SUBMIT_TASK)
-        wait = WaitForVerlJobOperator(task_id=WAIT_TASK)
+        # No outlet on preprocess: this DAG consumes the preprocessed-data Asset, it must not re-trigger itself.
         publish = PublishRunOperator(task_id=PUBLISH_TASK, trigger_rule=TriggerRule.ALL_DONE, retries=1,
                                      retry_delay=timedelta(seconds=5))
-        teardown = TeardownRayClusterOperator(task_id=TEARDOWN_TASK, retries=1, retry_delay=timedelta(seconds=5))
-        chain(provision, preprocess, prefetch, submit, wait, publish, teardown)
-        teardown.as_teardown(setups=provision)
-        teardown.trigger_rule = TriggerRule.ALL_DONE
+        wire_pipeline(emit_asset=False, after_wait=[publish])
     return dag
