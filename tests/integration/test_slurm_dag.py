@@ -295,23 +295,27 @@ def test_slurmrestd_submits_watches_and_cancels_the_allocation(slurm: SlurmClust
         handle = ClusterHandle(backend="slurm", name=name, dashboard_url="", owned=True, auth_mode="disabled",
                                expected_nodes=2, extra={"job_id": job_id, "workdir": str(workdir),
                                                         "slurmrestd": backend.rest.to_dict(), "cancel_timeout_s": 60})
-        deadline = time.monotonic() + 60
-        while backend.job(job_id).state != "RUNNING" and time.monotonic() < deadline:
-            time.sleep(0.5)
-        job = backend.job(job_id)
-        assert job.state == "RUNNING" and job.nodes == "c[1-2]", job
-        assert backend.jobs_named(backend.job_name(name)) == [job_id]
-        assert backend.health(handle).alive
-        # Slurm ran what the properties asked for, where they asked.
-        info = slurm.run("scontrol", "show", "job", "-o", job_id).stdout
-        assert "NumNodes=2" in info and "CPUs/Task=1" in info and "TimeLimit=00:30:00" in info
-        assert f"JobName={backend.job_name(name)}" in info and "Partition=debug" in info
-        output = workdir / f"slurm-{job_id}.out"
-        while "nodes:" not in (output.read_text() if output.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert output.read_text().startswith("nodes: c1 c2 cpus: 1")
-
-        down = backend.teardown(handle)
+        down: dict[str, Any] | None = None
+        try:
+            deadline = time.monotonic() + 60
+            while backend.job(job_id).state != "RUNNING" and time.monotonic() < deadline:
+                time.sleep(0.5)
+            job = backend.job(job_id)
+            assert job.state == "RUNNING" and job.nodes == "c[1-2]", job
+            assert backend.jobs_named(backend.job_name(name)) == [job_id]
+            assert backend.health(handle).alive
+            # Slurm ran what the properties asked for, where they asked.
+            info = slurm.run("scontrol", "show", "job", "-o", job_id).stdout
+            assert "NumNodes=2" in info and "CPUs/Task=1" in info and "TimeLimit=00:30:00" in info
+            assert f"JobName={backend.job_name(name)}" in info and "Partition=debug" in info
+            output = workdir / f"slurm-{job_id}.out"
+            while "nodes:" not in (output.read_text() if output.exists() else "") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert output.read_text().startswith("nodes: c1 c2 cpus: 1")
+            down = backend.teardown(handle)
+        finally:
+            if down is None:  # a failed check above: never leave the allocation running
+                backend.teardown(handle)
         assert down["final_state"] == "CANCELLED" and down["state_before"] == "RUNNING"
         assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
         health = backend.health(handle)
