@@ -91,6 +91,7 @@ def test_scontrol_output_is_parsed() -> None:
 @pytest.mark.parametrize("key,value", [
     ("slurmrestd", {"url": "http://host:6820/slurm/v0.0.38"}), ("slurmrestd", {"url": "relative.sock"}),
     ("slurmrestd", {}), ("slurmrestd", {"url": "unix:/run/s.sock", "api_version": "v0.0.30"}),
+    ("slurmrestd", {"url": "unix:/run/s.sock", "api_version": "v0.0.40"}),
     ("slurmrestd", {"url": "unix:/run/s.sock", "tokn_env": "X"}), ("slurmrestd", {"url": "unix:/s", "timeout_s": 0}),
 ])
 def test_invalid_slurmrestd_settings_are_rejected(key: str, value: object) -> None:

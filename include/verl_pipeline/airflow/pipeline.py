@@ -13,8 +13,8 @@ from datetime import timedelta
 from typing import Any
 
 
-def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) -> dict[str, Any]:
-    """Create the pipeline's tasks in the DAG being defined (call inside ``with DAG(...)``); by task id.
+def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) -> None:
+    """Create the pipeline's tasks in the DAG being defined (call inside ``with DAG(...)``).
 
     ``emit_asset``: the preprocess task updates the run profile's preprocessed-data Asset (off for a
     DAG scheduled on that Asset: it must not trigger itself). ``after_wait``: tasks run between the
@@ -56,5 +56,3 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) ->
     # A teardown normally runs only when its setup succeeded; a provision that failed (or was killed)
     # after starting Ray processes must still be cleaned up, so teardown runs whatever happened.
     teardown.trigger_rule = TriggerRule.ALL_DONE
-    tasks = [provision, preprocess, plan_models, prefetch, submit, wait, *after_wait, teardown]
-    return {t.task_id: t for t in tasks}

@@ -23,7 +23,9 @@ from verl_pipeline.exceptions import ClusterError, ConfigError
 
 log = logging.getLogger(__name__)
 
-API_VERSIONS = ("v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42")
+#: The REST API versions whose job fields this module reads (tested against slurmrestd 22.05).
+#: Later versions changed the shapes (state flag lists, exit codes and limits as objects).
+API_VERSIONS = ("v0.0.38",)
 
 
 def time_limit_minutes(text: str) -> int | None:
@@ -125,8 +127,6 @@ class SlurmRest:
     def submit(self, script: str, job: dict[str, Any]) -> str:
         data = self._request("POST", "job/submit", {"script": script, "job": job})
         job_id = data.get("job_id")
-        if job_id is None and isinstance(data.get("result"), dict):
-            job_id = data["result"].get("job_id")
         if job_id is None:
             raise ClusterError(f"slurmrestd accepted the job but returned no job id: {data}")
         return str(job_id)
@@ -160,13 +160,6 @@ class _RestError(ClusterError):
 
 
 def state_of(record: dict[str, Any]) -> tuple[str, str, str, str]:
-    """(state, reason, exit code, nodes) of a slurmrestd job record (older and newer API shapes)."""
-    state = record.get("job_state", "UNKNOWN")
-    if isinstance(state, list):  # v0.0.39+: a list of flags, the base state first
-        state = state[0] if state else "UNKNOWN"
-    exit_code = record.get("exit_code", "")
-    if isinstance(exit_code, dict):  # v0.0.39+: {"status": [...], "return_code": {"number": N}}
-        rc = exit_code.get("return_code")
-        exit_code = rc.get("number") if isinstance(rc, dict) else rc
-    return str(state), str(record.get("state_reason", "")), str(exit_code if exit_code is not None else ""), \
-        str(record.get("nodes", ""))
+    """(state, reason, exit code, nodes) of a slurmrestd v0.0.38 job record."""
+    return (str(record.get("job_state", "UNKNOWN")), str(record.get("state_reason", "")),
+            str(record.get("exit_code", "")), str(record.get("nodes", "")))
