@@ -20,13 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from verl_pipeline.cluster.local import free_ports
+
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _unavailable(reason: str) -> None:
@@ -74,10 +70,10 @@ class SlurmCluster:
         for sub in ("etc", "state", "log", "run", "munge", "spool"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         host = socket.gethostname().split(".")[0]
-        ctld_port = _free_port()
+        ctld_port, *node_ports = free_ports(1 + self.nodes)
         node_lines = []
-        for i in range(1, self.nodes + 1):
-            node_lines.append(f"NodeName=c{i} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} "
+        for i, node_port in enumerate(node_ports, start=1):
+            node_lines.append(f"NodeName=c{i} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_port} "
                               f"CPUs={self.cpus_per_node} RealMemory=4000 State=UNKNOWN")
         self.conf.write_text("\n".join([
             "ClusterName=vptest",

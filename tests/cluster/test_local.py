@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -115,3 +116,61 @@ def test_worker_port_range_skips_a_slot_where_any_port_is_held(monkeypatch: pyte
     finally:
         for s in held:
             s.close()
+
+
+def test_free_ports_are_distinct_and_skip_excluded_ones() -> None:
+    """Ray refuses to start when two of its components get one port: every port handed out for a
+    node is different, even when the kernel would reuse a just-closed probe port."""
+    from verl_pipeline.cluster import local
+
+    first = local.free_ports(9)
+    assert len(set(first)) == 9
+    again = local.free_ports(9, exclude=set(first))
+    assert len(set(again)) == 9
+    assert not set(first) & set(again)
+
+
+def test_a_port_conflict_at_start_is_retried_with_fresh_ports(monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The first pick hands two Ray components one port (as a kernel reusing a just-closed probe
+    port did in CI): `ray start` refuses, and provision starts again on fresh ports instead of
+    failing the task."""
+    from verl_pipeline.cluster import local
+
+    real = local.free_ports
+    calls: list[int] = []
+
+    def first_pick_collides(count: int, exclude: object = ()) -> list[int]:
+        calls.append(count)
+        ports = real(count, exclude=exclude)  # type: ignore[arg-type]
+        return [ports[0]] * count if len(calls) == 1 else ports
+
+    monkeypatch.setattr(local, "free_ports", first_pick_collides)
+    temp_dir = Path("/tmp") / f"vp-t-retry-{os.getpid()}"
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "temp_dir": str(temp_dir),
+                                      "stop_grace_s": 3})
+    with caplog.at_level("WARNING", logger="verl_pipeline.cluster.local"):
+        handle = backend.provision("pytest/port-retry")
+    try:
+        assert len(calls) == 2
+        assert "retrying with fresh ports" in caplog.text
+        assert handle.client().nodes()
+    finally:
+        backend.teardown(handle)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_port_conflict_that_persists_is_a_clear_error() -> None:
+    """Ports pinned in the profile are not changed: two components pinned to one port fail after
+    the retries, with Ray's own explanation, and nothing is left running."""
+
+    port = free_port()
+    temp_dir = Path("/tmp") / f"vp-t-pinned-{os.getpid()}"
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "temp_dir": str(temp_dir),
+                                      "ports": {"node_manager": port, "object_manager": port}, "stop_grace_s": 3})
+    try:
+        with pytest.raises(ClusterError, match="used by other components"):
+            backend.provision("pytest/port-pinned")
+        assert not procs.alive(procs.with_cmdline(str(temp_dir)))
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)

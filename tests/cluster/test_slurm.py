@@ -13,7 +13,7 @@ import pytest
 from tests.cluster.slurm_fixture import SlurmCluster, processes_of_job, slurm_cluster
 from tests.conftest import ray_processes
 from verl_pipeline.cluster.base import get_backend
-from verl_pipeline.cluster.local import free_port
+from verl_pipeline.cluster.local import free_ports
 from verl_pipeline.cluster.slurm import SlurmBackend, parse_scontrol_job
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
@@ -139,10 +139,11 @@ def slurm() -> Iterator[SlurmCluster]:
 
 def slurm_test_spec(slurm: SlurmCluster, shared: Path, **over: object) -> dict[str, object]:
     """Two Ray nodes on this one host: distinct ports per node, dashboard on loopback, this venv's Ray."""
+    gcs, dashboard, client = free_ports(3)
     return {
         "backend": "slurm", "nodes": 2, "cpus_per_node": 1, "time": "00:30:00", "partition": "debug",
-        "dashboard_host": "127.0.0.1", "gcs_port": free_port(), "dashboard_port": free_port(),
-        "client_server_port": free_port(), "port_base": 0, "port_stride": 100, "object_store_memory_mb": 200,
+        "dashboard_host": "127.0.0.1", "gcs_port": gcs, "dashboard_port": dashboard,
+        "client_server_port": client, "port_base": 0, "port_stride": 100, "object_store_memory_mb": 200,
         "slurm_conf": str(slurm.conf), "shared_dir": str(shared), "ready_timeout_s": 150, "pending_timeout_s": 60,
         "poll_s": 1, **over,
     }

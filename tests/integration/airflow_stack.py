@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from typing import Any
 import httpx
 import psutil
 
+from verl_pipeline.cluster.local import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
 ADMIN_USER = "admin"
@@ -34,12 +35,6 @@ COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
 
 class StackUnavailable(RuntimeError):
     """A system prerequisite (PostgreSQL binaries) is missing: the caller skips (or fails in CI)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pg_bin_dir() -> Path:

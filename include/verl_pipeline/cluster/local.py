@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,14 +48,45 @@ _WORKER_PORT_SPAN = 200
 #: Ports only the head opens (worker nodes join the head's GCS and have no dashboard).
 _HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}
 STATE_FILE = "verl_pipeline_cluster.json"
+#: Attempts to start a local cluster when Ray reports that one of its ports is taken.
+_PORT_ATTEMPTS = 3
+#: What ``ray start`` prints when a port it was given is taken or given twice.
+_PORT_CONFLICT_MARKERS = ("Failed to bind", "already in use", "is used by other components")
+
+
+class _PortConflict(ClusterError):
+    """``ray start`` exited because a port it was given could not be bound."""
 #: Environment variable naming the cluster (its temp dir) in every process the cluster runs.
 CLUSTER_MARKER = "VERL_PIPELINE_CLUSTER"
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, exclude: Collection[int] = ()) -> list[int]:
+    """``count`` distinct ports that are free right now, none of them in ``exclude``.
+
+    Every socket stays bound until all are picked: asking the kernel for one free port at a time can
+    hand out the same port twice (it was free again the moment its probe socket closed), and Ray
+    refuses to start when two of its components are given one port.
+    """
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("0.0.0.0", 0))
+            port = int(s.getsockname()[1])
+            if port not in exclude:
+                ports.append(port)
+            if len(held) > count + 100:
+                raise ClusterError(f"could not find {count} free ports on this machine")
+    finally:
+        for s in held:
+            s.close()
+    return ports
 
 
 def _ephemeral_start() -> int:
@@ -198,6 +230,19 @@ class LocalBackend(ClusterBackend):
         ] + [f"{PORT_FLAGS[key]}={port}" for key, port in ports.items()]
 
     def provision(self, name: str) -> ClusterHandle:
+        """Start the nodes and wait until the cluster is ready. A port taken between picking it and
+        Ray binding it (another process got there first) is retried with fresh ports."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            try:
+                return self._provision_once(name)
+            except _PortConflict as exc:
+                if attempt == _PORT_ATTEMPTS:
+                    raise
+                log.warning("Ray could not bind a port for %s (attempt %d of %d), retrying with fresh ports: %s",
+                            name, attempt, _PORT_ATTEMPTS, str(exc).splitlines()[-1])
+        raise AssertionError("unreachable")
+
+    def _provision_once(self, name: str) -> ClusterHandle:
         temp_dir = self.temp_dir_for(name)
         leftovers = procs.alive(procs.with_cmdline(str(temp_dir)) + procs.with_environ(CLUSTER_MARKER, str(temp_dir)))
         if leftovers:
@@ -205,7 +250,11 @@ class LocalBackend(ClusterBackend):
             procs.terminate(leftovers, grace_s=self.stop_grace_s)
         temp_dir.mkdir(parents=True, exist_ok=True)
 
-        ports = {key: (self.ports.get(key) or free_port()) for key in PORT_FLAGS}
+        pinned = {key: port for key, port in self.ports.items() if port}
+        missing = [key for key in PORT_FLAGS if key not in pinned]
+        ports = {**dict(zip(missing, free_ports(len(missing), exclude=set(pinned.values())), strict=True)),
+                 **pinned}
+        ports = {key: ports[key] for key in PORT_FLAGS}
         worker_base = self.min_worker_port or free_port_range(_WORKER_PORT_SPAN)
         bases = [worker_base]
         cmd = [
@@ -245,7 +294,8 @@ class LocalBackend(ClusterBackend):
             for p, path in started:
                 if p.poll() is not None:
                     tail = path.read_text(errors="replace")[-2000:]
-                    raise ClusterError(
+                    error = _PortConflict if any(m in tail for m in _PORT_CONFLICT_MARKERS) else ClusterError
+                    raise error(
                         f"`ray start` exited with code {p.returncode} before the cluster was ready:\n{tail}"
                     )
 
@@ -253,9 +303,13 @@ class LocalBackend(ClusterBackend):
             status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
             if self.nodes > 1:
                 head_ip = self._head_ip(handle)
+                taken = set(ports.values())
                 handle.gcs_address = f"{head_ip}:{ports['gcs']}"
                 for rank in range(1, self.nodes):
-                    node_ports = {key: free_port() for key in PORT_FLAGS if key not in _HEAD_ONLY_PORTS}
+                    keys = [key for key in PORT_FLAGS if key not in _HEAD_ONLY_PORTS]
+                    # Earlier nodes may not have bound theirs yet: none of their ports either.
+                    node_ports = dict(zip(keys, free_ports(len(keys), exclude=taken), strict=True))
+                    taken.update(node_ports.values())
                     # A pinned min_worker_port: the next ranges after it; else a free one anywhere.
                     base = (self.min_worker_port + rank * _WORKER_PORT_SPAN if self.min_worker_port
                             else free_port_range(_WORKER_PORT_SPAN, exclude=tuple(bases)))
