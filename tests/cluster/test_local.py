@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -140,9 +141,9 @@ def test_a_port_conflict_at_start_is_retried_with_fresh_ports(monkeypatch: pytes
     real = local.free_ports
     calls: list[int] = []
 
-    def first_pick_collides(count: int, exclude: object = ()) -> list[int]:
+    def first_pick_collides(count: int, exclude: Collection[int] = ()) -> list[int]:
         calls.append(count)
-        ports = real(count, exclude=exclude)  # type: ignore[arg-type]
+        ports = real(count, exclude=exclude)
         return [ports[0]] * count if len(calls) == 1 else ports
 
     monkeypatch.setattr(local, "free_ports", first_pick_collides)

@@ -109,7 +109,7 @@ def test_slurmrestd_cannot_carry_extra_sbatch_options() -> None:
 @pytest.mark.parametrize("text,minutes", [("30", 30), ("30:30", 31), ("04:00:00", 240), ("1-00", 1440),
                                           ("1-02:03", 1563), ("2-00:00:01", 2881), ("UNLIMITED", None)])
 def test_slurm_time_limits_in_minutes(text: str, minutes: int | None) -> None:
-    from verl_pipeline.cluster.slurm_rest import time_limit_minutes
+    from verl_pipeline.cluster.slurm import time_limit_minutes
 
     assert time_limit_minutes(text) == minutes
 

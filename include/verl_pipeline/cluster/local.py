@@ -48,6 +48,8 @@ _WORKER_PORT_SPAN = 200
 #: Ports only the head opens (worker nodes join the head's GCS and have no dashboard).
 _HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}
 STATE_FILE = "verl_pipeline_cluster.json"
+#: Environment variable naming the cluster (its temp dir) in every process the cluster runs.
+CLUSTER_MARKER = "VERL_PIPELINE_CLUSTER"
 #: Attempts to start a local cluster when Ray reports that one of its ports is taken.
 _PORT_ATTEMPTS = 3
 #: What ``ray start`` prints when a port it was given is taken or given twice.
@@ -56,8 +58,6 @@ _PORT_CONFLICT_MARKERS = ("Failed to bind", "already in use", "is used by other 
 
 class _PortConflict(ClusterError):
     """``ray start`` exited because a port it was given could not be bound."""
-#: Environment variable naming the cluster (its temp dir) in every process the cluster runs.
-CLUSTER_MARKER = "VERL_PIPELINE_CLUSTER"
 
 
 def free_port() -> int:
@@ -232,15 +232,13 @@ class LocalBackend(ClusterBackend):
     def provision(self, name: str) -> ClusterHandle:
         """Start the nodes and wait until the cluster is ready. A port taken between picking it and
         Ray binding it (another process got there first) is retried with fresh ports."""
-        for attempt in range(1, _PORT_ATTEMPTS + 1):
+        for attempt in range(1, _PORT_ATTEMPTS):
             try:
                 return self._provision_once(name)
             except _PortConflict as exc:
-                if attempt == _PORT_ATTEMPTS:
-                    raise
                 log.warning("Ray could not bind a port for %s (attempt %d of %d), retrying with fresh ports: %s",
                             name, attempt, _PORT_ATTEMPTS, str(exc).splitlines()[-1])
-        raise AssertionError("unreachable")
+        return self._provision_once(name)
 
     def _provision_once(self, name: str) -> ClusterHandle:
         temp_dir = self.temp_dir_for(name)
@@ -251,10 +249,8 @@ class LocalBackend(ClusterBackend):
         temp_dir.mkdir(parents=True, exist_ok=True)
 
         pinned = {key: port for key, port in self.ports.items() if port}
-        missing = [key for key in PORT_FLAGS if key not in pinned]
-        ports = {**dict(zip(missing, free_ports(len(missing), exclude=set(pinned.values())), strict=True)),
-                 **pinned}
-        ports = {key: ports[key] for key in PORT_FLAGS}
+        fresh = iter(free_ports(len(PORT_FLAGS.keys() - pinned.keys()), exclude=set(pinned.values())))
+        ports = {key: pinned.get(key) or next(fresh) for key in PORT_FLAGS}
         worker_base = self.min_worker_port or free_port_range(_WORKER_PORT_SPAN)
         bases = [worker_base]
         cmd = [

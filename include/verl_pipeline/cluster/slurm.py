@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, ClusterStatus, probe, wait_ready
-from verl_pipeline.cluster.slurm_rest import SlurmRest, state_of, time_limit_minutes
+from verl_pipeline.cluster.slurm_rest import SlurmRest, state_of
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
 
@@ -53,10 +53,32 @@ TERMINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", 
 HOPELESS_REASONS = {"PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "PartitionDown", "AccountNotAllowed",
                     "InvalidAccount", "InvalidQOS", "QOSMaxNodePerJobLimit", "QOSMaxGRESPerJob", "BadConstraints",
                     "ReqNodeNotAvail", "JobHeldAdmin", "DependencyNeverSatisfied"}
-_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$|^UNLIMITED$|^INFINITE$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER_RUNTIMES = ("apptainer", "enroot", "docker")
+
+
+def time_limit_minutes(text: str) -> int | None:
+    """Slurm's time limit (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``) in whole minutes,
+    rounded up; None for UNLIMITED/INFINITE."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days = 0
+    rest = text
+    if "-" in text:
+        d, rest = text.split("-", 1)
+        days = int(d) if d.isdigit() else -1
+    parts = rest.split(":")
+    if days < 0 or not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ConfigError("cluster.time", text, "is not a Slurm time limit", "time: '1-00:00:00' or '04:00:00'")
+    n = [int(p) for p in parts]
+    if "-" in text:  # D-H, D-H:M, D-H:M:S
+        h, m, sec = ([*n, 0, 0])[:3]
+    elif len(n) == 3:  # H:M:S
+        h, m, sec = n
+    else:  # M, M:S
+        h, m, sec = 0, n[0], (n[1] if len(n) == 2 else 0)
+    return max(days * 1440 + h * 60 + m + (1 if sec else 0), 1)
 
 
 @dataclass(frozen=True)
@@ -236,9 +258,7 @@ class SlurmBackend(ClusterBackend):
             if value is not None and not Path(str(value)).expanduser().is_absolute():
                 raise ConfigError(f"cluster.{key}", value, "must be an absolute path", f"{key}: /shared/...")
         time_limit = str(spec.get("time", "04:00:00"))
-        if not _TIME.match(time_limit):
-            raise ConfigError("cluster.time", time_limit, "is not a Slurm time limit",
-                              "time: '1-00:00:00' or '04:00:00'")
+        time_limit_minutes(time_limit)  # raises a ConfigError naming cluster.time when it is not one
         dash_host = str(spec.get("dashboard_host", "0.0.0.0"))
         if not re.fullmatch(r"[0-9.]+|[A-Za-z0-9.\-]+", dash_host):
             raise ConfigError("cluster.dashboard_host", dash_host, "must be an address", "dashboard_host: 0.0.0.0")

@@ -6,7 +6,7 @@ daemon's own user submits) or ``http(s)://host:port`` (rest_auth/jwt: the token 
 ``$SLURM_JWT``, as ``scontrol token`` prints it, sent with the user name).
 
 slurmrestd does not read ``#SBATCH`` lines: the allocation is described by the job properties
-built here from the same profile settings (the script is sent as is, so a user still reads the
+the Slurm backend builds from the same profile settings (the script is sent as is, so a user still reads the
 ``#SBATCH`` lines of what ran).
 """
 
@@ -26,29 +26,6 @@ log = logging.getLogger(__name__)
 #: The REST API versions whose job fields this module reads (tested against slurmrestd 22.05).
 #: Later versions changed the shapes (state flag lists, exit codes and limits as objects).
 API_VERSIONS = ("v0.0.38",)
-
-
-def time_limit_minutes(text: str) -> int | None:
-    """Slurm's time limit (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``) in whole minutes,
-    rounded up; None for UNLIMITED/INFINITE."""
-    if text in ("UNLIMITED", "INFINITE"):
-        return None
-    days = 0
-    rest = text
-    if "-" in text:
-        d, rest = text.split("-", 1)
-        days = int(d) if d.isdigit() else -1
-    parts = rest.split(":")
-    if days < 0 or not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        raise ConfigError("cluster.time", text, "is not a Slurm time limit", "time: '1-00:00:00' or '04:00:00'")
-    n = [int(p) for p in parts]
-    if "-" in text:  # D-H, D-H:M, D-H:M:S
-        h, m, sec = ([*n, 0, 0])[:3]
-    elif len(n) == 3:  # H:M:S
-        h, m, sec = n
-    else:  # M, M:S
-        h, m, sec = 0, n[0], (n[1] if len(n) == 2 else 0)
-    return max(days * 1440 + h * 60 + m + (1 if sec else 0), 1)
 
 
 @dataclass(frozen=True)

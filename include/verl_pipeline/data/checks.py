@@ -31,9 +31,6 @@ log = logging.getLogger(__name__)
 
 VERL_SCORED_EXAMPLES = ("openai/gsm8k", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                         "HuggingFaceH4/MATH-500", "math_dapo", "aime*", "numina_*", "hiyouga/geometry3k", "searchR1_*")
-#: What verl's ``default_compute_score`` raises for a data_source it has no reward function for
-#: (its signal for "unknown data_source"; the check turns it into a configuration error).
-UNKNOWN_DATA_SOURCE = NotImplementedError
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                     "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
 
@@ -72,7 +69,7 @@ class RewardCheck:
         assert self.fn is not None
         try:
             self.fn(self.recipe.data_source, self.recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
-        except UNKNOWN_DATA_SOURCE as e:
+        except NotImplementedError as e:  # verl's default_compute_score: no reward function for it
             raise ConfigError("data.data_source", self.recipe.data_source,
                               f"{self.scorer} has no reward function for this data_source ({e})",
                               f"a data_source verl scores ({', '.join(VERL_SCORED_EXAMPLES)}) or set "
