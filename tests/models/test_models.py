@@ -29,6 +29,18 @@ def test_tiny_model_is_deterministic_and_loads(tmp_path: Path, tiny_model_path: 
     assert model.config.vocab_size == len(tok)
 
 
+def test_tiny_model_can_be_served_by_vllm_and_stays_about_a_megabyte(tiny_model_path: Path) -> None:
+    """vLLM's attention kernels need head_dim >= 64 (v1's 16 could not be served on a GPU)."""
+    import json
+
+    cfg = json.loads((tiny_model_path / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert head_dim >= 64 and cfg["hidden_size"] % cfg["num_attention_heads"] == 0
+    assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
+    total = sum(p.stat().st_size for p in tiny_model_path.iterdir() if p.is_file())
+    assert 0.5e6 < total < 1.2e6, total
+
+
 def test_prefetch_builtin_is_idempotent(tmp_path: Path) -> None:
     first = prefetch(ModelSource("builtin", "tiny-qwen2"), tmp_path)
     second = prefetch(ModelSource("builtin", "tiny-qwen2"), tmp_path)

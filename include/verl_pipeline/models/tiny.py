@@ -2,6 +2,10 @@
 
 The model has a byte-level BPE tokenizer trained on a fixed corpus, a ChatML chat template like
 Qwen2's, and seeded random weights. It is deterministic: the same version produces the same files.
+
+Its shape is the smallest a GPU run can serve: vLLM's attention kernels need a head dimension of
+at least 64 (v1 had 16 and could not be served), so 2 heads of 64 (hidden 128); bf16 weights, like
+Qwen2's, keep it under a megabyte.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from verl_pipeline.paths import write_json_atomic
 log = logging.getLogger(__name__)
 
 #: Bump when the files this module writes change, so caches keyed by it are rebuilt.
-TINY_MODEL_VERSION = "tiny-qwen2-v1"
+TINY_MODEL_VERSION = "tiny-qwen2-v2"
 
 _SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -32,16 +36,17 @@ _CHAT_TEMPLATE = (
 _ARCH: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 128,
+    "intermediate_size": 256,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    # head_dim = hidden_size / num_attention_heads = 64: the least vLLM's attention kernels serve.
+    "num_attention_heads": 2,
     "num_key_value_heads": 2,
     "max_position_embeddings": 2048,
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
-    "torch_dtype": "float32",
+    "torch_dtype": "bfloat16",
     "hidden_act": "silu",
 }
 
@@ -103,7 +108,7 @@ def build_tiny_model(dest: Path) -> Path:
     config = Qwen2Config(**{k: v for k, v in arch.items() if k not in ("architectures", "model_type")})
     config.architectures = arch["architectures"]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(tmp, safe_serialization=True)
     write_json_atomic(tmp / "verl_pipeline_model.json", {"source": f"builtin:{TINY_MODEL_VERSION}"})
 
