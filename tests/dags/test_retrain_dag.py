@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from verl_pipeline.airflow.assets import preprocessed_data_asset, preprocessed_data_uri
-from verl_pipeline.airflow.retrain import RetrainSchedule, build_retrain_dag, retrain_schedule, retrain_schedules
+from verl_pipeline.airflow.retrain import (
+    RetrainSchedule,
+    build_retrain_dag,
+    first_run_rule,
+    retrain_schedule,
+    retrain_schedules,
+)
 from verl_pipeline.exceptions import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,11 +92,7 @@ def test_asset_identity_is_stable() -> None:
 )
 def test_bad_retrain_section_names_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str,
                                              key: str) -> None:
-    cfg = tmp_path / "configs"
-    shutil.copytree(REPO / "configs", cfg)
-    text = (cfg / "profiles" / "smoke.yaml").read_text().split("retrain:")[0]
-    (cfg / "profiles" / "smoke.yaml").write_text(text + section + "\n")
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    _smoke_with_retrain(tmp_path, monkeypatch, section)
     with pytest.raises(ConfigError) as e:
         retrain_schedule("smoke")
     assert e.value.key == f"profiles/smoke.{key}"
@@ -125,3 +128,87 @@ def test_failed_run_is_not_published_and_latest_stays(airflow_db: Path, tmp_path
     assert runs.latest_run(storage, "smoke") == good.resolve()
     assert (good / runs.MANIFEST).is_file()
     assert [m.run_key for m in runs.list_runs(storage)] == before  # nothing recorded, nothing deleted
+
+
+# -- when a newly unpaused retraining DAG first runs -------------------------------------------------
+# The clock is an argument here: the scheduler's own timetable code (the serialized DAG's timetable, as
+# the scheduler decodes it) is asked for the first run at fixed instants of the week, so these cases
+# hold whatever day CI runs on.
+MONDAY_TICK = "2026-11-30T03:00:00+00:00"  # `0 3 * * 1` ticks on Mondays 03:00 UTC
+NEXT_TICK = "2026-12-07T03:00:00+00:00"
+
+
+def _first_run(monkeypatch: pytest.MonkeyPatch, sched: RetrainSchedule, now: str) -> str:
+    import pendulum
+    from airflow.serialization.decoders import decode_timetable
+    from airflow.serialization.encoders import encode_timetable
+    from airflow.timetables import trigger
+    from airflow.timetables.base import TimeRestriction
+
+    dag = build_retrain_dag(sched)
+    timetable = decode_timetable(encode_timetable(dag.timetable))
+    monkeypatch.setattr(trigger, "utcnow", lambda: pendulum.parse(now))
+    info = timetable.next_dagrun_info(last_automated_data_interval=None,
+                                      restriction=TimeRestriction(earliest=None, latest=None, catchup=False))
+    assert info is not None
+    return str(info.run_after.isoformat())
+
+
+@pytest.mark.parametrize(
+    ("run_immediately", "now", "first"),
+    [
+        # Airflow's default: the past tick only within max(10% of a week = 16.8 h, 5 min) of it.
+        (False, "2026-11-30T03:00:00+00:00", MONDAY_TICK),
+        (False, "2026-11-30T19:47:00+00:00", MONDAY_TICK),
+        (False, "2026-11-30T19:49:00+00:00", NEXT_TICK),
+        (False, "2026-12-01T09:30:00+00:00", NEXT_TICK),   # a Tuesday morning: waits six days
+        (False, "2026-12-06T23:59:00+00:00", NEXT_TICK),   # Sunday night
+        (True, "2026-11-30T03:00:01+00:00", MONDAY_TICK),
+        (True, "2026-12-01T09:30:00+00:00", MONDAY_TICK),
+        (True, "2026-12-06T23:59:00+00:00", MONDAY_TICK),
+        (timedelta(hours=6), "2026-11-30T08:59:00+00:00", MONDAY_TICK),
+        (timedelta(hours=6), "2026-11-30T09:01:00+00:00", NEXT_TICK),
+        (timedelta(days=3), "2026-12-02T12:00:00+00:00", MONDAY_TICK),
+        (timedelta(days=3), "2026-12-03T03:01:00+00:00", NEXT_TICK),
+    ],
+)
+def test_first_run_after_unpause_follows_run_immediately(
+    monkeypatch: pytest.MonkeyPatch, run_immediately: bool | timedelta, now: str, first: str
+) -> None:
+    sched = RetrainSchedule("smoke", "0 3 * * 1", run_immediately=run_immediately)
+    assert _first_run(monkeypatch, sched, now) == first
+
+
+def test_shipped_profiles_say_when_they_first_run() -> None:
+    assert retrain_schedule("smoke").run_immediately is True  # type: ignore[union-attr]
+    assert retrain_schedule("gsm8k-qwen2.5-0.5b-ppo").run_immediately is False  # type: ignore[union-attr]
+    for sched, words in ((RetrainSchedule("p", "@weekly"), "max(10% of the gap"),
+                         (RetrainSchedule("p", "@weekly", run_immediately=True), "runs at once"),
+                         (RetrainSchedule("p", "@weekly", run_immediately=timedelta(hours=36)), "1d12h")):
+        assert words in first_run_rule(sched)
+        assert first_run_rule(sched) in build_retrain_dag(sched).doc_md
+
+
+@pytest.mark.parametrize(("text", "value"), [("6h", timedelta(hours=6)), ("90m", timedelta(minutes=90)),
+                                             ("1d12h", timedelta(hours=36)), (" 45S ", timedelta(seconds=45))])
+def test_run_immediately_durations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
+                                   value: timedelta) -> None:
+    _smoke_with_retrain(tmp_path, monkeypatch, f"retrain: {{schedule: '@weekly', run_immediately: '{text}'}}")
+    assert retrain_schedule("smoke").run_immediately == value  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", ["'soon'", "'6 h'", "'0h'", "3600", "''", "[1h]"])
+def test_bad_run_immediately_names_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    _smoke_with_retrain(tmp_path, monkeypatch, f"retrain: {{schedule: '@weekly', run_immediately: {value}}}")
+    with pytest.raises(ConfigError) as e:
+        retrain_schedule("smoke")
+    assert e.value.key == "profiles/smoke.retrain.run_immediately"
+    assert e.value.fix and "duration" in e.value.fix
+
+
+def _smoke_with_retrain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str) -> None:
+    cfg = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", cfg)
+    text = (cfg / "profiles" / "smoke.yaml").read_text().split("retrain:")[0]
+    (cfg / "profiles" / "smoke.yaml").write_text(text + section + "\n")
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))

@@ -5,6 +5,17 @@ A profile opts in with a ``retrain`` section::
     retrain:
       schedule: "0 3 * * 1"     # cron (UTC): weekly, Monday 03:00
       on_data_update: true      # also run when the profile's preprocessed-data Asset is updated
+      run_immediately: false    # when a newly unpaused DAG first runs (see below)
+
+When a newly unpaused retraining DAG first runs is Airflow's ``CronTriggerTimetable(run_immediately=…)``
+rule, which the profile chooses (:func:`first_run_rule` states it in words, and the DAG's doc shows it):
+
+- ``false`` (Airflow's default): the latest past tick runs at once only when it is at most
+  max(10% of the gap between that tick and the next, 5 minutes) old; otherwise the first run is the
+  next tick. For a weekly cron that window is 16.8 hours after the tick.
+- ``true``: the latest past tick runs at once, whenever the DAG is unpaused.
+- a duration (``"6h"``, ``"90m"``, ``"1d12h"``): the latest past tick runs at once when it is at most
+  that old; otherwise the first run is the next tick.
 
 The DAG is the ``verl_ppo`` pipeline pinned to that profile plus ``publish_run``: after the job
 succeeded it records the run's manifest and moves ``latest/<profile>`` to it (see
@@ -14,6 +25,7 @@ Runs of one profile never overlap (``max_active_runs=1``) and missed intervals a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -29,6 +41,12 @@ from verl_pipeline.paths import slug
 PUBLISH_TASK = "publish_run"
 DAG_ID_PREFIX = "verl_retrain__"
 _PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly")
+_RETRAIN_KEYS = ("schedule", "on_data_update", "run_immediately")
+_DURATION = re.compile(r"(\d+)([dhms])")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+# Airflow's CronTriggerTimetable takes True, False or a timedelta.
+RunImmediately = bool | timedelta
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,7 @@ class RetrainSchedule:
     profile: str
     cron: str
     on_data_update: bool = True
+    run_immediately: RunImmediately = False
 
     @property
     def dag_id(self) -> str:
@@ -57,6 +76,49 @@ def _check_cron(profile: str, cron: Any) -> str:
     return cron
 
 
+def _check_run_immediately(profile: str, value: Any) -> RunImmediately:
+    key = f"profiles/{profile}.retrain.run_immediately"
+    fix = 'run_immediately: true, false or a duration such as "6h", "90m" or "1d12h"'
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(key, value, "must be true, false or a duration string", fix)
+    text = value.strip().lower()
+    if not text or _DURATION.sub("", text):
+        raise ConfigError(key, value, "is not a duration (a number with d, h, m or s, e.g. 6h)", fix)
+    seconds = sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION.findall(text))
+    if seconds <= 0:
+        raise ConfigError(key, value, "must be longer than zero", fix)
+    return timedelta(seconds=seconds)
+
+
+def _format_duration(delta: timedelta) -> str:
+    rest, parts = int(delta.total_seconds()), []
+    for unit, size in _UNIT_SECONDS.items():
+        if rest >= size:
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    return "".join(parts)
+
+
+def first_run_rule(sched: RetrainSchedule) -> str:
+    """When a newly unpaused retraining DAG of this schedule first runs, in words."""
+    ri = sched.run_immediately
+    if ri is True:
+        return "its latest past cron tick runs at once"
+    window = (f"{_format_duration(ri)} (retrain.run_immediately)" if isinstance(ri, timedelta)
+              else "max(10% of the gap between that tick and the next, 5 min)")
+    return (f"its latest past cron tick runs at once only when it is at most {window} old; "
+            "otherwise the first run is the next tick")
+
+
+def retrain_timetable(sched: RetrainSchedule) -> Any:
+    """The cron half of the schedule: Airflow's CronTriggerTimetable in UTC with the profile's first-run rule."""
+    from airflow.sdk import CronTriggerTimetable
+
+    return CronTriggerTimetable(sched.cron, timezone="UTC", run_immediately=sched.run_immediately)
+
+
 def retrain_schedule(profile: str) -> RetrainSchedule | None:
     """The profile's ``retrain`` section, validated; None when the profile does not ask for retraining."""
     section = load_yaml_profile("profiles", profile).get("retrain")
@@ -65,15 +127,16 @@ def retrain_schedule(profile: str) -> RetrainSchedule | None:
     if not isinstance(section, dict):
         raise ConfigError(f"profiles/{profile}.retrain", section, "must be a mapping",
                           'retrain: {schedule: "0 3 * * 1", on_data_update: true}')
-    unknown = sorted(set(section) - {"schedule", "on_data_update"})
+    unknown = sorted(set(section) - set(_RETRAIN_KEYS))
     if unknown:
         raise ConfigError(f"profiles/{profile}.retrain.{unknown[0]}", section[unknown[0]], "unknown key",
-                          "use schedule and on_data_update")
+                          f"use {', '.join(_RETRAIN_KEYS)}")
     on_data = section.get("on_data_update", True)
     if not isinstance(on_data, bool):
         raise ConfigError(f"profiles/{profile}.retrain.on_data_update", on_data, "must be true or false",
                           "on_data_update: true")
-    return RetrainSchedule(profile, _check_cron(profile, section.get("schedule")), on_data)
+    return RetrainSchedule(profile, _check_cron(profile, section.get("schedule")), on_data,
+                           _check_run_immediately(profile, section.get("run_immediately", False)))
 
 
 def retrain_schedules() -> list[RetrainSchedule]:
@@ -122,14 +185,14 @@ class PublishRunOperator(BaseOperator):
 
 def build_retrain_dag(sched: RetrainSchedule) -> Any:
     """The retraining DAG of one profile (cron, or cron OR data update when ``on_data_update``)."""
-    from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, TriggerRule
+    from airflow.sdk import DAG, AssetOrTimeSchedule, Param, TriggerRule
 
     from verl_pipeline.airflow.assets import preprocessed_data_asset
     from verl_pipeline.airflow.operators import cleanup_failed_run
     from verl_pipeline.airflow.params import build_params, default_args
     from verl_pipeline.airflow.pipeline import wire_pipeline
 
-    timetable = CronTriggerTimetable(sched.cron, timezone="UTC")
+    timetable = retrain_timetable(sched)
     schedule: Any = (AssetOrTimeSchedule(timetable=timetable, assets=[preprocessed_data_asset(sched.profile)])
                      if sched.on_data_update else timetable)
     params = build_params()
@@ -138,6 +201,7 @@ def build_retrain_dag(sched: RetrainSchedule) -> Any:
     doc = (f"### Scheduled retraining of `{sched.profile}`\n\nRuns on `{sched.cron}` (UTC)"
            + (f" and whenever the asset `{preprocessed_data_asset(sched.profile).uri}` is updated" if
               sched.on_data_update else "")
+           + f".\n\nWhen this DAG is unpaused, {first_run_rule(sched)}"
            + ". Each run writes its own versioned run directory; `latest/" + sched.profile
            + "` moves to a run only when it succeeded.")
     with DAG(
