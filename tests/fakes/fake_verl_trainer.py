@@ -13,7 +13,9 @@ It behaves like verl's trainer where the pipeline depends on it:
   ``$VERL_FILE_LOGGER_PATH`` (opened with "wb", like verl's FileLogger);
 - exits non-zero with a traceback on failure.
 Extra knobs for tests (not verl keys): ``+fake.step_seconds``, ``+fake.fail_at_step`` (raise a
-ValueError in the driver, a user error), ``+fake.bad_key`` (a config error before training).
+ValueError in the driver, a user error), ``+fake.bad_key`` (a config error before training), and
+``+fake.gate_file`` + ``+fake.gate_after_step``: after logging that step the trainer waits until the
+gate file exists (at most ``GATE_MAX_WAIT_S``), so a test can act mid-run without racing the steps.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+GATE_MAX_WAIT_S = 900.0
 
 
 def parse(argv: list[str]) -> dict[str, Any]:
@@ -50,6 +54,8 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"trainer.default_local_dir must be absolute for resume_mode=auto: {ckpt}")
     step_seconds = float(cfg.get("fake.step_seconds", 1.0))
     fail_at = int(cfg.get("fake.fail_at_step", 0))
+    gate_file = Path(str(cfg["fake.gate_file"])) if cfg.get("fake.gate_file") else None
+    gate_after = int(cfg.get("fake.gate_after_step", 0))
 
     import ray
 
@@ -114,6 +120,11 @@ def main(argv: list[str]) -> int:
                 tmp.write_text(str(step))
                 os.replace(tmp, tracker)
                 print(f"Saved checkpoint {folder}", flush=True)
+            if gate_file is not None and step == gate_after:
+                print(f"waiting for the gate {gate_file}", flush=True)
+                gate_deadline = time.monotonic() + GATE_MAX_WAIT_S
+                while not gate_file.exists() and time.monotonic() < gate_deadline:
+                    time.sleep(0.1)
     finally:
         if fp:
             fp.close()

@@ -24,6 +24,19 @@ REPO = Path(__file__).resolve().parents[2]
 FAKE_TRAINER = REPO / "tests" / "fakes" / "fake_verl_trainer.py"
 TOTAL_STEPS = 8
 SAVE_FREQ = 2
+# Attempt 1 holds after this step until the test opens the gate (see fake_verl_trainer), so a kill
+# always lands mid-run, however busy the machine.
+KILL_AT_STEP = 5
+
+
+def gate_path(home: Path) -> Path:
+    """The file that lets the fake trainer go on after ``KILL_AT_STEP`` (a run's home → its gate)."""
+    return home.parent / "gate-open"
+
+
+def gated_fake(home: Path, step_seconds: float = 1.5) -> dict[str, Any]:
+    """The fake trainer's knobs for a run that holds after ``KILL_AT_STEP`` until the gate opens."""
+    return {"step_seconds": step_seconds, "gate_file": str(gate_path(home)), "gate_after_step": KILL_AT_STEP}
 
 
 def _profile(name: str, verl: dict[str, Any], total: int = TOTAL_STEPS) -> dict[str, Any]:
@@ -53,8 +66,9 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
         "runtime": {"ship_package": False, "env": {}},
     }))
     base = {"trainer": {"save_freq": SAVE_FREQ}, "+fake": {"step_seconds": 1.5}}
+    gated = {**base, "+fake": gated_fake(tmp_path / "home")}
     profiles = {
-        "faults": _profile("ok", base),
+        "faults": _profile("ok", gated),
         "faults-config-error": _profile("config error", {**base, "+fake": {"step_seconds": 0.2, "bad_key": 1}}),
         "faults-user-exception": _profile("user exception", {**base, "+fake": {"step_seconds": 0.2,
                                                                                 "fail_at_step": 2}}),
@@ -101,7 +115,8 @@ def metric_lines(path: Path) -> list[dict[str, Any]]:
 
 @dataclass
 class Killer:
-    """Watches the run; when attempt 1 has logged ``at_step``, calls ``kill``; then times recovery."""
+    """Watches the run; when attempt 1 has logged ``at_step``, calls ``kill`` and opens the trainer's
+    gate (a gated trainer holds after that step until then); then times recovery."""
 
     home: Path
     at_step: int
@@ -120,6 +135,7 @@ class Killer:
                     self.kill(rd)
                     self.killed_at = time.monotonic()
                     self.events.append(f"killed at step {self.at_step}")
+                    gate_path(self.home).touch()
                 time.sleep(0.1)
             while time.monotonic() < deadline and self.recovered_at is None:
                 rd = run_dir(self.home)

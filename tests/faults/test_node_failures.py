@@ -21,9 +21,11 @@ import pytest
 from tests.conftest import ray_processes
 from tests.faults.conftest import (
     FAKE_TRAINER,
+    KILL_AT_STEP,
     SAVE_FREQ,
     TOTAL_STEPS,
     Killer,
+    gate_path,
     kill_node,
     load_dag,
     metric_lines,
@@ -76,7 +78,7 @@ def _record(results_file: Path, scenario: str, value: dict[str, Any]) -> None:
 
 def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) -> None:
     dag = load_dag()
-    killer = Killer(fault_env, at_step=5, kill=kill_node(rank))
+    killer = Killer(fault_env, at_step=KILL_AT_STEP, kill=kill_node(rank))
     thread = killer.start()
     dr = dag.test(run_conf={"profile": "faults"})
     thread.join(timeout=5)
@@ -140,11 +142,12 @@ def test_killed_waiter_reattaches_and_exactly_one_job_runs(fault_env: Path, resu
     first = subprocess.Popen([airflow, "dags", "test", "verl_ppo", "-c", json.dumps({"profile": "faults"})],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     rd: Path | None = None
+    retry: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             rd = run_dir(fault_env)
-            if rd and len(metric_lines(rd / "metrics-a1.jsonl")) >= 2:
+            if rd and len(metric_lines(rd / "metrics-a1.jsonl")) >= KILL_AT_STEP:
                 break
             assert first.poll() is None, "the first dags test ended before it could be killed"
             time.sleep(0.2)
@@ -153,18 +156,31 @@ def test_killed_waiter_reattaches_and_exactly_one_job_runs(fault_env: Path, resu
         first.wait(timeout=30)
         assert rd is not None
         run_id = json.loads((rd / "cluster.json").read_text())["name"].split("#")[0].split("/", 1)[1]
-        # The wait task's retry, as the scheduler would run it: it must reattach, not resubmit.
-        retry = subprocess.run([airflow, "tasks", "test", "verl_ppo", "wait_for_verl_job", run_id], env=env,
-                               capture_output=True, text=True, timeout=600)
-        out = retry.stdout + retry.stderr
-        assert retry.returncode == 0, out[-4000:]
         job_id = read_attempts(rd)[0].submission_id
-        (fault_env.parent / "retry.log").write_text(out)
-        assert f"Ray job {job_id} is running: deferring" in out
+        # The wait task's retry, as the scheduler would run it: it must reattach, not resubmit. The
+        # trainer holds at its gate until the retry has deferred, so the job is still running when it looks.
+        retry_log = fault_env.parent / "retry.log"
+        with open(retry_log, "wb") as log:
+            retry = subprocess.Popen([airflow, "tasks", "test", "verl_ppo", "wait_for_verl_job", run_id], env=env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        deferring = f"Ray job {job_id} is running: deferring"
+        deadline = time.monotonic() + 600
+        while deferring not in retry_log.read_text(errors="replace") and retry.poll() is None:
+            assert time.monotonic() < deadline, "the retried wait task never deferred"
+            time.sleep(0.2)
         reattached_s = round(time.monotonic() - killed_at, 1)
+        gate_path(fault_env).touch()
+        rc = retry.wait(timeout=600)
+        out = retry_log.read_text(errors="replace")
+        assert rc == 0, out[-4000:]
+        assert deferring in out
     finally:
+        gate_path(fault_env).touch()
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
+        if retry is not None and retry.poll() is None:
+            retry.kill()
+            retry.wait(timeout=30)
         if rd is not None and (rd / "cluster.json").exists():
             run_id = json.loads((rd / "cluster.json").read_text())["name"].split("#")[0].split("/", 1)[1]
             subprocess.run([airflow, "tasks", "test", "verl_ppo", "teardown_ray_cluster", run_id], env=env,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -203,13 +204,23 @@ def test_allocation_cancelled_mid_training_is_retried_on_a_fresh_allocation_and_
     task fails as an infrastructure failure naming the Slurm state, its retry gets a fresh
     allocation (two Ray nodes again) and resumes from the last checkpoint; nothing of either
     allocation survives the run."""
-    from tests.faults.conftest import SAVE_FREQ, TOTAL_STEPS, Killer, _profile, load_dag, metric_lines, run_dir
+    from tests.faults.conftest import (
+        KILL_AT_STEP,
+        SAVE_FREQ,
+        TOTAL_STEPS,
+        Killer,
+        _profile,
+        gated_fake,
+        load_dag,
+        metric_lines,
+        run_dir,
+    )
     from verl_pipeline.jobs.attempts import read_attempts
 
     home = tmp_path / "home"
     monkeypatch.setenv("VERL_PIPELINE_HOME", str(home))
     prof = _profile("slurm allocation cancelled", {"trainer": {"save_freq": SAVE_FREQ},
-                                                   "+fake": {"step_seconds": 1.5}})
+                                                   "+fake": gated_fake(home)})
     prof["cluster_profile"] = "slurm-test"
     (slurm_configs / "profiles" / "slurm-faults.yaml").write_text(yaml.safe_dump(prof))
 
@@ -219,8 +230,12 @@ def test_allocation_cancelled_mid_training_is_retried_on_a_fresh_allocation_and_
         job_id = json.loads((rd / "cluster.json").read_text())["extra"]["job_id"]
         assert slurm.run("scancel", job_id).returncode == 0
         cancelled.append(job_id)
+        # The trainer holds at its gate until this returns: let Slurm end the allocation's processes first.
+        deadline = time.monotonic() + 120
+        while processes_of_job(job_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
 
-    killer = Killer(home, at_step=5, kill=scancel)
+    killer = Killer(home, at_step=KILL_AT_STEP, kill=scancel)
     thread = killer.start()
     dr = load_dag().test(run_conf={"profile": "slurm-faults"})
     thread.join(timeout=5)
