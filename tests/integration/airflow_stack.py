@@ -5,6 +5,10 @@ package) runs from a fresh data directory on a free loopback port. Everything st
 recorded by PID and stopped by PID (SIGTERM, then SIGKILL after a grace period), children included.
 
 Also runnable by hand to look at the UI: ``python -m tests.integration.airflow_stack`` (Ctrl-C stops).
+
+``VERL_PIPELINE_TEST_CLOCK=2026-12-06T23:59:00Z`` runs the Airflow components (and what they start) with
+their wall clock moved to that instant (Debian's libfaketime, a constant offset taken when the stack
+starts; monotonic clocks are left alone), to show the scheduler tests do not depend on the day or hour.
 """
 
 from __future__ import annotations
@@ -30,7 +34,11 @@ from verl_pipeline.cluster.local import free_port
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
 ADMIN_USER = "admin"
-COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
+# The api-server first: every other component talks to it, on a port it has proved it could bind.
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+API_SERVER_STARTS = 3
+CLOCK_ENV = "VERL_PIPELINE_TEST_CLOCK"
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
 class StackUnavailable(RuntimeError):
@@ -52,7 +60,13 @@ def pg_bin_dir() -> Path:
 
 def _stop_pids(procs: list[psutil.Process], grace_s: float) -> list[int]:
     """SIGTERM each live process, SIGKILL what is left after ``grace_s``. Returns PIDs that survived."""
-    live = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    live = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                live.append(p)
+        except psutil.Error:  # exited between the two calls
+            continue
     for p in live:
         try:
             p.send_signal(signal.SIGTERM)
@@ -78,22 +92,26 @@ def _stop_pids(procs: list[psutil.Process], grace_s: float) -> list[int]:
 
 @dataclass
 class Postgres:
-    """A throwaway PostgreSQL server on a free loopback port (run as the ``postgres`` user when root)."""
+    """A throwaway PostgreSQL server listening only on a UNIX socket in its own directory (no TCP port
+    to collide with anything), run as the ``postgres`` user when root."""
 
     root: Path
-    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def sock(self) -> Path:
+        return self.root / "sock"
+
+    @property
     def url(self) -> str:
-        return f"postgresql+psycopg2://airflow@127.0.0.1:{self.port}/airflow"
+        return f"postgresql+psycopg2://airflow@/airflow?host={self.sock}"
 
     def _user_kwargs(self) -> dict[str, Any]:
         return {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 180.0) -> None:
         bindir = pg_bin_dir()
-        data, sock = self.root / "data", self.root / "sock"
+        data, sock = self.root / "data", self.sock
         data.mkdir(parents=True)
         sock.mkdir()
         if os.geteuid() == 0:
@@ -107,8 +125,8 @@ class Postgres:
                         "--encoding=UTF8", "--no-sync"], check=True, capture_output=True, **self._user_kwargs())
         with open(self.root / "postgres.log", "wb") as log:  # the child keeps its own copy of the fd
             self.proc = subprocess.Popen(
-                [str(bindir / "postgres"), "-D", str(data), "-p", str(self.port), "-h", "127.0.0.1",
-                 "-k", str(sock), "-c", "fsync=off", "-c", "max_connections=200"],
+                [str(bindir / "postgres"), "-D", str(data), "-h", "", "-k", str(sock),
+                 "-c", "fsync=off", "-c", "max_connections=200"],
                 stdout=log, stderr=subprocess.STDOUT, **self._user_kwargs(),
             )
         import psycopg2
@@ -118,7 +136,7 @@ class Postgres:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"postgres exited: {(self.root / 'postgres.log').read_text()[-2000:]}")
             try:
-                conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="airflow", dbname="postgres")
+                conn = psycopg2.connect(host=str(sock), user="airflow", dbname="postgres")
                 break
             except psycopg2.OperationalError:
                 if time.monotonic() > deadline:
@@ -155,6 +173,7 @@ class AirflowStack:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _tracked: dict[int, psutil.Process] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    clock_offset_s: int | None = None
 
     @property
     def base_url(self) -> str:
@@ -202,34 +221,83 @@ class AirflowStack:
         env.pop("RAY_ADDRESS", None)
         return env
 
-    def start(self, timeout_s: float = 240.0) -> AirflowStack:
+    def start(self, timeout_s: float = 300.0) -> AirflowStack:
+        """Start PostgreSQL, migrate, then the components; ``timeout_s`` is the components' budget to
+        become healthy, counted from their launch (a slow migrate does not eat into it)."""
         t0 = time.monotonic()
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         pw_file = self.home / "passwords.json"
         pw_file.write_text(json.dumps({ADMIN_USER: self.password}))
         pw_file.chmod(0o600)
+        self._fix_clock()
         self.postgres = Postgres(self.root / "pg")
         self.postgres.start()
         self.timings["postgres_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         migrate = subprocess.run([str(AIRFLOW_BIN), "db", "migrate"], env=self.env(), capture_output=True,
-                                 text=True, timeout=600)
+                                 text=True, timeout=900)
         if migrate.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
         self.timings["db_migrate_s"] = time.monotonic() - t1
         t2 = time.monotonic()
-        for comp in COMPONENTS:
-            args = [str(AIRFLOW_BIN), comp]
-            if comp == "api-server":
-                args += ["--port", str(self.api_port), "--host", "127.0.0.1"]
-            with open(self.log_path(comp), "wb") as log:
-                proc = subprocess.Popen(args, env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
-            self.procs[comp] = proc
-            self._tracked[proc.pid] = psutil.Process(proc.pid)
-        self._wait_healthy(deadline=t0 + timeout_s)
+        deadline = t2 + timeout_s
+        self._start_api_server(deadline)
+        for comp in COMPONENTS[1:]:
+            self._launch(comp)
+        self._wait_healthy(deadline=deadline)
         self.timings["components_healthy_s"] = time.monotonic() - t2
         return self
+
+    def _fix_clock(self) -> None:
+        """With ``$VERL_PIPELINE_TEST_CLOCK`` set, the components' clocks start at that instant."""
+        target = os.environ.get(CLOCK_ENV)
+        if not target:
+            return
+        if not FAKETIME_LIB.is_file():
+            raise StackUnavailable(f"{CLOCK_ENV} needs libfaketime (apt-get install -y faketime)")
+        from datetime import datetime, timezone
+
+        when = datetime.fromisoformat(target.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        self.clock_offset_s = int((when - datetime.now(timezone.utc)).total_seconds())
+        print(f"airflow_stack: Airflow's clock at {when.isoformat()} (offset {self.clock_offset_s:+d} s)",
+              file=sys.stderr, flush=True)
+
+    def _launch(self, comp: str) -> None:
+        args = [str(AIRFLOW_BIN), comp]
+        if comp == "api-server":
+            args += ["--port", str(self.api_port), "--host", "127.0.0.1"]
+        env = self.env()
+        if self.clock_offset_s is not None:
+            env.update({"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{self.clock_offset_s:+d}",
+                        "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        with open(self.log_path(comp), "ab") as log:  # the child keeps its own copy of the fd
+            proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        self.procs[comp] = proc
+        self._tracked[proc.pid] = psutil.Process(proc.pid)
+
+    def _start_api_server(self, deadline: float) -> None:
+        """Start the api-server and wait until it answers. A port taken between the pick and the bind
+        (another process of the busy machine) gets a fresh port, up to ``API_SERVER_STARTS`` times."""
+        for start in range(1, API_SERVER_STARTS + 1):
+            self._launch("api-server")
+            proc = self.procs["api-server"]
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if httpx.get(f"{self.base_url}/api/v2/version", timeout=5).status_code < 500:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+            if proc.poll() is None:
+                raise TimeoutError(f"the api-server did not answer on {self.base_url} in time")
+            log = self.log_path("api-server").read_text(errors="replace")
+            if "address already in use" not in log.lower() or start == API_SERVER_STARTS:
+                raise RuntimeError(f"airflow api-server exited with {proc.returncode}:\n{log[-3000:]}")
+            print(f"airflow_stack: api port {self.api_port} was taken, retrying on another", file=sys.stderr)
+            self.api_port = free_port()
 
     def _check_alive(self) -> None:
         for comp, proc in self.procs.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from tests.integration.airflow_stack import AirflowStack
 from verl_pipeline import runs
 from verl_pipeline.airflow.assets import preprocessed_data_uri
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# Above the sum of the waits below (each has its own deadline and message); pytest-timeout also counts
+# the session's Airflow stack start when this module runs first.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 DAG = "verl_ppo"
 RETRAIN = "verl_retrain__smoke"
@@ -49,13 +52,18 @@ def api(airflow_stack: AirflowStack) -> httpx.Client:
 
 
 @pytest.fixture(scope="module")
-def started(airflow_stack: AirflowStack, api: httpx.Client) -> dict[str, str]:
+def started(airflow_stack: AirflowStack, api: httpx.Client) -> Iterator[dict[str, str]]:
     """Unpause both DAGs, trigger ``verl_ppo`` with a conf, and update the smoke profile's data Asset.
 
-    The retraining DAG goes first: with ``catchup=False`` Airflow runs its cron's latest tick as soon
-    as it is unpaused. That run finishes before any data update, so each update is queued on its
-    own and not held behind it (two updates queued behind one active run become one run that
-    lists only the first)."""
+    The retraining DAG goes first. The smoke profile sets ``retrain.run_immediately: true``, so
+    unpausing runs the cron's latest past tick at once whatever the day and hour (with Airflow's
+    default it would only within 16.8 h of Monday 03:00 UTC). That run finishes before any data
+    update, so each update is queued on its own and not held behind it (two updates queued behind one
+    active run become one run that lists only the first). A cron tick that falls due during the
+    module adds a scheduled run; the tests allow it. Both DAGs are paused again at the end."""
+    from verl_pipeline.airflow.retrain import retrain_schedule
+
+    assert retrain_schedule("smoke").run_immediately is True  # type: ignore[union-attr]
     r = api.patch(f"/api/v2/dags/{RETRAIN}", json={"is_paused": False})
     assert r.status_code == 200 and r.json()["is_paused"] is False, r.text
     deadline = time.monotonic() + 120
@@ -77,7 +85,9 @@ def started(airflow_stack: AirflowStack, api: httpx.Client) -> dict[str, str]:
     assert {d["dag_id"] for d in asset["scheduled_dags"]} == {RETRAIN}
     r = api.post("/api/v2/assets/events", json={"asset_id": asset["id"], "extra": {"source": "test_scheduler"}})
     assert r.status_code == 200, r.text
-    return {"ppo": ppo_run}
+    yield {"ppo": ppo_run}
+    for dag_id in (RETRAIN, DAG):
+        api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": True})
 
 
 def test_invalid_params_are_rejected_by_the_api(api: httpx.Client) -> None:

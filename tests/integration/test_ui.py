@@ -19,7 +19,8 @@ import pytest
 from tests.integration.airflow_stack import ADMIN_USER, AirflowStack
 from verl_pipeline.airflow.params import build_params
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# Above the sum of the waits below; pytest-timeout also counts the session's Airflow stack start.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -48,7 +49,7 @@ def page(airflow_stack: AirflowStack) -> Iterator[Any]:
     with sync_api.sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
             profile_dir, executable_path=executable, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
+            viewport={"width": 1400, "height": 1000}, timeout=180_000,  # a cold start on a busy machine
         )
         ctx.set_default_timeout(60_000)
         try:
