@@ -17,6 +17,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 _TMP = Path(tempfile.mkdtemp(prefix="vp-tests-"))
+# Nothing of the developer's own environment leaks in: their Airflow settings and config file, a
+# profiles folder, a hub token or mirror (a real token would be sent to the fake hub), a proxy that
+# would carry loopback calls.
+for _name in [n for n in os.environ if n.startswith("AIRFLOW__")] + [
+        "AIRFLOW_CONFIG", "VERL_PIPELINE_CONFIGS", "HF_TOKEN", "HF_ENDPOINT", "RAY_ADDRESS"]:
+    os.environ.pop(_name, None)
+os.environ["HF_HOME"] = str(_TMP / "hf-home")
+os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost,::1"
 os.environ["AIRFLOW_HOME"] = str(_TMP / "airflow")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
@@ -25,7 +33,6 @@ os.environ["VERL_PIPELINE_HOME"] = str(_TMP / "home")
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ.pop("RAY_ADDRESS", None)
 
 GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 

@@ -101,7 +101,8 @@ class SlurmCluster:
             "MinJobAge=300",
             # Ray ignores SIGTERM for seconds: SIGKILL follows scancel's SIGTERM after 3 s.
             "KillWait=3",
-            "SlurmdTimeout=30",
+            # A slurmd starved by a busy machine must not be marked DOWN (its jobs would be killed).
+            "SlurmdTimeout=300",
             *node_lines,
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",

@@ -160,7 +160,7 @@ def nothing_left(extra: dict[str, str]) -> None:
 
 @pytest.mark.integration
 def test_pending_too_long_names_the_slurm_state_and_reason(slurm: SlurmCluster, tmp_path: Path) -> None:
-    backend = get_backend(slurm_test_spec(slurm, tmp_path, extra_sbatch=["--begin=now+3600"], pending_timeout_s=3))
+    backend = get_backend(slurm_test_spec(slurm, tmp_path, extra_sbatch=["--begin=now+3600"], pending_timeout_s=15))
     with pytest.raises(ClusterError, match=r"is PENDING \(reason: BeginTime\).*pending_timeout_s"):
         backend.provision("pytest/slurm-pending")
     # The pending job was cancelled: nothing of it stays queued.
@@ -173,7 +173,7 @@ def test_impossible_allocation_is_a_clear_error(slurm: SlurmCluster, tmp_path: P
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"is PENDING \(reason: Partition\w+\).*can never start"):
         backend.provision("pytest/slurm-too-big")
-    assert time.monotonic() - t0 < 20, "a hopeless request fails at once, not after pending_timeout_s"
+    assert time.monotonic() - t0 < 50, "a hopeless request fails at once, not after pending_timeout_s"
     assert slurm.run("squeue", "-h", "--name", backend.job_name("pytest/slurm-too-big")).stdout.strip() == ""  # type: ignore[attr-defined]
 
 
@@ -186,7 +186,7 @@ def test_job_dying_before_ray_is_ready_names_the_state_and_shows_its_output(
     t0 = time.monotonic()
     with pytest.raises(ClusterError) as e:
         backend.provision("pytest/slurm-dies")
-    assert time.monotonic() - t0 < 60, "the failure is noticed without waiting out ready_timeout_s"
+    assert time.monotonic() - t0 < 120, "the failure is noticed without waiting out ready_timeout_s"
     msg = str(e.value)
     assert "Slurm job" in msg and ("FAILED" in msg or "COMPLETING" in msg or "COMPLETED" in msg)
     assert "the Ray head exited" in msg or "/usr/bin/ray" in msg

