@@ -1,0 +1,297 @@
+"""What a verl job needs on each Ray node, and what a node's probe report says it misses.
+
+Pure functions of the job's settings and the facts each node reported (see
+:mod:`verl_pipeline.cluster.probe`, which gathers them): which packages the configuration needs
+(the rollout engine it names; flash-attn for a critic or a flash-attention implementation),
+verl's supported transformers range (read from verl's own package metadata), the paths the job
+reads, and the CPUs verl reserves. No heavy imports: this runs on the Airflow worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, uses_critic
+
+#: verl's default attention implementation for the actor, reference and rollout model config
+#: (``verl/workers/config/model.py``: ``override_config.get("attn_implementation", "flash_attention_2")``).
+VERL_DEFAULT_ATTN = "flash_attention_2"
+#: The override that lets the actor run without flash-attn.
+SDPA_OVERRIDE = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+#: verl's extra that pins flash-attn for its torch 2.11 / CUDA 13 stack (``flash-attn==2.8.3`` in 0.9.1).
+FLASH_ATTN_EXTRA = "flash-attn-cu130torch211"
+#: Where the README says how to get flash-attn when no wheel can be had.
+FLASH_ATTN_DOC = "README: Building the GPU image"
+GPU_REQUIREMENTS = "requirements/gpu.txt"
+
+# rollout.name -> (module to import, pip distribution, verl extra that installs it)
+_ROLLOUT_ENGINES = {
+    "vllm": ("vllm", "vllm", "vllm"),
+    "sglang": ("sglang", "sglang", "sglang"),
+    "trtllm": ("tensorrt_llm", "tensorrt-llm", None),
+}
+# attn_implementation -> (module transformers looks for, pip distribution)
+_FLASH_IMPLS = {
+    "flash_attention_2": ("flash_attn", "flash-attn"),
+    "flash_attention_3": ("flash_attn_interface", "flash-attn-3"),
+}
+_ACTOR_ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+#: Settings naming files and directories the job reads on the nodes.
+PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
+             "reward.reward_model.model_path")
+
+
+@dataclass(frozen=True)
+class Need:
+    """A Python package the job imports on the nodes that run its GPU workers (or on every node)."""
+
+    module: str
+    package: str
+    #: What in the configuration needs it.
+    why: str
+    fix: str
+    #: Only the nodes that run GPU workers import it (every node when the cluster has no GPUs).
+    gpu_nodes: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Everything the probe checks on each node for one job."""
+
+    modules: tuple[Need, ...]
+    #: ``(setting, path)`` pairs: each must exist on every node.
+    paths: tuple[tuple[str, str], ...]
+    #: verl's transformers range when known on this side (a node's own verl metadata wins).
+    transformers: str | None = None
+
+    def request(self) -> dict[str, Any]:
+        """The JSON the probe job receives: which modules to import and which paths to stat."""
+        return {"modules": sorted({n.module for n in self.modules} | {"verl"}),
+                "paths": dict(self.paths)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a node (or the cluster) misses, in the project's one-line error form."""
+
+    node: str
+    what: str
+    value: Any
+    rule: str
+    fix: str
+    #: False for what is reported but cannot be the user's fault (a node that died mid-probe).
+    blocking: bool = True
+
+    def line(self) -> str:
+        return f"node {self.node}: {self.what}={self.value!r}: {self.rule} (fix: {self.fix})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "value": str(self.value), "line": self.line()}
+
+
+@dataclass(frozen=True)
+class VerlPins:
+    """Versions verl's package metadata pins: its transformers range and the pins of its extras."""
+
+    transformers: str | None = None
+    extras: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def pin(self, extra: str, package: str, default: str) -> str:
+        return self.extras.get(extra, {}).get(package, default)
+
+
+def read_verl_pins(requires: Iterable[str] | None) -> VerlPins:
+    """Parse ``importlib.metadata.requires("verl")``: the unconditional transformers specifier and
+    ``name==version`` pins per extra (``flash-attn==2.8.3; extra == "flash-attn-cu130torch211"``)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    transformers = None
+    extras: dict[str, dict[str, str]] = {}
+    for text in requires or ():
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        name = req.name.lower().replace("_", "-")
+        marker = str(req.marker) if req.marker else ""
+        if not marker and name == "transformers" and str(req.specifier):
+            transformers = str(req.specifier)
+        elif marker.startswith("extra ==") and str(req.specifier):
+            extra = marker.split("==", 1)[1].strip().strip("'\"")
+            extras.setdefault(extra, {})[name] = f"{req.name}{req.specifier}"
+    return VerlPins(transformers, extras)
+
+
+def installed_verl_pins() -> VerlPins:
+    """verl's pins from the metadata installed here (empty when verl is not installed)."""
+    from importlib import metadata
+
+    try:
+        return read_verl_pins(metadata.requires("verl"))
+    except metadata.PackageNotFoundError:
+        return VerlPins()
+
+
+def transformers_problem(spec: str | None, version: str | None) -> str | None:
+    """Why ``version`` of transformers is outside verl's range ``spec``, else None."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if not spec:
+        return None
+    if version is None:
+        return f"transformers is not installed; verl needs transformers{spec}"
+    try:
+        inside = Version(version) in SpecifierSet(spec)
+    except (InvalidSpecifier, InvalidVersion):
+        return None
+    return None if inside else f"verl supports transformers{spec} only"
+
+
+def actor_attn_implementation(settings: Mapping[str, Any]) -> str:
+    """The actor's (and reference's) attention implementation: the override, else verl's default."""
+    for prefix in ("", "+", "++"):
+        value = settings.get(prefix + _ACTOR_ATTN_KEY)
+        if value:
+            return str(value)
+    block = settings.get("actor_rollout_ref.model.override_config")
+    if isinstance(block, Mapping) and block.get("attn_implementation"):
+        return str(block["attn_implementation"])
+    return VERL_DEFAULT_ATTN
+
+
+def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Needs:
+    """Which packages and paths the job with these verl ``settings`` needs on the cluster's nodes."""
+    pins = pins or VerlPins()
+    modules: list[Need] = []
+    engine = str(settings.get("actor_rollout_ref.rollout.name") or "")
+    if engine in _ROLLOUT_ENGINES:
+        module, package, extra = _ROLLOUT_ENGINES[engine]
+        if extra == "vllm":
+            fix = f"install {GPU_REQUIREMENTS} (verl[vllm]: {pins.pin('vllm', 'vllm', 'vllm')}) on the node"
+        elif extra:
+            fix = f"pip install 'verl[{extra}]' ({pins.pin(extra, package, package)}) on the node"
+        else:
+            fix = f"install {package} on the node, or actor_rollout_ref.rollout.name=vllm"
+        modules.append(Need(module, package, f"actor_rollout_ref.rollout.name={engine} runs the rollout with it", fix))
+    flash_pin = pins.pin(FLASH_ATTN_EXTRA, "flash-attn", "flash-attn")
+    critic = uses_critic(dict(settings))
+    attn = actor_attn_implementation(settings)
+    if critic:
+        modules.append(Need(
+            "flash_attn", "flash-attn",
+            "the job trains a critic, and verl 0.9.1 loads it with attn_implementation=flash_attention_2 whatever the "
+            "config says (verl/utils/model.py load_valuehead_model)",
+            f"install {flash_pin} on the node ({FLASH_ATTN_DOC}), or train without a critic "
+            "(algorithm.adv_estimator=grpo)"))
+    if attn in _FLASH_IMPLS and not (critic and _FLASH_IMPLS[attn][0] == "flash_attn"):
+        module, package = _FLASH_IMPLS[attn]
+        source = "verl's default" if attn == VERL_DEFAULT_ATTN else "the override"
+        install = flash_pin if module == "flash_attn" else package
+        fix = f"set {SDPA_OVERRIDE} (--set or the model profile's verl: section), or install {install} on the node"
+        if critic:
+            fix = f"install {install} on the node"
+        modules.append(Need(module, package, f"the actor's attn_implementation is {attn} ({source})", fix))
+    paths: list[tuple[str, str]] = []
+    for key in PATH_KEYS:
+        value = settings.get(key)
+        for path in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(path, str) and path.startswith("/"):
+                paths.append((key, path))
+    return Needs(tuple(modules), tuple(paths), pins.transformers)
+
+
+def node_label(node: Mapping[str, Any]) -> str:
+    role = "head" if node.get("is_head") else "worker"
+    return f"{node.get('ip', '?')} ({role} {str(node.get('node_id', ''))[:8]})"
+
+
+def _import_error(facts: Mapping[str, Any], module: str) -> str | None:
+    entry = (facts.get("modules") or {}).get(module)
+    if entry is None:
+        return "not checked"
+    return None if entry.get("ok") else str(entry.get("error") or "does not import")
+
+
+def evaluate(needs: Needs, nodes: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """What each node misses for a GPU training job with ``needs``.
+
+    GPU work runs on the nodes with GPUs; when no node has any, every node is held to the GPU
+    rules (the report then says what a GPU run on these nodes would miss).
+    """
+    answered = [n for n in nodes if n.get("facts")]
+    any_gpu = any(float(n.get("gpus") or 0) > 0 for n in nodes)
+    out: list[Finding] = []
+    for node in nodes:
+        label = node_label(node)
+        facts = node.get("facts")
+        if not facts:
+            out.append(Finding(label, "probe", node.get("error") or "no answer",
+                               "the node did not report (it died or hung during the probe)",
+                               "check the node (`verl-pipeline cluster status`); a retry re-checks it", blocking=False))
+            continue
+        gpus = float(node.get("gpus") or 0)
+        gpu_work = gpus > 0 or not any_gpu
+        out.extend(_torch_findings(label, facts, gpus, gpu_work))
+        verl_error = _import_error(facts, "verl")
+        if verl_error:
+            out.append(Finding(label, "verl", verl_error, "every node runs verl's workers",
+                               f"install {GPU_REQUIREMENTS} (verl[vllm]==0.9.1) on the node"))
+        else:
+            spec = facts.get("verl_transformers") or needs.transformers
+            problem = transformers_problem(spec, facts.get("transformers"))
+            if problem:
+                out.append(Finding(label, "transformers", facts.get("transformers"), problem,
+                                   f"pip install 'transformers{spec}' on the node (verl[vllm] pins it)"))
+        for need in needs.modules:
+            if need.gpu_nodes and not gpu_work:
+                continue
+            error = _import_error(facts, need.module)
+            if error:
+                out.append(Finding(label, need.package, error, need.why, need.fix))
+        for key, path in needs.paths:
+            seen = (facts.get("paths") or {}).get(path) or {}
+            if not seen.get("exists"):
+                out.append(Finding(label, key, path, "does not exist on this node",
+                                   "put it on storage every node mounts at the same path (the cluster profile's "
+                                   "storage.root) and run preprocess/prefetch there"))
+        cpus = float(node.get("cpus") or 0)
+        if gpus > 0 and cpus < CPUS_PER_GPU_BUNDLE * gpus:
+            out.append(Finding(label, "CPU", cpus,
+                               f"verl reserves {CPUS_PER_GPU_BUNDLE} CPUs per GPU bundle: {gpus:g} GPU(s) need "
+                               f"{CPUS_PER_GPU_BUNDLE * gpus:g}",
+                               f"start the node with --num-cpus >= {CPUS_PER_GPU_BUNDLE * gpus:g}"))
+    if not answered and nodes:
+        out.append(Finding("cluster", "probe", "no node answered", "nothing could be checked",
+                           "check the cluster; a retry re-checks it", blocking=False))
+    return out
+
+
+def _torch_findings(label: str, facts: Mapping[str, Any], gpus: float, gpu_work: bool) -> list[Finding]:
+    torch = facts.get("torch") or {}
+    fix = f"install {GPU_REQUIREMENTS} (torch with CUDA, as verl[vllm] pins it) on the node"
+    if torch.get("error"):
+        return [Finding(label, "torch", torch["error"], "verl's workers import torch", fix)]
+    if not gpu_work:
+        return []
+    if not torch.get("cuda"):
+        return [Finding(label, "torch", torch.get("version"), "is a CPU build (torch.version.cuda is None): verl "
+                        "trains and rolls out on CUDA GPUs", fix)]
+    if not torch.get("cuda_available") or int(torch.get("device_count") or 0) < 1:
+        return [Finding(label, "GPU", torch.get("device_count", 0),
+                        f"torch {torch.get('version')} (CUDA {torch.get('cuda')}) sees no usable GPU",
+                        "check the node's NVIDIA driver (nvidia-smi) supports this CUDA and CUDA_VISIBLE_DEVICES")]
+    if gpus and int(torch["device_count"]) < gpus:
+        return [Finding(label, "GPU", torch["device_count"],
+                        f"torch sees {torch['device_count']} of the {gpus:g} GPU(s) Ray advertises on the node",
+                        "start the node's Ray with --num-gpus matching the GPUs torch sees (CUDA_VISIBLE_DEVICES)")]
+    return []
+
+
+__all__ = ["PATH_KEYS", "SDPA_OVERRIDE", "Finding", "Need", "Needs", "VerlPins", "actor_attn_implementation",
+           "evaluate", "installed_verl_pins", "needs_for", "node_label", "read_verl_pins", "transformers_problem"]

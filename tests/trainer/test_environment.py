@@ -1,0 +1,202 @@
+"""Which configuration needs which package on the nodes, and what a node's report misses (pure rules)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from verl_pipeline.trainer.environment import (
+    SDPA_OVERRIDE,
+    Needs,
+    VerlPins,
+    actor_attn_implementation,
+    evaluate,
+    installed_verl_pins,
+    needs_for,
+    read_verl_pins,
+    transformers_problem,
+)
+
+PINS = read_verl_pins([
+    "transformers!=5.6.0,<5.11,>=5.5.3",
+    'flash-attn==2.8.3; extra == "flash-attn-cu130torch211"',
+    'vllm==0.24.0; extra == "vllm"',
+    'transformers==5.9.0; extra == "vllm"',
+    'sglang==0.5.12; extra == "sglang"',
+    "not a requirement ((",
+])
+
+
+def _modules(settings: dict[str, Any]) -> dict[str, str]:
+    return {n.module: n.fix for n in needs_for(settings, PINS).modules}
+
+
+def test_verl_pins_are_read_from_its_metadata() -> None:
+    assert PINS.transformers is not None and transformers_problem(PINS.transformers, "5.10.4") is None
+    assert PINS.pin("flash-attn-cu130torch211", "flash-attn", "?") == "flash-attn==2.8.3"
+    assert PINS.pin("vllm", "vllm", "?") == "vllm==0.24.0"
+    assert PINS.pin("nope", "x", "fallback") == "fallback"
+    # The verl installed here pins the same (0.9.1): the rules read it, nothing is hard-coded.
+    installed = installed_verl_pins()
+    assert installed.transformers and transformers_problem(installed.transformers, "5.6.0")
+    assert installed.pin("flash-attn-cu130torch211", "flash-attn", "?").startswith("flash-attn==")
+
+
+@pytest.mark.parametrize(("version", "bad"), [("5.10.4", False), ("5.5.3", False), ("5.6.0", True),
+                                             ("5.11.0", True), ("4.57.1", True), (None, True)])
+def test_transformers_range(version: str | None, bad: bool) -> None:
+    problem = transformers_problem("!=5.6.0,<5.11,>=5.5.3", version)
+    assert (problem is not None) is bad
+    if bad:
+        assert "transformers!=5.6.0,<5.11,>=5.5.3" in str(problem)
+    assert transformers_problem(None, "1.0") is None
+
+
+def test_rollout_engine_the_config_names() -> None:
+    grpo = {"algorithm.adv_estimator": "grpo", "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
+    assert set(_modules({**grpo, "actor_rollout_ref.rollout.name": "vllm"})) == {"vllm"}
+    assert "vllm==0.24.0" in _modules({**grpo, "actor_rollout_ref.rollout.name": "vllm"})["vllm"]
+    assert set(_modules({**grpo, "actor_rollout_ref.rollout.name": "sglang"})) == {"sglang"}
+    assert "verl[sglang]" in _modules({**grpo, "actor_rollout_ref.rollout.name": "sglang"})["sglang"]
+    assert set(_modules({**grpo, "actor_rollout_ref.rollout.name": "trtllm"})) == {"tensorrt_llm"}
+    assert _modules({**grpo, "actor_rollout_ref.rollout.name": "unknown"}) == {}
+
+
+def test_a_critic_always_needs_flash_attn_even_with_sdpa() -> None:
+    for settings in ({}, {"algorithm.adv_estimator": "gae"}, {"algorithm.adv_estimator": "grpo", "critic.enable": True},
+                     {"algorithm.adv_estimator": "gae", "+actor_rollout_ref.model.override_config.attn_implementation":
+                      "sdpa"}):
+        mods = _modules(settings)
+        assert set(mods) == {"flash_attn"}, settings
+        assert "flash-attn==2.8.3" in mods["flash_attn"] and "grpo" in mods["flash_attn"]
+        assert SDPA_OVERRIDE not in mods["flash_attn"]  # sdpa cannot help a critic
+    need = needs_for({}, PINS).modules[0]
+    assert "load_valuehead_model" in need.why and need.package == "flash-attn"
+
+
+def test_without_a_critic_flash_attn_follows_the_actors_attn_implementation() -> None:
+    grpo = {"algorithm.adv_estimator": "grpo"}
+    default = needs_for(grpo, PINS).modules
+    assert [n.module for n in default] == ["flash_attn"]
+    assert "verl's default" in default[0].why and SDPA_OVERRIDE in default[0].fix
+    key = "actor_rollout_ref.model.override_config.attn_implementation"
+    for prefix in ("", "+", "++"):
+        assert _modules({**grpo, prefix + key: "sdpa"}) == {}
+        assert _modules({**grpo, prefix + key: "eager"}) == {}
+    assert _modules({**grpo, "actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"}}) == {}
+    fa3 = needs_for({**grpo, "+" + key: "flash_attention_3"}, PINS).modules
+    assert [(n.module, n.package) for n in fa3] == [("flash_attn_interface", "flash-attn-3")]
+    assert "the override" in fa3[0].why
+    assert actor_attn_implementation({}) == "flash_attention_2"
+    # GAE with the critic switched off is critic-free too.
+    assert _modules({"algorithm.adv_estimator": "gae", "critic.enable": False, key: "sdpa"}) == {}
+
+
+def test_a_critic_and_flash_attention_3_need_both() -> None:
+    mods = _modules({"+actor_rollout_ref.model.override_config.attn_implementation": "flash_attention_3"})
+    assert set(mods) == {"flash_attn", "flash_attn_interface"}
+    assert SDPA_OVERRIDE not in mods["flash_attn_interface"]
+
+
+def test_paths_the_job_reads() -> None:
+    needs = needs_for({"data.train_files": ["/d/a.parquet", "/d/b.parquet"], "data.val_files": "/d/v.parquet",
+                       "actor_rollout_ref.model.path": "/m/actor", "critic.model.path": "/m/actor",
+                       "reward.reward_model.model_path": "hdfs://remote/rm", "algorithm.adv_estimator": "grpo",
+                       "actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}, PINS)
+    assert needs.paths == (("data.train_files", "/d/a.parquet"), ("data.train_files", "/d/b.parquet"),
+                           ("data.val_files", "/d/v.parquet"), ("actor_rollout_ref.model.path", "/m/actor"),
+                           ("critic.model.path", "/m/actor"))
+    assert needs.request() == {"modules": ["verl"], "paths": {"data.train_files": "/d/b.parquet",
+                                                              "data.val_files": "/d/v.parquet",
+                                                              "actor_rollout_ref.model.path": "/m/actor",
+                                                              "critic.model.path": "/m/actor"}}
+
+
+# -- evaluate: a node's report -> findings ------------------------------------------------------------
+
+def _facts(*, cuda: str | None = "13.0", devices: int = 8, missing: tuple[str, ...] = (),
+           transformers: str = "5.9.0", paths: dict[str, bool] | None = None) -> dict[str, Any]:
+    mods = {m: ({"ok": False, "error": f"ModuleNotFoundError: No module named '{m}'"} if m in missing
+                else {"ok": True, "version": "1"}) for m in ("verl", "vllm", "flash_attn")}
+    return {"torch": {"version": "2.11.0+cu130" if cuda else "2.13.0+cpu", "cuda": cuda,
+                      "cuda_available": bool(cuda and devices), "device_count": devices if cuda else 0},
+            "modules": mods, "transformers": transformers, "verl_transformers": "!=5.6.0,<5.11,>=5.5.3",
+            "paths": {p: {"exists": ok} for p, ok in (paths or {}).items()}}
+
+
+def _node(node_id: str, *, gpus: float, cpus: float = 64, head: bool = False, facts: Any = None,
+          error: str | None = None) -> dict[str, Any]:
+    return {"node_id": node_id, "ip": "10.0.0.1", "is_head": head, "cpus": cpus, "gpus": gpus, "facts": facts,
+            "error": error}
+
+
+PPO = needs_for({"actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.model.path": "/shared/m"}, PINS)
+
+
+def _lines(needs: Needs, nodes: list[dict[str, Any]]) -> list[str]:
+    return [f.line() for f in evaluate(needs, nodes) if f.blocking]
+
+
+def test_a_complete_gpu_cluster_has_no_findings() -> None:
+    ok = _facts(paths={"/shared/m": True})
+    assert evaluate(PPO, [_node("a" * 32, gpus=8, head=True, facts=ok), _node("b" * 32, gpus=8, facts=ok)]) == []
+
+
+def test_a_gpu_node_without_vllm_or_flash_attn_is_named_with_the_fix() -> None:
+    bad = _facts(missing=("vllm", "flash_attn"), paths={"/shared/m": True})
+    lines = _lines(PPO, [_node("a" * 32, gpus=8, head=True, facts=_facts(paths={"/shared/m": True})),
+                         _node("b" * 32, gpus=8, facts=bad)])
+    assert len(lines) == 2 and all(line.startswith("node 10.0.0.1 (worker bbbbbbbb)") for line in lines)
+    assert "vllm=\"ModuleNotFoundError: No module named 'vllm'\"" in lines[0]
+    assert "requirements/gpu.txt" in lines[0] and "vllm==0.24.0" in lines[0]
+    assert "flash-attn=" in lines[1] and "flash-attn==2.8.3" in lines[1]
+
+
+def test_a_cpu_only_head_of_a_gpu_cluster_needs_no_rollout_engine() -> None:
+    head = _facts(cuda=None, missing=("vllm", "flash_attn"), paths={"/shared/m": True})
+    worker = _facts(paths={"/shared/m": True})
+    assert evaluate(PPO, [_node("h" * 32, gpus=0, head=True, facts=head), _node("w" * 32, gpus=8, facts=worker)]) == []
+
+
+def test_on_a_cluster_without_gpus_every_node_is_held_to_the_gpu_rules() -> None:
+    cpu = _facts(cuda=None, missing=("vllm", "flash_attn"), paths={"/shared/m": True})
+    lines = _lines(PPO, [_node("h" * 32, gpus=0, cpus=2, head=True, facts=cpu)])
+    assert [line.split("=")[0].split(": ")[1] for line in lines] == ["torch", "vllm", "flash-attn"]
+    assert "CPU build" in lines[0]
+
+
+def test_missing_paths_versions_gpus_and_cpus() -> None:
+    facts = _facts(paths={"/shared/m": False}, transformers="5.6.0", devices=4)
+    lines = _lines(PPO, [_node("h" * 32, gpus=8, cpus=16, head=True, facts=facts)])
+    assert any("actor_rollout_ref.model.path='/shared/m': does not exist on this node" in x for x in lines)
+    assert any("transformers='5.6.0': verl supports transformers!=5.6.0,<5.11,>=5.5.3 only" in x for x in lines)
+    assert any("torch sees 4 of the 8 GPU(s)" in x for x in lines)
+    assert any("CPU=16.0: verl reserves 3 CPUs per GPU bundle: 8 GPU(s) need 24" in x for x in lines)
+    broken = _facts(paths={"/shared/m": True})
+    broken["torch"] = {"error": "OSError: libcudart.so.13: cannot open shared object file"}
+    assert any("torch='OSError: libcudart.so.13" in x for x in _lines(PPO, [_node("h" * 32, gpus=8, facts=broken)]))
+    no_verl = _facts(missing=("verl",), paths={"/shared/m": True}, transformers="4.0")
+    assert [x.split(": ")[1].split("=")[0] for x in _lines(PPO, [_node("h" * 32, gpus=8, facts=no_verl)])] == ["verl"]
+
+
+def test_a_node_that_did_not_answer_is_reported_but_is_not_the_users_error() -> None:
+    ok = _facts(paths={"/shared/m": True})
+    findings = evaluate(PPO, [_node("h" * 32, gpus=8, head=True, facts=ok),
+                              _node("w" * 32, gpus=8, error="no answer within 5s")])
+    assert [(f.node, f.what, f.blocking) for f in findings] == [("10.0.0.1 (worker wwwwwwww)", "probe", False)]
+    assert "no answer within 5s" in findings[0].line()
+    nobody = evaluate(PPO, [_node("h" * 32, gpus=8, error="the node died during the probe")])
+    assert [f.what for f in nobody] == ["probe", "probe"] and not any(f.blocking for f in nobody)
+
+
+def test_the_smoke_profiles_needs() -> None:
+    """The embedded default trains PPO with a critic through vLLM: it needs vllm and flash-attn."""
+    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.trainer.render import job_settings
+
+    spec = build_run_spec({}, run_name="env/smoke")
+    settings = job_settings(spec, train_files="/d/t.parquet", val_files="/d/v.parquet", model_path="/m")
+    needs = needs_for(settings, VerlPins())
+    assert {n.module for n in needs.modules} == {"vllm", "flash_attn"}
+    assert ("critic.model.path", "/m") in needs.paths
