@@ -58,6 +58,7 @@ def test_every_step_by_hand(tmp_path: Path) -> None:
         assert status["status"]["ready"] and status["status"]["cpus"] == 2
         sub = json.loads(run("submit", "--json", home=tmp_path).stdout)
         assert sub["action"] == "submitted" and sub["mode"] == "preflight"
+        assert sub["environment"]["nodes"][0]["answered"] and not sub["environment"]["enforced"]
         logs = run("logs", "--follow", home=tmp_path).stdout
         assert "VERL_PIPELINE_PREFLIGHT_SUMMARY" in logs
         info = json.loads(run("status", "--json", home=tmp_path).stdout)

@@ -277,17 +277,23 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
+    from verl_pipeline.jobs.ids import submission_prefix
     from verl_pipeline.jobs.submit import submit_or_reattach
 
     spec = _spec(args)
     handle = _handle(spec)
     data, models = _inputs(spec)
-    mode = steps.resolve_mode(spec, handle)
-    job = steps.render(spec, data=data, models=models, mode=mode)
-    steps.save_run_files(spec, job)
-    sub = submit_or_reattach(handle.client(), job, dag_id=CLI_DAG_ID, run_id=spec.run_name, task_id=CLI_TASK_ID)
-    _out(args, {**sub.to_dict(), "mode": mode.value, "dashboard_url": handle.dashboard_url},
-         f"{sub.action}: {sub.submission_id} ({mode.value}) on {handle.dashboard_url}")
+    prepared = steps.prepare_job(spec, handle, data=data, models=models,
+                                 id_prefix=submission_prefix(CLI_DAG_ID, spec.run_name, CLI_TASK_ID))
+    mode, env = prepared.mode, prepared.environment
+    sub = submit_or_reattach(handle.client(), prepared.job, dag_id=CLI_DAG_ID, run_id=spec.run_name,
+                             task_id=CLI_TASK_ID)
+    lines = [f"environment probe: {len(env['nodes'])} node(s) in {env['seconds']}s, "
+             + ("nothing missing" if env["ok"] else "a GPU training run would miss:")]
+    lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
+    lines.append(f"{sub.action}: {sub.submission_id} ({mode.value}) on {handle.dashboard_url}")
+    _out(args, {**sub.to_dict(), "mode": mode.value, "dashboard_url": handle.dashboard_url, "environment": env},
+         "\n".join(lines))
     return 0
 
 

@@ -21,6 +21,16 @@ class ConfigError(PipelineError):
         super().__init__(msg)
 
 
+class EnvironmentCheckError(PipelineError):
+    """The cluster's nodes lack what the job needs (packages, GPUs, paths, CPUs), found before it is
+    submitted. The user's to fix: each problem names the node, the package or path and the fix."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"the cluster cannot run this verl training job ({len(self.problems)} problem(s); "
+                         "nothing was submitted): " + "; ".join(self.problems))
+
+
 class ClusterError(PipelineError):
     """A Ray cluster could not be provisioned, reached or torn down."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,49 +139,52 @@ def find_handle(spec: RunSpec) -> ClusterHandle | None:
     return None
 
 
+def cluster_problems(spec: RunSpec, status: ClusterStatus, mode: Mode) -> list[ConfigError]:
+    """What the cluster as a whole lacks for ``mode``: Ray version, and CPUs and GPUs for training."""
+    from verl_pipeline.trainer.scaling import MIN_RAY_VERSION, parse_version, required_cpus
+
+    problems = []
+    version = parse_version(status.ray_version)
+    wanted = ".".join(map(str, MIN_RAY_VERSION))
+    if version is None or version[:2] < MIN_RAY_VERSION:
+        problems.append(ConfigError("cluster.ray_version", status.ray_version,
+                                    f"verl 0.9 needs Ray >= {wanted} on the cluster",
+                                    f"a cluster image with ray>={wanted}"))
+    if mode is Mode.TRAIN and spec.trainer_command == DEFAULT_TRAINER_COMMAND:
+        need, why = required_cpus(spec.n_gpus, spec.verl)
+        if status.cpus < need:
+            problems.append(ConfigError(
+                "cluster.CPU", status.cpus,
+                f"a verl training job for {spec.nnodes} x {spec.n_gpus_per_node} GPU(s) reserves {why} CPUs; the "
+                f"cluster has {status.cpus:g} (it would wait forever for resources)",
+                f"a cluster with >= {need} CPUs, or mode=preflight",
+            ))
+        if status.gpus < spec.n_gpus:
+            problems.append(ConfigError(
+                "cluster.GPU", status.gpus, f"the target shape needs {spec.n_gpus} GPU(s) ({spec.nnodes} x "
+                f"{spec.n_gpus_per_node})", f"nnodes x n_gpus_per_node <= {status.gpus:g}, or mode=preflight"))
+    return problems
+
+
 def check_cluster(spec: RunSpec, status: ClusterStatus, mode: Mode) -> None:
     """The checks that need the real cluster: Ray version, and CPUs for a training job.
 
     Raises ConfigError naming what is short and what would pass; nothing is submitted then.
     """
-    from verl_pipeline.trainer.scaling import MIN_RAY_VERSION, parse_version, required_cpus
-
-    version = parse_version(status.ray_version)
-    wanted = ".".join(map(str, MIN_RAY_VERSION))
-    if version is None or version[:2] < MIN_RAY_VERSION:
-        raise ConfigError("cluster.ray_version", status.ray_version, f"verl 0.9 needs Ray >= {wanted} on the cluster",
-                          f"a cluster image with ray>={wanted}")
     if mode is Mode.TRAIN and spec.trainer_command != DEFAULT_TRAINER_COMMAND:
         log.warning("Custom trainer_command %s: verl's CPU/GPU requirements are not checked for it",
                     " ".join(spec.trainer_command))
-    elif mode is Mode.TRAIN:
-        need, why = required_cpus(spec.n_gpus, spec.verl)
-        if status.cpus < need:
-            raise ConfigError(
-                "cluster.CPU", status.cpus,
-                f"a verl training job for {spec.nnodes} x {spec.n_gpus_per_node} GPU(s) reserves {why} CPUs; the "
-                f"cluster has {status.cpus:g} (it would wait forever for resources)",
-                f"a cluster with >= {need} CPUs, or mode=preflight",
-            )
-        if status.gpus < spec.n_gpus:
-            raise ConfigError("cluster.GPU", status.gpus,
-                              f"the target shape needs {spec.n_gpus} GPU(s) ({spec.nnodes} x {spec.n_gpus_per_node})",
-                              f"nnodes x n_gpus_per_node <= {status.gpus:g}, or mode=preflight")
+    problems = cluster_problems(spec, status, mode)
+    if problems:
+        raise problems[0]
     log.info("Cluster checks passed for %s: Ray %s, %g CPU, %g GPU", mode.value, status.ray_version, status.cpus,
              status.gpus)
 
 
-def resolve_mode(spec: RunSpec, handle: ClusterHandle, token: str | None = None) -> Mode:
-    """``auto`` → ``train`` when the cluster has GPUs, ``preflight`` when it has none; then the
-    cluster checks of :func:`check_cluster` for the resolved mode."""
-    status = probe(handle.client(token))
-    if not status.ready:
-        raise ClusterError(f"cannot reach cluster {handle.name} to check it: {status.detail}")
+def choose_mode(spec: RunSpec, status: ClusterStatus) -> Mode:
+    """The run's mode on this cluster: ``auto`` is ``train`` with GPUs, ``preflight`` without (logged)."""
     if spec.mode is not Mode.AUTO:
-        check_cluster(spec, status, spec.mode)
         return spec.mode
-    mode = Mode.TRAIN if status.gpus > 0 else Mode.PREFLIGHT
-    check_cluster(spec, status, mode)
     if status.gpus > 0:
         log.warning("MODE auto -> train: the cluster has %g GPU(s); submitting verl.trainer.main_ppo", status.gpus)
         return Mode.TRAIN
@@ -190,6 +194,23 @@ def resolve_mode(spec: RunSpec, handle: ClusterHandle, token: str | None = None)
         "but does NOT train.", spec.nnodes, spec.n_gpus_per_node,
     )
     return Mode.PREFLIGHT
+
+
+def cluster_status(handle: ClusterHandle, token: str | None = None) -> ClusterStatus:
+    """One look at the cluster (nodes, CPUs, GPUs, Ray version); ClusterError when it does not answer."""
+    status = probe(handle.client(token))
+    if not status.ready:
+        raise ClusterError(f"cannot reach cluster {handle.name} to check it: {status.detail}")
+    return status
+
+
+def resolve_mode(spec: RunSpec, handle: ClusterHandle, token: str | None = None) -> Mode:
+    """``auto`` → ``train`` when the cluster has GPUs, ``preflight`` when it has none; then the
+    cluster checks of :func:`check_cluster` for the resolved mode."""
+    status = cluster_status(handle, token)
+    mode = choose_mode(spec, status)
+    check_cluster(spec, status, mode)
+    return mode
 
 
 def check_paths_visible(spec: RunSpec, paths: dict[str, str]) -> None:
@@ -227,6 +248,111 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
     write_json_atomic(spec.run_dir / "job.json", job.to_dict())
     write_json_atomic(spec.checkpoint_dir / "run_config.json", merged)
     return spec.run_dir
+
+
+def check_environment(
+    spec: RunSpec,
+    handle: ClusterHandle,
+    job: RenderedJob,
+    *,
+    status: ClusterStatus,
+    id_prefix: str,
+    token: str | None = None,
+) -> dict[str, Any]:
+    """Probe every node for what the job needs (:mod:`verl_pipeline.cluster.probe`) and judge it.
+
+    A training job that would miss anything fails here, before it is submitted, with one
+    :class:`~verl_pipeline.exceptions.EnvironmentCheckError` listing every problem (the cluster's
+    totals and each node's). In preflight mode, and for a custom ``trainer_command``, the same
+    findings are only reported: what a GPU run on this cluster would miss. Returns the report
+    (for XCom; also written to the run dir as ``environment.json``).
+    """
+    from verl_pipeline.cluster.probe import DEFAULT_TIMEOUT_S, run_probe
+    from verl_pipeline.exceptions import EnvironmentCheckError
+    from verl_pipeline.trainer.environment import evaluate, installed_verl_pins, needs_for, node_label
+
+    hard = cluster_problems(spec, status, Mode.PREFLIGHT)  # too old a Ray: nothing else is worth probing
+    if hard:
+        raise hard[0]
+    needs = needs_for(job.settings, installed_verl_pins())
+    timeout = float(spec.cluster.get("probe_timeout_s", DEFAULT_TIMEOUT_S))
+    raw = run_probe(handle.client(token), request=needs.request(), runtime_env=job.runtime_env,
+                    id_prefix=id_prefix, timeout_s=timeout)
+    findings = evaluate(needs, raw["nodes"])
+    problems = [str(e) for e in cluster_problems(spec, status, Mode.TRAIN)]
+    problems += [f.line() for f in findings if f.blocking]
+    unreachable = [f.line() for f in findings if not f.blocking]
+    enforced = job.mode is Mode.TRAIN and spec.trainer_command == DEFAULT_TRAINER_COMMAND
+    report = {
+        "mode": job.mode.value, "enforced": enforced, "ok": not problems, "problems": problems,
+        "unreachable": unreachable, "needs": [n.to_dict() for n in needs.modules],
+        "nodes": [_node_summary(n, node_label(n)) for n in raw["nodes"]],
+        "probe_job_id": raw["job_id"], "seconds": raw["wall_seconds"],
+    }
+    log.info("Environment probe of %d node(s) in %.1fs (Ray job %s): %s", len(raw["nodes"]), raw["wall_seconds"],
+             raw["job_id"], f"{len(problems)} problem(s)" if problems else "nothing missing")
+    for node in report["nodes"]:
+        log.info("Probe of node %s: %s", node["node"], node)
+    for line in unreachable:
+        log.warning("Probe: %s", line)
+    write_json_atomic(spec.run_dir / "environment.json", report)
+    if job.mode is Mode.PREFLIGHT:
+        for line in problems:
+            log.warning("A GPU training run on this cluster would miss: %s", line)
+    elif problems and not enforced:
+        for line in problems:
+            log.warning("Custom trainer_command (not enforced): verl's trainer would miss: %s", line)
+    elif problems:
+        raise EnvironmentCheckError(problems)
+    return report
+
+
+def _node_summary(node: dict[str, Any], label: str) -> dict[str, Any]:
+    facts = node.get("facts") or {}
+    torch = facts.get("torch") or {}
+    modules = facts.get("modules") or {}
+    return {
+        "node": label, "node_id": node.get("node_id"), "cpus": node.get("cpus"), "gpus": node.get("gpus"),
+        "answered": bool(facts), "error": node.get("error"),
+        "torch": torch.get("version") or torch.get("error"), "cuda": torch.get("cuda"),
+        "visible_gpus": torch.get("device_count"), "transformers": facts.get("transformers"),
+        "verl_transformers": facts.get("verl_transformers"),
+        "modules": {m: (e.get("version") or "ok") if e.get("ok") else f"missing ({e.get('error')})"
+                    for m, e in modules.items()},
+        "paths": {p: bool(v.get("exists")) for p, v in (facts.get("paths") or {}).items()},
+        "seconds": facts.get("seconds"),
+    }
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """What the submit step decided: the mode, the exact job and the environment probe's report."""
+
+    mode: Mode
+    job: RenderedJob
+    environment: dict[str, Any]
+
+
+def prepare_job(
+    spec: RunSpec,
+    handle: ClusterHandle,
+    *,
+    data: dict[str, Any],
+    models: dict[str, Any],
+    id_prefix: str,
+    token: str | None = None,
+) -> PreparedJob:
+    """Everything before submitting, for the DAG and the CLI alike: resolve the mode against the
+    cluster, render the job, probe the nodes for it (:func:`check_environment`), keep the run files."""
+    status = cluster_status(handle, token)
+    mode = choose_mode(spec, status)
+    if mode is Mode.TRAIN and spec.trainer_command != DEFAULT_TRAINER_COMMAND:
+        log.warning("Custom trainer_command %s: verl's CPU/GPU/package requirements are reported, not enforced",
+                    " ".join(spec.trainer_command))
+    job = render(spec, data=data, models=models, mode=mode)
+    environment = check_environment(spec, handle, job, status=status, id_prefix=id_prefix, token=token)
+    save_run_files(spec, job)
+    return PreparedJob(mode, job, environment)
 
 
 def teardown(
@@ -281,5 +407,6 @@ def _wait_terminal(client: Any, job_id: str, timeout_s: float = 30.0) -> None:
     log.warning("Ray job %s did not stop within %.0fs", job_id, timeout_s)
 
 
-__all__ = ["check_cluster", "check_paths_visible", "find_handle", "provision", "render", "resolve_mode",
-           "save_run_files", "teardown", "validate_spec_with_verl"]
+__all__ = ["PreparedJob", "check_cluster", "check_environment", "check_paths_visible", "choose_mode",
+           "cluster_problems", "find_handle", "prepare_job", "provision", "render", "resolve_mode", "save_run_files",
+           "teardown", "validate_spec_with_verl"]

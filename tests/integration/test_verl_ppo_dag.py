@@ -69,6 +69,11 @@ def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Pat
 
     # The job: submitted in preflight (the cluster has no GPUs), SUCCEEDED, all ground truths scored 1.0.
     assert sub["mode"] == "preflight" and sub["action"] == "submitted"
+    # The environment probe ran first (XCom and the run dir): it reports what a GPU run would miss.
+    env = sub["environment"]
+    assert env["mode"] == "preflight" and not env["enforced"] and [n["answered"] for n in env["nodes"]] == [True]
+    assert any("No module named 'vllm'" in p for p in env["problems"])
+    assert json.loads((Path(sub["run_dir"]) / "environment.json").read_text())["problems"] == env["problems"]
     assert waited["status"] == "SUCCEEDED" and waited["job_id"] == sub["submission_id"]
     pre = waited["preflight"]
     assert pre["ok"] is True and pre["all_ground_truths_score_1"] is True

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
 
 from verl_pipeline import steps
 from verl_pipeline.cluster.base import ClusterHandle, ClusterStatus, probe
@@ -62,23 +61,6 @@ def test_train_mode_is_rejected_on_a_2_cpu_cluster_and_preflight_still_resolves(
     data, models = _inputs(pre, tiny_model_path)
     job = steps.render(pre, data=data, models=models, mode=Mode.PREFLIGHT)
     assert job.entrypoint.startswith("python -m verl_pipeline.trainer.preflight")
-
-
-@pytest.mark.integration
-def test_submit_operator_fails_a_train_submit_without_submitting(
-    ray_cluster: ClusterHandle, tiny_model_path: Path
-) -> None:
-    from verl_pipeline.airflow.operators import SubmitVerlJobOperator
-
-    spec = build_run_spec({"mode": "train"}, run_name="manual__cpu_check")
-    data, models = _inputs(spec, tiny_model_path)
-    before = {j.submission_id for j in ray_cluster.client().list_jobs()}
-    ctx = {"ti": _TI({"provision_ray_cluster": ray_cluster.to_dict(), "preprocess_data": data,
-                      "prefetch_model": models}),
-           "params": {"mode": "train"}, "run_id": "manual__cpu_check", "dag": _Dag()}
-    with pytest.raises(AirflowFailException, match=r"cluster\.CPU=2\.0: a verl training job"):
-        SubmitVerlJobOperator(task_id="submit_verl_job").execute(ctx)
-    assert {j.submission_id for j in ray_cluster.client().list_jobs()} == before
 
 
 def test_ray_version_below_2_41_is_rejected() -> None:

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from verl_pipeline.airflow.links import RayJobLink, ray_job_url
 from verl_pipeline.config import RunSpec, build_run_spec
-from verl_pipeline.exceptions import ConfigError, DataError, PipelineError
+from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError, PipelineError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _fail(e: Exception) -> AirflowException:
     """The task error for a pipeline error: the user's mistakes fail at once, without retries."""
     from verl_pipeline.trainer.validate import VerlConfigError
 
-    if isinstance(e, ConfigError | DataError | VerlConfigError):
+    if isinstance(e, ConfigError | DataError | EnvironmentCheckError | VerlConfigError):
         return AirflowFailException(f"{type(e).__name__}: {e}")
     return AirflowException(f"{type(e).__name__}: {e}")
 
@@ -238,7 +238,13 @@ class PrefetchModelOperator(_PipelineOperator):
 
 
 class SubmitVerlJobOperator(_PipelineOperator):
-    """Render the verl job (entrypoint + runtime_env) and submit it, or reattach to this run's live job."""
+    """Render the verl job (entrypoint + runtime_env), probe every node for what it needs, and submit
+    it, or reattach to this run's live job.
+
+    The probe (:func:`verl_pipeline.steps.check_environment`) fails a training job at once, without
+    retries, when a node misses a package, a GPU or a path; in preflight mode it only reports what
+    a GPU run would miss. Its report is logged and returned under ``environment``.
+    """
 
     template_fields: Sequence[str] = ("cluster_task_id", "data_task_id", "model_task_id")
     operator_extra_links = (RayJobLink(),)
@@ -259,6 +265,7 @@ class SubmitVerlJobOperator(_PipelineOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from verl_pipeline import steps
         from verl_pipeline.cluster.base import ClusterHandle
+        from verl_pipeline.jobs.ids import submission_prefix
         from verl_pipeline.jobs.submit import submit_or_reattach
 
         cluster = self._pull(context, self.cluster_task_id)
@@ -272,9 +279,10 @@ class SubmitVerlJobOperator(_PipelineOperator):
             spec = spec_from_context(context)
             handle = ClusterHandle.from_dict(cluster)
             token = self._token(handle.conn_id)
-            mode = steps.resolve_mode(spec, handle, token)
-            job = steps.render(spec, data=data, models=models, mode=mode)
-            run_dir = steps.save_run_files(spec, job)
+            prepared = steps.prepare_job(
+                spec, handle, data=data, models=models, token=token,
+                id_prefix=submission_prefix(context["dag"].dag_id, context["run_id"], self.task_id))
+            job, mode, run_dir = prepared.job, prepared.mode, spec.run_dir
             self.log.info("Entrypoint: %s", job.entrypoint)
             self.log.info("runtime_env: %s", job.runtime_env)
             sub = submit_or_reattach(
@@ -285,7 +293,8 @@ class SubmitVerlJobOperator(_PipelineOperator):
             raise _fail(e) from e
         self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action, sub.attempt)
         RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
-        return {**sub.to_dict(), "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url}
+        return {**sub.to_dict(), "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
+                "environment": prepared.environment}
 
 
 class WaitForVerlJobOperator(_PipelineOperator):
@@ -296,6 +305,11 @@ class WaitForVerlJobOperator(_PipelineOperator):
     ``default_args``) re-provisions the cluster when it is unhealthy and submits the next attempt
     with ``trainer.resume_mode=auto`` from the last checkpoint. A retry that finds the run's job
     still alive reattaches to it. No timeout by default: RL runs last days.
+
+    The job's new log lines are forwarded (at most ``max_lines_per_poll`` per poll) and verl's
+    progress is logged at most every ``progress_interval`` seconds; the log cursor and the last
+    progress travel through every deferral (``wait-cursor.json`` in the run directory), so a
+    reattach or retry forwards no line twice. The result carries the last ``progress``.
     """
 
     template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id", "data_task_id", "model_task_id")
@@ -310,6 +324,8 @@ class WaitForVerlJobOperator(_PipelineOperator):
         model_task_id: str = PREFETCH_TASK,
         poll_interval: float = 5.0,
         max_poll_errors: int = 12,
+        progress_interval: float = 60.0,
+        max_lines_per_poll: int = 1000,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -319,6 +335,8 @@ class WaitForVerlJobOperator(_PipelineOperator):
         self.model_task_id = model_task_id
         self.poll_interval = poll_interval
         self.max_poll_errors = max_poll_errors
+        self.progress_interval = progress_interval
+        self.max_lines_per_poll = max_lines_per_poll
         self._job_id: str | None = None
         self._cluster: dict[str, Any] | None = None
 
@@ -337,16 +355,28 @@ class WaitForVerlJobOperator(_PipelineOperator):
         attempts = read_attempts(spec.run_dir)
         return attempts[-1].submission_id if attempts else str(sub["submission_id"])
 
-    def _defer(self, context: Any, handle: Any, job_id: str) -> None:
+    def _defer(self, context: Any, spec: RunSpec, handle: Any, job_id: str) -> None:
         from verl_pipeline.airflow.triggers import RayJobTrigger
+        from verl_pipeline.jobs.attempts import read_attempts
+        from verl_pipeline.jobs.logstream import WaitCursor
 
         self._job_id, self._cluster = job_id, handle.to_dict()
         RayJobLink().persist(context, ray_job_url(handle.dashboard_url, job_id))
-        self.log.info("Ray job %s is running: deferring (poll every %.0fs)", job_id, self.poll_interval)
+        cursor = WaitCursor.load(spec.run_dir, job_id)
+        mine = next((a for a in read_attempts(spec.run_dir) if a.submission_id == job_id), None)
+        metrics_path = mine.metrics_path if mine else None
+        self.log.info("Ray job %s is running: deferring (poll every %.0fs, log from byte %d)", job_id,
+                      self.poll_interval, cursor.log_offset_bytes)
         self.defer(
             trigger=RayJobTrigger(cluster=handle.to_dict(), job_id=job_id, conn_id=self.conn_id or handle.conn_id,
                                   poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors,
-                                  expected_nodes=handle.expected_nodes if handle.owned else 0),
+                                  expected_nodes=handle.expected_nodes if handle.owned else 0,
+                                  log_offset_bytes=cursor.log_offset_bytes,
+                                  metrics_offset_bytes=cursor.metrics_offset_bytes, progress=cursor.progress,
+                                  metrics_path=metrics_path,
+                                  total_steps=spec.total_training_steps if metrics_path else 0,
+                                  progress_interval=self.progress_interval,
+                                  max_lines_per_poll=self.max_lines_per_poll),
             method_name="execute_complete",
             timeout=None,
         )
@@ -391,7 +421,7 @@ class WaitForVerlJobOperator(_PipelineOperator):
             self.log.warning("Cluster %s is unreachable: %s", handle.name, e)
             info, reachable = None, False
         if info is not None and not info.status.is_terminal():
-            self._defer(context, handle, job_id)  # also the retry of a killed waiter: reattach
+            self._defer(context, spec, handle, job_id)  # also the retry of a killed waiter: reattach
         if info is not None and info.status is JobState.SUCCEEDED:
             return self._finish(context, {"status": "success", "job_id": job_id, "job_status": "SUCCEEDED"})
         first_try = int(getattr(context["ti"], "try_number", 1) or 1) <= 1
@@ -433,16 +463,26 @@ class WaitForVerlJobOperator(_PipelineOperator):
         if new.action == "already_succeeded":
             return self._finish(context, {"status": "success", "job_id": new.submission_id,
                                           "job_status": "SUCCEEDED"})
-        self._defer(context, handle, new.submission_id)
+        self._defer(context, spec, handle, new.submission_id)
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         if event is None:
             # Resumed without a trigger event (the process that deferred died and the task was run
             # again): look at the job afresh — reattach if it still runs.
             return self.execute(context)
+        from verl_pipeline.jobs.logstream import WaitCursor
+
+        # Saved first: whatever _finish decides (retry, reattach), the next waiter continues here.
+        try:
+            WaitCursor.from_event(event).save(spec_from_context(context).run_dir)
+        except (OSError, PipelineError) as e:
+            self.log.warning("Could not save the log cursor of Ray job %s: %s", event.get("job_id"), e)
+        if event.get("progress"):
+            context["ti"].xcom_push(key="progress", value=event["progress"])
         return self._finish(context, event)
 
     def _finish(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        from verl_pipeline.jobs.logstream import WaitCursor
         from verl_pipeline.jobs.submit import preflight_summary
 
         job_id = event.get("job_id", "?")
@@ -473,7 +513,8 @@ class WaitForVerlJobOperator(_PipelineOperator):
                                        "retrying re-provisions the cluster and resumes from the last checkpoint")
             self._raise_failure(job_id, str(event.get("job_status", status)), message, self._logs(handle, job_id))
         result: dict[str, Any] = {"job_id": job_id, "status": event.get("job_status", "SUCCEEDED"),
-                                  "mode": sub.get("mode"), "run_dir": sub.get("run_dir")}
+                                  "mode": sub.get("mode"), "run_dir": sub.get("run_dir"),
+                                  "progress": event.get("progress") or WaitCursor.load(spec.run_dir, job_id).progress}
         if sub.get("mode") == "preflight":
             summary = preflight_summary(self._logs(handle, job_id))
             if summary is None:
