@@ -45,6 +45,26 @@ WORKDIR /opt/verl-pipeline
 COPY requirements/gpu.txt ./requirements/gpu.txt
 RUN pip install -r requirements/gpu.txt
 
+# flash-attn as verl pins it for torch 2.11 / CUDA 13 (flash-attn==2.8.3). PyPI has no wheel of it, so:
+# - FLASH_ATTN=build compiles it here against the installed torch; that needs CUDA 13's nvcc, i.e. a devel
+#   base image (CUDA_BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04) and time (MAX_JOBS parallel
+#   nvcc jobs, several GB of RAM each);
+# - FLASH_ATTN=<wheel URL> installs a wheel built once for torch 2.11 / cu130 / cp311 (e.g. by FLASH_ATTN=build);
+# - FLASH_ATTN=none (default) leaves it out: then only critic-free profiles run, with
+#   +actor_rollout_ref.model.override_config.attn_implementation=sdpa (the submit task's probe says so).
+ARG FLASH_ATTN=none
+ARG MAX_JOBS=4
+COPY requirements/gpu-flash-attn.txt ./requirements/gpu-flash-attn.txt
+RUN case "${FLASH_ATTN}" in \
+      none) echo "flash-attn not installed (FLASH_ATTN=none): profiles with a critic will not run on this image" ;; \
+      build) command -v nvcc >/dev/null \
+               || { echo "FLASH_ATTN=build compiles flash-attn: use a CUDA 13 devel CUDA_BASE_IMAGE (needs nvcc)"; exit 1; } \
+             && pip install ninja packaging psutil wheel \
+             && MAX_JOBS="${MAX_JOBS}" pip install --no-build-isolation -r requirements/gpu-flash-attn.txt ;; \
+      *) pip install --no-deps "${FLASH_ATTN}" ;; \
+    esac \
+ && if [ "${FLASH_ATTN}" != none ]; then pip show flash-attn | head -2; fi
+
 # The project, without dependencies (verl's pins win), so Ray workers can import verl_pipeline.
 # Jobs also receive the package via runtime_env py_modules; this makes the image self-sufficient.
 COPY . /opt/verl-pipeline

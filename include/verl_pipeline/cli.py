@@ -258,6 +258,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     verl_check = None if args.no_verl_check else steps.validate_spec_with_verl(spec)
     data, models, notes = _render_inputs(spec)
     job = steps.render(spec, data=data, models=models, mode=mode)
+    from verl_pipeline.trainer.environment import installed_verl_pins, needs_for, render_notes
+
+    needs = render_notes(needs_for(job.settings, installed_verl_pins()))
     text = [
         f"# mode: {mode.value}; target: {spec.nnodes} node(s) x {spec.n_gpus_per_node} GPU(s) = {spec.n_gpus}; "
         f"profiles: run {spec.profile}, model {spec.model_profile}, cluster {spec.cluster_profile}",
@@ -267,11 +270,13 @@ def cmd_render(args: argparse.Namespace) -> int:
                     f"the actor/critic/rollout dataclass checks in {verl_check['seconds']}s "
                     f"(critic: {verl_check['use_critic']}, reference: {verl_check['use_reference_policy']})")
     text += [f"# note: {n}" for n in notes]
+    text += [f"# needs: {n}" for n in needs]
     text.append("derived values (value — rule):")
     width = max((len(k) for k in job.derived), default=0)
     text += [f"  {k.ljust(width)} = {rule}" for k, rule in job.derived.items()]
     text += ["entrypoint:", job.entrypoint, "runtime_env:", json.dumps(job.runtime_env, indent=2, sort_keys=True)]
-    _out(args, {**job.to_dict(), "spec": spec.to_dict(), "verl_check": verl_check, "notes": notes}, "\n".join(text))
+    _out(args, {**job.to_dict(), "spec": spec.to_dict(), "verl_check": verl_check, "notes": notes, "needs": needs},
+         "\n".join(text))
     return 0
 
 

@@ -200,3 +200,13 @@ def test_the_smoke_profiles_needs() -> None:
     needs = needs_for(settings, VerlPins())
     assert {n.module for n in needs.modules} == {"vllm", "flash_attn"}
     assert ("critic.model.path", "/m") in needs.paths
+
+
+def test_render_says_which_packages_the_gpu_nodes_need() -> None:
+    from verl_pipeline.trainer.environment import render_notes
+
+    ppo = render_notes(needs_for({"actor_rollout_ref.rollout.name": "vllm"}, PINS))
+    assert len(ppo) == 2 and ppo[0].startswith("needs vllm on every GPU node")
+    assert "requirements/gpu.txt does not install it" in ppo[1] and "requirements/gpu-flash-attn.txt" in ppo[1]
+    sdpa = {"algorithm.adv_estimator": "grpo", "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
+    assert render_notes(needs_for(sdpa, PINS)) == []

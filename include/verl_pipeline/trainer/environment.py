@@ -206,6 +206,19 @@ def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Need
     return Needs(tuple(modules), tuple(paths), pins.transformers)
 
 
+def render_notes(needs: Needs) -> list[str]:
+    """What ``verl-pipeline render`` says of the packages the GPU nodes need beyond the image's basics."""
+    notes = []
+    for need in needs.modules:
+        where = "every GPU node"
+        if need.module in ("flash_attn", "flash_attn_interface"):
+            notes.append(f"needs {need.package} on {where}: {need.why}. {GPU_REQUIREMENTS} does not install it "
+                         f"(requirements/gpu-flash-attn.txt does; {FLASH_ATTN_DOC}); fix otherwise: {need.fix}")
+        else:
+            notes.append(f"needs {need.package} on {where}: {need.why} ({need.fix})")
+    return notes
+
+
 def node_label(node: Mapping[str, Any]) -> str:
     role = "head" if node.get("is_head") else "worker"
     return f"{node.get('ip', '?')} ({role} {str(node.get('node_id', ''))[:8]})"
@@ -294,4 +307,5 @@ def _torch_findings(label: str, facts: Mapping[str, Any], gpus: float, gpu_work:
 
 
 __all__ = ["PATH_KEYS", "SDPA_OVERRIDE", "Finding", "Need", "Needs", "VerlPins", "actor_attn_implementation",
-           "evaluate", "installed_verl_pins", "needs_for", "node_label", "read_verl_pins", "transformers_problem"]
+           "evaluate", "installed_verl_pins", "needs_for", "node_label", "read_verl_pins", "render_notes",
+           "transformers_problem"]
