@@ -1,0 +1,152 @@
+"""Training progress from verl's own output: its file logger's JSONL, or its console metric lines.
+
+The numbers are the ones verl reports (``training/global_step``, ``perf/time_per_step``,
+``critic/score/mean``, ``perf/throughput``…); the pipeline only formats them::
+
+    step 120/500 (24%) · 3.1 min/step · ETA 19 h 40 m · critic/score/mean 0.41 · perf/throughput 2310
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Metrics shown after the step and the ETA, when verl reports them.
+SHOWN_METRICS = ("critic/score/mean", "perf/throughput")
+#: Seconds per step is the mean of verl's ``perf/time_per_step`` over this many recent steps.
+RECENT_STEPS = 10
+
+# verl's console logger: ``(TaskRunnerV1 pid=N) step:3 - training/global_step:3 - perf/throughput:1317.6 - …``
+_CONSOLE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:[^\s]+)+)\s*$")
+_PAIR = re.compile(r" - ([^\s:]+):([^\s]+)")
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value else None  # drop NaN
+
+
+def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """``(step, metrics)`` from one of verl's console metric lines, else None."""
+    if "step:" not in line:
+        return None
+    m = _CONSOLE.search(line)
+    if m is None:
+        return None
+    metrics = {k: v for k, raw in _PAIR.findall(m.group(2)) if (v := _number(raw)) is not None}
+    return int(m.group(1)), metrics
+
+
+def parse_jsonl_row(line: str) -> tuple[int, dict[str, float]] | None:
+    """``(step, metrics)`` from one line of verl's file logger (``{"step": N, "data": {…}}``), else None."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # a line cut by a kill, or still being written
+    if not isinstance(row, dict) or not isinstance(row.get("data"), dict):
+        return None
+    data = row["data"]
+    metrics = {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and v == v}
+    step = metrics.get("training/global_step", row.get("step"))
+    if not isinstance(step, int | float):
+        return None
+    return int(step), metrics
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds / 60 + 0.5)  # half up: 4.5 min is 5 m
+    if minutes < 60:
+        return f"{minutes} m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} m"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def _per_step(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.3g} s/step"
+    if seconds < 5400:
+        return f"{seconds / 60:.3g} min/step"
+    return f"{seconds / 3600:.3g} h/step"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The last step verl reported, and how fast steps go (``None`` until known)."""
+
+    step: int
+    total: int
+    seconds_per_step: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def eta_seconds(self) -> float | None:
+        if self.seconds_per_step is None or self.total <= 0:
+            return None
+        return max(0, self.total - self.step) * self.seconds_per_step
+
+    def line(self) -> str:
+        parts = [f"step {self.step}/{self.total} ({100 * self.step // self.total}%)" if self.total > 0
+                 else f"step {self.step}"]
+        if self.seconds_per_step is not None:
+            parts.append(_per_step(self.seconds_per_step))
+        eta = self.eta_seconds
+        if eta is not None:
+            parts.append(f"ETA {_duration(eta)}")
+        parts += [f"{k} {self.metrics[k]:.4g}" for k in SHOWN_METRICS if k in self.metrics]
+        return " · ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["eta_seconds"] = self.eta_seconds
+        out["line"] = self.line()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Progress | None:
+        if not data:
+            return None
+        return cls(step=int(data["step"]), total=int(data["total"]),
+                   seconds_per_step=data.get("seconds_per_step"), metrics=dict(data.get("metrics") or {}))
+
+
+class ProgressTracker:
+    """Follows the steps verl reports; fed from either source, each step counts once.
+
+    :param total: ``trainer.total_training_steps``.
+    :param last: the progress a previous waiter reached (carried through a deferral).
+    """
+
+    def __init__(self, total: int, last: Progress | None = None) -> None:
+        self.total = total
+        self.last = last
+        self._recent: list[float] = []
+        if last is not None and last.seconds_per_step is not None:
+            self._recent.append(last.seconds_per_step)
+
+    def observe(self, step: int, metrics: dict[str, float]) -> bool:
+        """Record one step's metrics; True when it is newer than any step seen."""
+        if self.last is not None and step <= self.last.step:
+            return False
+        per_step = metrics.get("perf/time_per_step", metrics.get("timing_s/step"))
+        if per_step is not None and per_step > 0:
+            self._recent = [*self._recent, per_step][-RECENT_STEPS:]
+        mean = sum(self._recent) / len(self._recent) if self._recent else None
+        shown = {k: metrics[k] for k in SHOWN_METRICS if k in metrics}
+        self.last = Progress(step=step, total=self.total, seconds_per_step=mean, metrics=shown)
+        return True
+
+    def observe_console(self, line: str) -> bool:
+        parsed = parse_console_line(line)
+        return parsed is not None and self.observe(*parsed)
+
+    def observe_jsonl(self, line: str) -> bool:
+        parsed = parse_jsonl_row(line)
+        return parsed is not None and self.observe(*parsed)

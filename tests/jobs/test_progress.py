@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import json
+
+from verl_pipeline.jobs.progress import Progress, ProgressTracker, parse_console_line, parse_jsonl_row
+
+
+def test_verl_console_metric_line() -> None:
+    line = ("(TaskRunnerV1 pid=4242) step:3 - training/global_step:3 - critic/score/mean:0.41 - "
+            "perf/throughput:1317.6 - perf/time_per_step:6.2 - timing_s/gen:nan")
+    step, metrics = parse_console_line(line) or (0, {})
+    assert step == 3
+    assert metrics == {"training/global_step": 3.0, "critic/score/mean": 0.41, "perf/throughput": 1317.6,
+                       "perf/time_per_step": 6.2}
+    assert parse_console_line("Training from scratch") is None
+    assert parse_console_line("a log line that mentions step:3 in passing, then more words") is None
+
+
+def test_verl_file_logger_row() -> None:
+    row = json.dumps({"step": 7, "data": {"training/global_step": 7, "perf/throughput": 99.5, "note": "x"}})
+    assert parse_jsonl_row(row) == (7, {"training/global_step": 7.0, "perf/throughput": 99.5})
+    assert parse_jsonl_row('{"step": 8, "data": {"perf/thr') is None  # cut by a kill
+
+
+def test_progress_line_reads_like_the_issue_asks() -> None:
+    p = Progress(step=120, total=500, seconds_per_step=186.0,
+                 metrics={"critic/score/mean": 0.41, "perf/throughput": 2310.0})
+    assert p.line() == ("step 120/500 (24%) · 3.1 min/step · ETA 19 h 38 m · critic/score/mean 0.41 · "
+                        "perf/throughput 2310")
+    assert Progress(step=2, total=4).line() == "step 2/4 (50%)"
+    assert Progress(step=10, total=1000, seconds_per_step=7200).line().startswith(
+        "step 10/1000 (1%) · 2 h/step · ETA 82 d 12 h")
+    assert Progress.from_dict(p.to_dict()) == p
+
+
+def test_tracker_counts_each_step_once_and_averages_verls_step_time() -> None:
+    t = ProgressTracker(total=10)
+    assert t.observe(1, {"perf/time_per_step": 4.0, "perf/throughput": 10.0})
+    assert t.observe(2, {"perf/time_per_step": 6.0})
+    assert not t.observe(2, {"perf/time_per_step": 100.0})  # the same step again (other source)
+    assert not t.observe(1, {})
+    assert t.last == Progress(step=2, total=10, seconds_per_step=5.0, metrics={})
+    resumed = ProgressTracker(total=10, last=t.last)  # a re-deferral carries the last progress
+    assert not resumed.observe(2, {})
+    assert resumed.observe(3, {"perf/time_per_step": 7.0})
+    assert resumed.last is not None and resumed.last.seconds_per_step == 6.0
