@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from functools import cached_property
+from types import TracebackType
 from typing import Any
 
 from airflow.sdk.bases.hook import BaseHook
 
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.jobs.client import JobInfo, RayJobsClient
+from verl_pipeline.jobs.client import JobInfo, LogStream, RayJobsClient
 
 
 def endpoint_from_connection(conn: Any) -> tuple[str, str | None]:
@@ -29,6 +31,12 @@ def endpoint_from_connection(conn: Any) -> tuple[str, str | None]:
 class RayJobsHook(BaseHook):
     """Sync and async access to one Ray cluster's Jobs API.
 
+    Async use opens one HTTP session and looks the connection's token up once, for as long as the
+    hook is entered (a trigger enters it once per run)::
+
+        async with RayJobsHook(cluster, conn_id=...) as hook:
+            info = await hook.aget_job(job_id)
+
     :param cluster: a ``ClusterHandle`` dict (as the provision task returns it).
     :param conn_id: Airflow connection holding the Ray token (password), for token-auth clusters.
     """
@@ -42,6 +50,8 @@ class RayJobsHook(BaseHook):
         super().__init__()
         self.handle = ClusterHandle.from_dict(cluster)
         self.conn_id = conn_id or self.handle.conn_id
+        self._session: Any = None
+        self._aclient: RayJobsClient | None = None
 
     def token(self) -> str | None:
         if not self.conn_id:
@@ -61,20 +71,39 @@ class RayJobsHook(BaseHook):
     def stop(self, submission_id: str) -> bool:
         return self.client.stop(submission_id)
 
-    async def aclient(self) -> RayJobsClient:
+    async def __aenter__(self) -> RayJobsHook:
+        import aiohttp
+
         token = None
         if self.conn_id:
             from asgiref.sync import sync_to_async
 
             conn = await sync_to_async(self.get_connection)(self.conn_id)
             token = endpoint_from_connection(conn)[1]
-        return RayJobsClient(self.handle.dashboard_url, token=token)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0))
+        self._aclient = RayJobsClient(self.handle.dashboard_url, token=token, session=self._session)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        session, self._session, self._aclient = self._session, None, None
+        if session is not None:
+            await session.close()
+
+    def _entered(self) -> RayJobsClient:
+        if self._aclient is None:
+            raise RuntimeError("use the hook's async methods inside `async with hook:`")
+        return self._aclient
 
     async def aget_job(self, submission_id: str) -> JobInfo | None:
-        return await (await self.aclient()).aget_job(submission_id)
+        return await self._entered().aget_job(submission_id)
+
+    def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AbstractAsyncContextManager[LogStream]:
+        """New bytes of the job's driver log from byte ``start`` (see :meth:`RayJobsClient.alog_stream`)."""
+        return self._entered().alog_stream(info, start, max_bytes=max_bytes)
 
     async def alogs(self, submission_id: str) -> str:
-        return await (await self.aclient()).alogs(submission_id)
+        return await self._entered().alogs(submission_id)
 
     async def anodes_alive(self) -> int:
-        return sum(1 for n in await (await self.aclient()).anodes() if n.alive)
+        return sum(1 for n in await self._entered().anodes() if n.alive)

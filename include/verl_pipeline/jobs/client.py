@@ -7,8 +7,13 @@ triggerer never blocks its event loop and never imports Ray. Submission uses Ray
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import requests
@@ -17,6 +22,11 @@ from verl_pipeline.constants import JobState
 from verl_pipeline.exceptions import ClusterError, JobError
 
 log = logging.getLogger(__name__)
+
+#: The driver's log file in the Ray log directory of its node (Ray's ``JOB_LOGS_PATH_TEMPLATE``).
+JOB_LOG_FILE = "job-driver-{submission_id}.log"
+_CONTENT_RANGE = re.compile(r"bytes (?:(\d+)-\d+|\*)/(\d+)")
+_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,9 @@ class JobInfo:
     start_time: int | None = None
     end_time: int | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    #: The dashboard agent of the driver's node (``http://ip:port``): it serves the driver's log file.
+    driver_agent_http_address: str | None = None
+    driver_node_id: str | None = None
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> JobInfo:
@@ -43,6 +56,8 @@ class JobInfo:
             start_time=data.get("start_time"),
             end_time=data.get("end_time"),
             metadata=dict(data.get("metadata") or {}),
+            driver_agent_http_address=data.get("driver_agent_http_address") or None,
+            driver_node_id=data.get("driver_node_id") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -55,6 +70,8 @@ class JobInfo:
             "start_time": self.start_time,
             "end_time": self.end_time,
             "metadata": self.metadata,
+            "driver_agent_http_address": self.driver_agent_http_address,
+            "driver_node_id": self.driver_node_id,
         }
 
 
@@ -83,16 +100,70 @@ def _parse_nodes(data: dict[str, Any]) -> list[NodeInfo]:
     return out
 
 
+class LogSource(str, Enum):
+    """Where a log read came from."""
+
+    #: The driver node's dashboard agent serves the file itself (``/logs/<file>``) and honours
+    #: HTTP ``Range``: only the bytes after the cursor are read.
+    AGENT = "agent"
+    #: The state API through the dashboard (``/api/v0/logs/file?submission_id=…&lines=-1``): the
+    #: whole file is streamed and the part before the cursor discarded. Used when the agent's port
+    #: cannot be reached from here.
+    STATE_API = "state_api"
+
+
+@dataclass(frozen=True)
+class LogStream:
+    """New bytes of a job's driver log, from byte offset ``start`` on.
+
+    ``size`` is the file's size when it was read (None when unknown); ``skipped_bytes`` are bytes
+    after the cursor that were jumped over because the reader fell too far behind, so ``start``
+    may lie inside a line (``mid_line``).
+    """
+
+    start: int
+    size: int | None
+    skipped_bytes: int
+    source: LogSource
+    body: Any = None  # the aiohttp response's content, or None when there is nothing to read
+    discard: int = 0  # leading bytes of ``body`` that lie before ``start``
+    limit: int | None = None  # stop after this many bytes from ``start``
+
+    @property
+    def mid_line(self) -> bool:
+        return self.skipped_bytes > 0
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self.body is None:
+            return
+        discard, left = self.discard, self.limit
+        async for chunk in self.body.iter_chunked(_CHUNK):
+            if discard:
+                dropped = min(discard, len(chunk))
+                chunk, discard = chunk[dropped:], discard - dropped
+            if left is not None:
+                chunk, left = chunk[:left], left - min(left, len(chunk))
+            if chunk:
+                yield chunk
+            if left == 0:
+                return
+
+
 class RayJobsClient:
     """Talks to one Ray cluster's dashboard (``http://host:port``).
 
     Construction does no I/O, so it is safe in a trigger's ``__init__`` or at DAG-parse time.
+    ``session``: one ``aiohttp.ClientSession`` for every async call (the hook opens it per trigger
+    run); without it each async call opens its own.
     """
 
-    def __init__(self, dashboard_url: str, *, token: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, dashboard_url: str, *, token: str | None = None, timeout_s: float = 30.0,
+                 session: Any = None) -> None:
         self.dashboard_url = dashboard_url.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
+        self._session = session
+        self._agent_unreachable = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -127,9 +198,6 @@ class RayJobsClient:
     def nodes(self) -> list[NodeInfo]:
         """Every node the cluster knows, alive or dead, with its total resources."""
         return _parse_nodes(self._get("/nodes?view=summary"))
-
-    async def anodes(self) -> list[NodeInfo]:
-        return _parse_nodes(await self._aget("/nodes?view=summary"))
 
     def get_job(self, submission_id: str) -> JobInfo | None:
         data = self._get(f"/api/jobs/{submission_id}", ok404=True)
@@ -184,23 +252,112 @@ class RayJobsClient:
             raise JobError(f"Submitting Ray job {submission_id} to {self.dashboard_url} failed: {e}") from e
 
     # -- async (for triggers) ---------------------------------------------------------------------
-    async def _aget(self, path: str, *, ok404: bool = False) -> Any:
+    @asynccontextmanager
+    async def _asession(self) -> AsyncIterator[Any]:
+        if self._session is not None:
+            yield self._session
+            return
         import aiohttp
 
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
-            async with session.get(self._url(path)) as r:
-                if ok404 and r.status == 404:
-                    return None
-                if r.status >= 400:
-                    text = await r.text()
-                    raise ClusterError(f"GET {path} on {self.dashboard_url} failed ({r.status}): {text[:500]}")
-                return await r.json(content_type=None)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
+            yield session
+
+    async def _aget(self, path: str, *, ok404: bool = False) -> Any:
+        async with self._asession() as session, session.get(self._url(path), headers=self.headers) as r:
+            if ok404 and r.status == 404:
+                return None
+            if r.status >= 400:
+                text = await r.text()
+                raise ClusterError(f"GET {path} on {self.dashboard_url} failed ({r.status}): {text[:500]}")
+            return await r.json(content_type=None)
 
     async def aget_job(self, submission_id: str) -> JobInfo | None:
         data = await self._aget(f"/api/jobs/{submission_id}", ok404=True)
         return JobInfo.from_api(data) if data else None
 
     async def alogs(self, submission_id: str) -> str:
+        """The whole log (Ray reads and sends all of it): for one-off reads, never for polling."""
         data = await self._aget(f"/api/jobs/{submission_id}/logs")
         return str(data.get("logs", ""))
+
+    @asynccontextmanager
+    async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
+        """The job's driver log from byte ``start`` on, at most ``max_bytes`` of it.
+
+        Read from the driver node's dashboard agent with ``Range: bytes=<start>-`` (Ray reads only
+        the new bytes). When more than ``max_bytes`` are new, the read jumps to the last
+        ``max_bytes`` of the file (``skipped_bytes``). When the agent cannot be reached, the state
+        API serves the file through the dashboard instead (whole file streamed; bounded memory).
+        """
+        import aiohttp
+
+        name = JOB_LOG_FILE.format(submission_id=info.submission_id)
+        agent = info.driver_agent_http_address
+        if agent and not self._agent_unreachable:
+            reading = False
+            try:
+                async with self._agent_range(f"{agent.rstrip('/')}/logs/{name}", start, max_bytes) as stream:
+                    reading = True
+                    yield stream
+                return
+            except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as e:
+                if reading:  # the agent answered; this is a failure while reading, not a closed port
+                    raise
+                self._agent_unreachable = True
+                log.warning("The dashboard agent %s of job %s is unreachable (%s): reading its log through the "
+                            "state API at %s instead (the whole file each poll); open the agent's port to the "
+                            "triggerer to read only new bytes", agent, info.submission_id, e, self.dashboard_url)
+        async with self._state_api_file(info, start, max_bytes) as stream:
+            yield stream
+
+    @asynccontextmanager
+    async def _agent_range(self, url: str, start: int, max_bytes: int) -> AsyncIterator[LogStream]:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=min(5.0, self.timeout_s))
+        async with self._asession() as session:
+            async with session.get(url, headers={**self.headers, "Range": f"bytes={start}-"},
+                                   timeout=timeout) as r:
+                if r.status == 404:  # the driver has not written anything yet
+                    yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.AGENT)
+                    return
+                first, size = self._range_of(r, url)
+                if r.status == 416 or size - start <= max_bytes:
+                    body = r.content if r.status != 416 else None
+                    yield LogStream(start=start, size=size, skipped_bytes=0, source=LogSource.AGENT, body=body,
+                                    discard=max(0, start - first))
+                    return
+            jump = size - max_bytes
+            async with session.get(url, headers={**self.headers, "Range": f"bytes={jump}-{size - 1}"},
+                                   timeout=timeout) as r:
+                first, _ = self._range_of(r, url)
+                yield LogStream(start=jump, size=size, skipped_bytes=jump - start, source=LogSource.AGENT,
+                                body=r.content, discard=max(0, jump - first), limit=max_bytes)
+
+    def _range_of(self, r: Any, url: str) -> tuple[int, int]:
+        """``(first byte, file size)`` of a ranged response."""
+        if r.status in (401, 403):
+            raise ClusterError(f"The Ray dashboard agent refused {url} ({r.status}): set the cluster's token")
+        if r.status == 200:  # Range ignored: the whole file
+            return 0, int(r.headers.get("Content-Length", 0))
+        m = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
+        if r.status not in (206, 416) or m is None:
+            raise ClusterError(f"GET {url} failed ({r.status}, Content-Range {r.headers.get('Content-Range')!r})")
+        return int(m.group(1) or 0), int(m.group(2))
+
+    @asynccontextmanager
+    async def _state_api_file(self, info: JobInfo, start: int, max_bytes: int) -> AsyncIterator[LogStream]:
+        params = {"submission_id": info.submission_id, "lines": "-1"}
+        if info.driver_node_id:
+            params["node_id"] = info.driver_node_id
+        async with self._asession() as session:
+            async with session.get(self._url("/api/v0/logs/file"), params=params, headers=self.headers) as r:
+                if r.status >= 400:
+                    text = await r.text()
+                    raise ClusterError(f"GET /api/v0/logs/file on {self.dashboard_url} failed ({r.status}): "
+                                       f"{text[:300]}")
+                yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.STATE_API, body=r.content,
+                                discard=start, limit=max_bytes)
+
+    async def anodes(self) -> list[NodeInfo]:
+        return _parse_nodes(await self._aget("/nodes?view=summary"))
