@@ -1,8 +1,11 @@
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,18 +13,44 @@ import pytest
 from verl_pipeline.airflow.triggers import CLASSPATH, RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
-from verl_pipeline.jobs.client import JobInfo
+from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream
+from verl_pipeline.jobs.logstream import WaitCursor
 
 CLUSTER = ClusterHandle(backend="local", name="n", dashboard_url="http://127.0.0.1:1", owned=True).to_dict()
 
 
-class ScriptedHook:
-    """Replays a sequence of job states / errors, and a growing log, like a real Jobs API would."""
+class Body:
+    """An aiohttp response body that hands out its bytes in chunks of a chosen size."""
 
-    def __init__(self, states: list[Any], logs: list[str]) -> None:
+    def __init__(self, data: bytes, chunk: int) -> None:
+        self.data, self.chunk = data, chunk
+
+    async def iter_chunked(self, n: int) -> AsyncIterator[bytes]:
+        for i in range(0, len(self.data), self.chunk):
+            yield self.data[i:i + self.chunk]
+
+
+class ScriptedHook:
+    """Replays a sequence of job states / errors, and a growing log, like a real Jobs API would.
+
+    The log is bytes; each read serves the bytes from the cursor on (like Ray's agent with an HTTP
+    Range request), in chunks of ``chunk`` bytes, so lines and characters split across reads.
+    """
+
+    def __init__(self, states: list[Any], logs: list[str | bytes], *, chunk: int = 7) -> None:
         self.states = list(states)
-        self.log_seq = list(logs)
+        self.log_seq = [x.encode() if isinstance(x, str) else x for x in logs]
         self.status_calls = 0
+        self.entered = 0
+        self.bytes_read = 0
+        self.chunk = chunk
+
+    async def __aenter__(self) -> ScriptedHook:
+        self.entered += 1
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
     async def aget_job(self, job_id: str) -> JobInfo | None:
         self.status_calls += 1
@@ -32,8 +61,13 @@ class ScriptedHook:
             return None
         return JobInfo(submission_id=job_id, status=JobState(item), message=f"job is {item}", driver_exit_code=0)
 
-    async def alogs(self, job_id: str) -> str:
-        return self.log_seq.pop(0) if len(self.log_seq) > 1 else self.log_seq[0]
+    @asynccontextmanager
+    async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
+        log = self.log_seq.pop(0) if len(self.log_seq) > 1 else self.log_seq[0]
+        new = log[start:]
+        self.bytes_read += len(new)
+        yield LogStream(start=start, size=len(log), skipped_bytes=0, source=LogSource.AGENT,
+                        body=Body(new, self.chunk))
 
 
 class Lines(logging.Handler):
@@ -46,13 +80,19 @@ class Lines(logging.Handler):
 
 
 def capture(trigger: RayJobTrigger) -> list[str]:
-    """The messages the trigger logs (what Airflow shows in the task log)."""
+    """The lines the trigger logs (what Airflow shows in the task log), one per line."""
     logger = logging.getLogger(f"test.trigger.{id(trigger)}")
     logger.setLevel(logging.INFO)
     handler = Lines()
     logger.addHandler(handler)
     trigger._log = logger
     return handler.lines
+
+
+def forwarded(messages: list[str], job_id: str = "job-1") -> list[str]:
+    """The job's log lines among the messages (forwarded in batches: ``[job] line\\nline…``)."""
+    prefix = f"[{job_id}] "
+    return [line for m in messages if m.startswith(prefix) for line in m[len(prefix):].split("\n")]
 
 
 async def _events(trigger: RayJobTrigger, hook: ScriptedHook) -> list[dict[str, Any]]:
@@ -73,9 +113,9 @@ async def test_success_after_running_forwards_each_log_line_once() -> None:
     assert len(events) == 1
     ev = events[0]
     assert ev["status"] == "success" and ev["job_status"] == "SUCCEEDED" and ev["job_id"] == "job-1"
-    assert ev["log_offset"] == len("line 1\npartial line\nlast\n")
-    forwarded = [line for line in lines if line.startswith("[job-1]")]
-    assert forwarded == ["[job-1] line 1", "[job-1] partial line", "[job-1] last"]
+    assert ev["log_offset_bytes"] == len("line 1\npartial line\nlast\n")
+    assert forwarded(lines) == ["line 1", "partial line", "last"]
+    assert hook.entered == 1  # one session (and one token look-up) for the whole run
 
 
 @pytest.mark.parametrize(("final", "status"), [("FAILED", "failed"), ("STOPPED", "stopped")])
@@ -111,39 +151,197 @@ async def test_unexpected_exception_never_escapes() -> None:
 
 async def test_resumed_trigger_does_not_repeat_logs() -> None:
     logs = "old 1\nold 2\nnew\n"
-    trigger = _trigger(log_offset=len("old 1\nold 2\n"))
+    trigger = _trigger(log_offset_bytes=len("old 1\nold 2\n"))
     lines = capture(trigger)
-    events = await _events(trigger, ScriptedHook(["SUCCEEDED"], [logs]))
-    forwarded = [line for line in lines if line.startswith("[job-1]")]
-    assert forwarded == ["[job-1] new"]
-    assert events[0]["log_offset"] == len(logs)
+    hook = ScriptedHook(["SUCCEEDED"], [logs])
+    events = await _events(trigger, hook)
+    assert forwarded(lines) == ["new"]
+    assert events[0]["log_offset_bytes"] == len(logs)
+    assert hook.bytes_read == len("new\n")  # only the new output is read
+
+
+def test_a_trigger_serialized_before_the_byte_cursor_still_resumes() -> None:
+    t = RayJobTrigger(cluster=CLUSTER, job_id="j", log_offset=12)  # kwargs of a row in the metadata DB
+    assert t.serialize()[1]["log_offset_bytes"] == 12
+
+
+async def test_cursor_travels_through_deferrals_no_line_twice_none_lost(tmp_path: Path) -> None:
+    """A growing log with multi-byte characters, read by three waiters in turn: each ends (the API
+    went away, the job ended), its event's cursor is saved as the operator does, and the next
+    waiter is built from the serialized kwargs of the deferral plus that cursor."""
+    full = "".join(f"{i} ✓ naïve 🚀 {'x' * (i % 13)}\n" for i in range(60)).encode()
+    cuts = [0, 101, 333, 334, 700, len(full) - 5, len(full)]  # mid-line and mid-character
+    growing = [full[:c] for c in cuts]
+    got: list[str] = []
+    rounds = [(["RUNNING", "RUNNING", ConnectionError("gone")], growing[:3]),
+              (["RUNNING", ConnectionError("gone")], growing[3:5]),
+              (["RUNNING", "SUCCEEDED"], growing[5:])]
+    kwargs = _trigger(max_poll_errors=1).serialize()[1]
+    for states, logs in rounds:
+        kwargs["log_offset_bytes"] = WaitCursor.load(tmp_path, "job-1").log_offset_bytes
+        trigger = RayJobTrigger(**kwargs)
+        lines = capture(trigger)
+        events = await _events(trigger, ScriptedHook(states, logs, chunk=5))
+        WaitCursor.from_event(events[0]).save(tmp_path)
+        got += forwarded(lines)
+    assert events[0]["status"] == "success"
+    assert got == full.decode().splitlines()
+
+
+async def test_a_chatty_job_is_capped_per_poll_and_the_task_log_says_where_the_rest_is() -> None:
+    log = "".join(f"line {i}\n" for i in range(2500))
+    trigger = _trigger(max_lines_per_poll=300)
+    lines = capture(trigger)
+    events = await _events(trigger, ScriptedHook(["RUNNING", "SUCCEEDED"], [log], chunk=4096))
+    assert forwarded(lines) == [f"line {i}" for i in range(300)]
+    notes = [m for m in lines if "not forwarded" in m]
+    assert len(notes) == 1 and "2200 lines not forwarded" in notes[0]
+    assert "ray job logs job-1" in notes[0] and "job-driver-job-1.log" in notes[0]
+    assert events[0]["log_offset_bytes"] == len(log)  # skipped lines are behind the cursor too
+
+
+async def test_a_waiter_far_behind_jumps_ahead_and_says_how_much_it_skipped() -> None:
+    class Behind(ScriptedHook):
+        @asynccontextmanager
+        async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
+            log = self.log_seq[0]
+            jump = len(log) - 10
+            yield LogStream(start=jump, size=len(log), skipped_bytes=jump - start, source=LogSource.AGENT,
+                            body=Body(log[jump:], 3))
+
+    log = b"a" * 100 + b"\ntail 1\nt2\n"  # the last 10 bytes start inside "tail 1"
+    trigger = _trigger()
+    lines = capture(trigger)
+    events = await _events(trigger, Behind(["SUCCEEDED"], [log]))
+    assert forwarded(lines) == ["t2"]  # no fragment of the line the jump landed in
+    assert any("101 bytes skipped" in m for m in lines)
+    assert events[0]["log_offset_bytes"] == len(log)
+
+
+async def test_a_failed_log_read_does_not_end_the_wait() -> None:
+    class Flaky(ScriptedHook):
+        reads = 0
+
+        @asynccontextmanager
+        async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
+            self.reads += 1
+            if self.reads == 1:
+                raise ConnectionResetError("agent restarted")
+            async with super().alog_stream(info, start, max_bytes=max_bytes) as s:
+                yield s
+
+    trigger = _trigger(max_poll_errors=1)
+    lines = capture(trigger)
+    events = await _events(trigger, Flaky(["RUNNING", "SUCCEEDED"], ["one\n"]))
+    assert events[0]["status"] == "success" and forwarded(lines) == ["one"]
+
+
+def _step_line(step: int, seconds: float) -> str:
+    return (f"(TaskRunnerV1 pid=7) step:{step} - training/global_step:{step} - critic/score/mean:{0.1 * step:.4g} - "
+            f"perf/throughput:{1000 + step} - perf/time_per_step:{seconds}\n")
+
+
+async def test_progress_from_console_lines_at_each_step_when_steps_are_slower_than_the_interval() -> None:
+    one = len(_step_line(1, 30.0))
+    log = "".join(_step_line(s, 30.0) for s in (1, 2, 3))
+    trigger = _trigger(total_steps=10, progress_interval=0)
+    lines = capture(trigger)
+    events = await _events(trigger, ScriptedHook(["RUNNING", "RUNNING", "SUCCEEDED"],
+                                                 [log[:one], log[:2 * one], log]))
+    progress = [m for m in lines if " progress: " in m]
+    assert progress == [f"Ray job job-1 progress: step {s}/10 ({10 * s}%) · 30 s/step · ETA {eta} m · "
+                        f"critic/score/mean {0.1 * s:.4g} · perf/throughput {1000 + s}"
+                        for s, eta in ((1, 5), (2, 4), (3, 4))]  # 4.5, 4 and 3.5 minutes left
+    assert events[0]["progress"]["step"] == 3 and events[0]["progress"]["line"].startswith("step 3/10")
+
+
+async def test_progress_is_reported_at_most_every_interval() -> None:
+    log = "".join(_step_line(s, 1.0) for s in range(1, 6))
+    trigger = _trigger(total_steps=5, progress_interval=3600)
+    lines = capture(trigger)
+    events = await _events(trigger, ScriptedHook(["RUNNING", "SUCCEEDED"], [log[:200], log]))
+    assert len([m for m in lines if " progress: " in m]) == 1
+    assert events[0]["progress"]["step"] == 5  # the event still carries the latest
+
+
+async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics-a1.jsonl"
+    rows = [json.dumps({"step": s, "data": {"training/global_step": s, "perf/throughput": 500.5 + s,
+                                              "perf/time_per_step": 120.0}}) for s in (1, 2, 3)]
+    metrics.write_text("\n".join(rows[:2]) + "\n" + rows[2][:10])  # the third row is still being written
+    trigger = _trigger(total_steps=4, metrics_path=str(metrics), progress_interval=0)
+    lines = capture(trigger)
+    # The console line for step 2 rounds differently: the file's numbers win.
+    events = await _events(trigger, ScriptedHook(["SUCCEEDED"], ["step:2 - perf/throughput:999\n"]))
+    assert [m for m in lines if " progress: " in m][-1] == (
+        "Ray job job-1 progress: step 2/4 (50%) · 2 min/step · ETA 4 m · perf/throughput 502.5")
+    assert events[0]["metrics_offset_bytes"] == len("\n".join(rows[:2])) + 1
+    metrics.write_text("\n".join(rows) + "\n")
+    again = _trigger(total_steps=4, metrics_path=str(metrics), progress_interval=0,
+                     metrics_offset_bytes=events[0]["metrics_offset_bytes"], progress=events[0]["progress"])
+    lines = capture(again)
+    events = await _events(again, ScriptedHook(["SUCCEEDED"], [""]))
+    assert [m for m in lines if " progress: " in m] == [
+        "Ray job job-1 progress: step 3/4 (75%) · 2 min/step · ETA 2 m · perf/throughput 503.5"]
 
 
 def test_serialize_round_trip() -> None:
-    t = RayJobTrigger(cluster=CLUSTER, job_id="j", conn_id="ray_default", poll_interval=7.0, log_offset=42)
+    t = RayJobTrigger(cluster=CLUSTER, job_id="j", conn_id="ray_default", poll_interval=7.0, log_offset_bytes=42,
+                      metrics_path="/runs/r/metrics-a1.jsonl", metrics_offset_bytes=9, total_steps=500,
+                      progress={"step": 3, "total": 500, "seconds_per_step": 6.0, "metrics": {}})
     path, kwargs = t.serialize()
     assert path == CLASSPATH
     module, _, name = path.rpartition(".")
     cls = getattr(__import__(module, fromlist=[name]), name)
     again = cls(**kwargs)
     assert again.serialize() == (path, kwargs)
-    assert kwargs["log_offset"] == 42 and kwargs["poll_interval"] == 7.0
+    assert kwargs["log_offset_bytes"] == 42 and kwargs["poll_interval"] == 7.0
+    assert kwargs["metrics_offset_bytes"] == 9 and kwargs["progress"]["step"] == 3
+    json.dumps(kwargs)  # the kwargs go to the metadata DB as JSON
 
 
 @pytest.mark.integration
-async def test_against_a_real_ray_job(ray_cluster: ClusterHandle) -> None:
+async def test_against_a_real_ray_job(ray_cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiohttp
+
+    from verl_pipeline.airflow.hooks import RayJobsHook
+
+    sessions: list[object] = []
+    lookups: list[str] = []
+
+    class CountedSession(aiohttp.ClientSession):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            sessions.append(self)
+            super().__init__(*a, **kw)
+
+    class Conn:
+        extra_dejson: dict[str, Any] = {}
+        password = "not-needed-with-auth-disabled"
+        schema = host = port = None
+
+    def get_connection(self: RayJobsHook, conn_id: str) -> Conn:
+        lookups.append(conn_id)
+        return Conn()
+
+    monkeypatch.setattr(aiohttp, "ClientSession", CountedSession)
+    monkeypatch.setattr(RayJobsHook, "get_connection", get_connection)
     client = ray_cluster.client()
     job_id = f"trigger-real-{int(time.time() * 1000)}"
-    client.submit(entrypoint="echo hello-from-ray; sleep 2; echo bye; exit 4", submission_id=job_id,
-                  runtime_env={})
-    trigger = RayJobTrigger(cluster=ray_cluster.to_dict(), job_id=job_id, poll_interval=0.5)
+    client.submit(entrypoint="echo hello-from-ray; echo 'naïve ✓'; sleep 2; echo 'step:1 - perf/throughput:7.5'; "
+                             "echo bye; exit 4", submission_id=job_id, runtime_env={})
+    trigger = RayJobTrigger(cluster=ray_cluster.to_dict(), job_id=job_id, conn_id="ray_test", poll_interval=0.5,
+                            total_steps=2, progress_interval=0)
     lines = capture(trigger)
     events = [e.payload async for e in trigger.run()]
     assert events[0]["status"] == "failed" and events[0]["driver_exit_code"] == 4
     assert "exit code 4" in events[0]["message"]
-    forwarded = " ".join(lines)
-    assert "hello-from-ray" in forwarded and "bye" in forwarded
-    await asyncio.sleep(0)
+    got = forwarded(lines, job_id)
+    for line in ("hello-from-ray", "naïve ✓", "step:1 - perf/throughput:7.5", "bye"):
+        assert got.count(line) == 1, (line, got)
+    assert events[0]["progress"]["step"] == 1 and events[0]["progress"]["metrics"] == {"perf/throughput": 7.5}
+    assert events[0]["log_offset_bytes"] == len(client.logs(job_id).encode())
+    assert (len(sessions), lookups) == (1, ["ray_test"])  # one session, one token look-up, many polls
+    assert not any("state API" in m for m in lines)  # read from the driver's agent, by range
 
 
 async def test_a_lost_node_ends_the_wait_even_if_the_job_hangs() -> None:

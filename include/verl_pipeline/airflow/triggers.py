@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,13 +14,32 @@ from verl_pipeline.constants import JobState
 
 CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
 
+#: Log lines forwarded per poll; the rest are counted, and the task log says where the full log is.
+MAX_LINES_PER_POLL = 1000
+#: New log bytes read per poll; a waiter further behind jumps ahead (and says how much it skipped).
+MAX_READ_BYTES = 4 * 1024 * 1024
+#: Lines per forwarded log record (one record per batch keeps a chatty job cheap for the triggerer).
+LINES_PER_RECORD = 200
+_METRICS_READ_BYTES = 1024 * 1024
+
 
 class RayJobTrigger(BaseTrigger):
-    """Wait until a Ray job is terminal.
+    """Wait until a Ray job is terminal, forwarding its new log lines and verl's training progress.
 
     Never raises: every outcome is one ``TriggerEvent`` with ``status`` ``success``, ``failed``,
-    ``stopped``, ``node_lost`` or ``error``, plus ``job_id``, ``message`` and ``log_offset``
-    (characters of the job log already forwarded, so a resumed trigger does not repeat them).
+    ``stopped``, ``node_lost`` or ``error``, plus ``job_id``, ``message`` and the cursors a resumed
+    trigger continues from: ``log_offset_bytes`` (bytes of the driver log file already forwarded or
+    skipped, always at a line end), ``metrics_offset_bytes`` (bytes of verl's metrics JSONL read)
+    and ``progress`` (the last step verl reported, see :mod:`verl_pipeline.jobs.progress`).
+
+    Logs are read from the driver node's dashboard agent with an HTTP ``Range`` request from the
+    cursor, so a poll reads the job's new output, not its whole log. At most
+    ``max_lines_per_poll`` lines are forwarded per poll and at most ``max_read_bytes`` read.
+
+    Progress (``step 120/500 (24%) · 3.1 min/step · ETA …``) comes from ``metrics_path`` (verl's
+    file logger, when the triggerer can read it) or else verl's console metric lines in the log;
+    it is logged when a new step arrived and ``progress_interval`` seconds have passed since the
+    last report, so every step is reported when steps are slower than that.
 
     ``node_lost``: fewer Ray nodes than the cluster was provisioned with stayed alive for
     ``node_grace_polls`` polls while the job still ran. A job can hang instead of failing when a
@@ -34,22 +54,42 @@ class RayJobTrigger(BaseTrigger):
         job_id: str,
         conn_id: str | None = None,
         poll_interval: float = 5.0,
-        log_offset: int = 0,
+        log_offset_bytes: int = 0,
         forward_logs: bool = True,
         max_poll_errors: int = 12,
         expected_nodes: int = 0,
         node_grace_polls: int = 3,
+        max_lines_per_poll: int = MAX_LINES_PER_POLL,
+        max_read_bytes: int = MAX_READ_BYTES,
+        metrics_path: str | None = None,
+        metrics_offset_bytes: int = 0,
+        total_steps: int = 0,
+        progress_interval: float = 60.0,
+        progress: dict[str, Any] | None = None,
+        log_offset: int | None = None,
     ) -> None:
         super().__init__()
         self.cluster = cluster
         self.job_id = job_id
         self.conn_id = conn_id
         self.poll_interval = poll_interval
-        self.log_offset = log_offset
+        # ``log_offset`` (characters) is what triggers serialized before the byte cursor carry;
+        # for the ASCII lines Ray's job logs are mostly made of, the two agree.
+        self.log_offset_bytes = log_offset_bytes or (log_offset or 0)
         self.forward_logs = forward_logs
         self.max_poll_errors = max_poll_errors
         self.expected_nodes = expected_nodes
         self.node_grace_polls = node_grace_polls
+        self.max_lines_per_poll = max_lines_per_poll
+        self.max_read_bytes = max_read_bytes
+        self.metrics_path = metrics_path
+        self.metrics_offset_bytes = metrics_offset_bytes
+        self.total_steps = total_steps
+        self.progress_interval = progress_interval
+        self.progress = progress
+        self._tracker: Any = None
+        self._reported_step = -1
+        self._reported_at = float("-inf")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -59,11 +99,18 @@ class RayJobTrigger(BaseTrigger):
                 "job_id": self.job_id,
                 "conn_id": self.conn_id,
                 "poll_interval": self.poll_interval,
-                "log_offset": self.log_offset,
+                "log_offset_bytes": self.log_offset_bytes,
                 "forward_logs": self.forward_logs,
                 "max_poll_errors": self.max_poll_errors,
                 "expected_nodes": self.expected_nodes,
                 "node_grace_polls": self.node_grace_polls,
+                "max_lines_per_poll": self.max_lines_per_poll,
+                "max_read_bytes": self.max_read_bytes,
+                "metrics_path": self.metrics_path,
+                "metrics_offset_bytes": self.metrics_offset_bytes,
+                "total_steps": self.total_steps,
+                "progress_interval": self.progress_interval,
+                "progress": self.progress,
             },
         )
 
@@ -72,79 +119,151 @@ class RayJobTrigger(BaseTrigger):
 
         return RayJobsHook(self.cluster, conn_id=self.conn_id)
 
-    async def _forward(self, hook: Any) -> None:
-        logs = await hook.alogs(self.job_id)
-        if len(logs) <= self.log_offset:
-            return
-        chunk = logs[self.log_offset:]
-        # Forward whole lines only; a partial last line waits for the next poll.
-        cut = chunk.rfind("\n") + 1
-        if cut == 0:
-            return
-        for line in chunk[:cut].splitlines():
-            self.log.info("[%s] %s", self.job_id, line)
-        self.log_offset += cut
+    def _event(self, status: str, message: str, **extra: Any) -> TriggerEvent:
+        return TriggerEvent({"status": status, "job_id": self.job_id, "message": message,
+                             "log_offset_bytes": self.log_offset_bytes,
+                             "metrics_offset_bytes": self.metrics_offset_bytes,
+                             "progress": self.progress, **extra})
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        errors = 0
-        short_polls = 0
+    # -- logs ---------------------------------------------------------------------------------------
+    async def _forward(self, hook: Any, info: Any) -> None:
+        """Forward the lines written since the cursor; the cursor moves past every whole line read."""
+        from verl_pipeline.jobs.logstream import LineReader
+
+        forwarded = skipped = 0
+        batch: list[str] = []
+        async with hook.alog_stream(info, self.log_offset_bytes, max_bytes=self.max_read_bytes) as stream:
+            reader = LineReader(stream.start, mid_line=stream.mid_line)
+            async for chunk in stream.chunks():
+                for line in reader.feed(chunk):
+                    if self._tracker is not None and "step:" in line:
+                        self._tracker.observe_console(line)
+                    if forwarded < self.max_lines_per_poll:
+                        batch.append(line)
+                        forwarded += 1
+                        if len(batch) >= LINES_PER_RECORD:
+                            self.log.info("[%s] %s", self.job_id, "\n".join(batch))
+                            batch = []
+                    else:
+                        skipped += 1
+            self.log_offset_bytes = reader.cursor
+        if batch:
+            self.log.info("[%s] %s", self.job_id, "\n".join(batch))
+        if skipped or stream.skipped_bytes:
+            what = [f"{skipped} lines not forwarded (over {self.max_lines_per_poll} per poll)"] if skipped else []
+            if stream.skipped_bytes:
+                what.append(f"{stream.skipped_bytes} bytes skipped (more than {self.max_read_bytes} new bytes)")
+            self.log.warning("Ray job %s: %s; the full log: %s", self.job_id, ", ".join(what), self._where(info))
+
+    def _where(self, info: Any) -> str:
+        from verl_pipeline.airflow.links import ray_job_url
+        from verl_pipeline.jobs.client import JOB_LOG_FILE
+
+        dashboard = str(self.cluster.get("dashboard_url", ""))
+        return (f"{ray_job_url(dashboard, self.job_id)}, `ray job logs {self.job_id} --address {dashboard}`, or "
+                f"{JOB_LOG_FILE.format(submission_id=self.job_id)} in the Ray log directory of node "
+                f"{info.driver_node_id or '(the driver node)'}")
+
+    # -- progress -----------------------------------------------------------------------------------
+    def _read_metrics(self) -> list[str]:
+        """New whole lines of verl's metrics JSONL (blocking file I/O: run in a thread)."""
+        assert self.metrics_path is not None
         try:
-            hook = self._hook()
-            while True:
-                try:
-                    info = await hook.aget_job(self.job_id)
-                    if self.forward_logs and info is not None:
-                        await self._forward(hook)
-                    errors = 0
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # the cluster may be briefly unreachable: retry a few times
-                    errors += 1
-                    self.log.warning("Polling Ray job %s failed (%d/%d): %s", self.job_id, errors,
-                                     self.max_poll_errors, e)
-                    if errors >= self.max_poll_errors:
-                        yield TriggerEvent({"status": "error", "job_id": self.job_id, "log_offset": self.log_offset,
-                                            "message": f"Ray Jobs API unreachable: {e}"})
-                        return
-                    await asyncio.sleep(self.poll_interval)
-                    continue
-                if info is None:
-                    yield TriggerEvent({"status": "error", "job_id": self.job_id, "log_offset": self.log_offset,
-                                        "message": f"Ray job {self.job_id} does not exist on the cluster"})
-                    return
-                if info.status.is_terminal():
-                    if self.forward_logs:
-                        try:
-                            await self._forward(hook)
-                        except Exception as e:
-                            self.log.warning("Could not read the last logs of %s: %s", self.job_id, e)
-                    status = {JobState.SUCCEEDED: "success", JobState.STOPPED: "stopped"}.get(info.status, "failed")
-                    yield TriggerEvent({
-                        "status": status, "job_id": self.job_id, "job_status": info.status.value,
-                        "message": info.message, "driver_exit_code": info.driver_exit_code,
-                        "log_offset": self.log_offset,
-                    })
-                    return
-                if self.expected_nodes:
-                    try:
-                        alive = await hook.anodes_alive()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as e:
-                        self.log.warning("Could not count the Ray nodes of %s: %s", self.job_id, e)
-                        alive = self.expected_nodes
-                    short_polls = short_polls + 1 if alive < self.expected_nodes else 0
-                    if short_polls >= self.node_grace_polls:
-                        yield TriggerEvent({
-                            "status": "node_lost", "job_id": self.job_id, "job_status": info.status.value,
-                            "log_offset": self.log_offset,
-                            "message": f"Ray node died: {alive} of {self.expected_nodes} nodes alive while job "
-                                       f"{self.job_id} was {info.status.value}",
-                        })
-                        return
-                await asyncio.sleep(self.poll_interval)
+            with open(self.metrics_path, "rb") as f:
+                size = f.seek(0, 2)
+                if size < self.metrics_offset_bytes:  # truncated: verl started the file again
+                    self.metrics_offset_bytes = 0
+                f.seek(self.metrics_offset_bytes)
+                data = f.read(_METRICS_READ_BYTES)
+        except OSError:
+            return []  # not written yet, or not on storage the triggerer mounts: console lines serve
+        end = data.rfind(b"\n") + 1
+        self.metrics_offset_bytes += end
+        return data[:end].decode("utf-8", errors="replace").splitlines()
+
+    async def _update_progress(self) -> None:
+        if self._tracker is None:
+            return
+        if self.metrics_path:
+            for line in await asyncio.to_thread(self._read_metrics):
+                self._tracker.observe_jsonl(line)
+        last = self._tracker.last
+        if last is None or last.step == self._reported_step:
+            return
+        self.progress = last.to_dict()
+        now = time.monotonic()
+        if now - self._reported_at >= self.progress_interval:
+            self._reported_step, self._reported_at = last.step, now
+            self.log.info("Ray job %s progress: %s", self.job_id, last.line())
+
+    async def _poll_logs(self, hook: Any, info: Any) -> None:
+        """Forward new lines and update progress; a failed read is retried next poll, never fatal."""
+        try:
+            await self._update_progress()
+            if self.forward_logs:
+                await self._forward(hook, info)
+            await self._update_progress()
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            yield TriggerEvent({"status": "error", "job_id": self.job_id, "log_offset": self.log_offset,
-                                "message": str(e), "stack_trace": traceback.format_exc()})
+            self.log.warning("Could not read the log of Ray job %s (at byte %d): %s", self.job_id,
+                             self.log_offset_bytes, e)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            from verl_pipeline.jobs.progress import Progress, ProgressTracker
+
+            if self.total_steps or self.metrics_path or self.progress:
+                self._tracker = ProgressTracker(self.total_steps, Progress.from_dict(self.progress))
+                self._reported_step = self._tracker.last.step if self._tracker.last else -1
+            async with self._hook() as hook:
+                async for event in self._wait(hook):
+                    yield event
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            yield self._event("error", str(e), stack_trace=traceback.format_exc())
+
+    async def _wait(self, hook: Any) -> AsyncIterator[TriggerEvent]:
+        errors = 0
+        short_polls = 0
+        while True:
+            try:
+                info = await hook.aget_job(self.job_id)
+                errors = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the cluster may be briefly unreachable: retry a few times
+                errors += 1
+                self.log.warning("Polling Ray job %s failed (%d/%d): %s", self.job_id, errors,
+                                 self.max_poll_errors, e)
+                if errors >= self.max_poll_errors:
+                    yield self._event("error", f"Ray Jobs API unreachable: {e}")
+                    return
+                await asyncio.sleep(self.poll_interval)
+                continue
+            if info is None:
+                yield self._event("error", f"Ray job {self.job_id} does not exist on the cluster")
+                return
+            await self._poll_logs(hook, info)
+            if info.status.is_terminal():
+                status = {JobState.SUCCEEDED: "success", JobState.STOPPED: "stopped"}.get(info.status, "failed")
+                yield self._event(status, info.message, job_status=info.status.value,
+                                  driver_exit_code=info.driver_exit_code)
+                return
+            if self.expected_nodes:
+                try:
+                    alive = await hook.anodes_alive()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    self.log.warning("Could not count the Ray nodes of %s: %s", self.job_id, e)
+                    alive = self.expected_nodes
+                short_polls = short_polls + 1 if alive < self.expected_nodes else 0
+                if short_polls >= self.node_grace_polls:
+                    yield self._event("node_lost", f"Ray node died: {alive} of {self.expected_nodes} nodes alive "
+                                      f"while job {self.job_id} was {info.status.value}",
+                                      job_status=info.status.value)
+                    return
+            await asyncio.sleep(self.poll_interval)
