@@ -83,6 +83,41 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
 
 
 @pytest.mark.integration
+def test_the_log_cursor_and_progress_travel_through_a_retry_that_reattaches(ray_cluster: ClusterHandle) -> None:
+    client = ray_cluster.client()
+    job_id = f"op-cursor-{int(time.time() * 1000)}"
+    client.submit(entrypoint="sleep 30", submission_id=job_id, runtime_env={})
+    ctx = _context({"provision_ray_cluster": ray_cluster.to_dict(),
+                    "submit_verl_job": {"submission_id": job_id, "mode": "train", "run_dir": "/x"}})
+    spec = build_run_spec({}, run_name=f"verl_ppo/{ctx['run_id']}")
+    metrics = spec.run_dir / "metrics-a1.jsonl"
+    record_attempt(spec.run_dir, Attempt(job_id, 1, 0.0, ray_cluster.dashboard_url, 0, str(metrics)))
+    op = WaitForVerlJobOperator(task_id="wait_for_verl_job", progress_interval=5.0)
+    try:
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(ctx)
+        first = deferred.value.trigger
+        assert isinstance(first, RayJobTrigger)
+        assert first.log_offset_bytes == 0 and first.metrics_path == str(metrics)
+        assert first.total_steps == spec.total_training_steps and first.progress_interval == 5.0
+        progress = {"step": 1, "total": 2, "seconds_per_step": 3.0, "metrics": {}, "line": "step 1/2 (50%)"}
+        # The waiter gave up (API unreachable): this try fails and is retried ...
+        with pytest.raises(AirflowException, match="retrying"):
+            op.execute_complete(ctx, {"status": "error", "job_id": job_id, "message": "Ray Jobs API unreachable",
+                                      "log_offset_bytes": 4321, "metrics_offset_bytes": 99, "progress": progress})
+        assert ctx["ti"].xcoms["pushed:progress"] == progress
+        # ... and the retry reattaches to the running job from where the last waiter stopped.
+        with pytest.raises(TaskDeferred) as deferred:
+            WaitForVerlJobOperator(task_id="wait_for_verl_job").execute(ctx)
+        again = deferred.value.trigger
+        assert isinstance(again, RayJobTrigger)
+        assert (again.log_offset_bytes, again.metrics_offset_bytes, again.progress) == (4321, 99, progress)
+        assert again.serialize()[1]["log_offset_bytes"] == 4321
+    finally:
+        client.stop(job_id)
+
+
+@pytest.mark.integration
 def test_on_kill_stops_the_ray_job(ray_cluster: ClusterHandle) -> None:
     client = ray_cluster.client()
     job_id = f"op-kill-{int(time.time() * 1000)}"
