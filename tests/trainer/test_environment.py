@@ -210,3 +210,15 @@ def test_render_says_which_packages_the_gpu_nodes_need() -> None:
     assert "requirements/gpu.txt does not install it" in ppo[1] and "requirements/gpu-flash-attn.txt" in ppo[1]
     sdpa = {"algorithm.adv_estimator": "grpo", "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
     assert render_notes(needs_for(sdpa, PINS)) == []
+
+
+def test_every_backend_accepts_the_probe_timeout_in_its_cluster_profile() -> None:
+    from verl_pipeline.cluster.base import get_backend
+    from verl_pipeline.config import list_profiles, load_yaml_profile
+
+    kinds = set()
+    for name in list_profiles("clusters"):
+        cluster = dict(load_yaml_profile("clusters", name)["cluster"])
+        get_backend({**cluster, "probe_timeout_s": 120})
+        kinds.add(cluster["backend"])
+    assert kinds == {"local", "address", "slurm", "kuberay"}

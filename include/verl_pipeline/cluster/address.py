@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, wait_ready
+from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, wait_ready
 from verl_pipeline.exceptions import ConfigError
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class AddressBackend(ClusterBackend):
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> AddressBackend:
         known = {"backend", "dashboard_url", "conn_id", "auth_mode", "expected_nodes", "expected_gpus",
-                 "ready_timeout_s"}
+                 "ready_timeout_s", *COMMON_SETTINGS}
         for key in spec:
             if key not in known:
                 raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the address backend",

@@ -16,6 +16,10 @@ from verl_pipeline.jobs.client import RayJobsClient
 
 log = logging.getLogger(__name__)
 
+#: Cluster-profile settings every backend accepts: read by the submit step, not by the backend
+#: (``probe_timeout_s``: seconds each node has for the environment probe, :mod:`verl_pipeline.cluster.probe`).
+COMMON_SETTINGS = ("probe_timeout_s",)
+
 
 @dataclass
 class ClusterHandle:

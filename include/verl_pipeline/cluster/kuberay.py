@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug
 
@@ -103,7 +103,7 @@ class KubeRayBackend(ClusterBackend):
     KNOWN = ("namespace", "image", "ray_version", "mode", "name_prefix", "head", "workers", "volumes", "shm_size",
              "env", "tolerations", "node_selector", "service_account", "image_pull_secrets", "reuse",
              "dashboard_url", "conn_id", "in_cluster", "kube_config_path", "kube_context", "ready_timeout_s",
-             "request_timeout_s", "poll_s", "rayjob")
+             "request_timeout_s", "poll_s", "rayjob", *COMMON_SETTINGS)
 
     # -- configuration -----------------------------------------------------------------------------
     @classmethod

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.cluster import procs
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic
 
@@ -156,7 +156,7 @@ class LocalBackend(ClusterBackend):
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LocalBackend:
         known = {"backend", "num_cpus", "num_gpus", "nodes", "object_store_memory_mb", "ready_timeout_s", "temp_dir",
-                 "ports", "min_worker_port", "stop_grace_s"}
+                 "ports", "min_worker_port", "stop_grace_s", *COMMON_SETTINGS}
         for key in spec:
             if key not in known:
                 raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the local backend",

@@ -26,7 +26,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, ClusterStatus, probe, wait_ready
+from verl_pipeline.cluster.base import (
+    COMMON_SETTINGS,
+    ClusterBackend,
+    ClusterHandle,
+    ClusterHealth,
+    ClusterStatus,
+    probe,
+    wait_ready,
+)
 from verl_pipeline.cluster.slurm_rest import SlurmRest, state_of
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
@@ -181,7 +189,7 @@ class SlurmBackend(ClusterBackend):
              "extra_sbatch", "container", "env", "python", "dashboard_host", "gcs_port", "dashboard_port",
              "client_server_port", "port_base", "port_stride", "object_store_memory_mb", "temp_dir", "shared_dir",
              "slurm_conf", "slurm_bin", "pending_timeout_s", "ready_timeout_s", "cancel_timeout_s", "poll_s",
-             "slurmrestd")
+             "slurmrestd", *COMMON_SETTINGS)
 
     # -- configuration -----------------------------------------------------------------------------
     @classmethod
