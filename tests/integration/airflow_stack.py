@@ -7,8 +7,8 @@ recorded by PID and stopped by PID (SIGTERM, then SIGKILL after a grace period),
 Also runnable by hand to look at the UI: ``python -m tests.integration.airflow_stack`` (Ctrl-C stops).
 
 ``VERL_PIPELINE_TEST_CLOCK=2026-12-06T23:59:00Z`` runs the Airflow components (and what they start) with
-their wall clock moved to that instant (Debian's libfaketime, a constant offset taken when the stack
-starts; monotonic clocks are left alone), to show the scheduler tests do not depend on the day or hour.
+their clocks moved to that instant (Debian's libfaketime, a constant offset taken when the stack
+starts), to show the scheduler tests do not depend on the day or hour.
 """
 
 from __future__ import annotations
@@ -271,8 +271,9 @@ class AirflowStack:
             args += ["--port", str(self.api_port), "--host", "127.0.0.1"]
         env = self.env()
         if self.clock_offset_s is not None:
-            env.update({"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{self.clock_offset_s:+d}",
-                        "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+            # Monotonic clocks move by the same offset: Python sleeps until an absolute monotonic
+            # deadline, which libfaketime translates back (with real monotonic clocks it turns negative).
+            env.update({"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{self.clock_offset_s:+d}"})
         with open(self.log_path(comp), "ab") as log:  # the child keeps its own copy of the fd
             proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
         self.procs[comp] = proc
@@ -390,7 +391,12 @@ class AirflowStack:
                 stop_local(handle)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout` or a kill by PID stops the stack too
     stack = AirflowStack()
     try:
         stack.start()
