@@ -151,3 +151,13 @@ def test_verl_rejection_names_the_value_that_was_set() -> None:
         _resolve(case, dict(case.overrides))
     assert err.value.value == "mean"
     assert "verl rejected the configuration" in err.value.rule
+
+
+def test_an_outdated_key_names_the_key_verl_has_now() -> None:
+    """The seed article's key (written for an older verl) fails naming where verl 0.9.1 keeps it."""
+    from verl_pipeline.trainer.validate import compose, session
+
+    with session(), pytest.raises(VerlConfigError) as err:
+        compose(["critic.model.fsdp_config.optimizer_offload=true"])
+    assert err.value.key == "critic.model.fsdp_config.optimizer_offload"
+    assert err.value.fix is not None and "critic.fsdp.optimizer_offload" in err.value.fix

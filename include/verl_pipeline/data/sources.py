@@ -89,8 +89,17 @@ def fsspec_filesystem(url: str) -> tuple[Any, str]:
     import fsspec
 
     protocol = url.split("://", 1)[0].lower()
+    hdfs_fix = ("set JAVA_HOME and HADOOP_HOME (pyarrow's libhdfs needs Java and Hadoop's client), "
+                "or copy the data to shared storage and pass its path")
+    if protocol in ("hdfs", "viewfs") and not os.environ.get("JAVA_HOME"):
+        raise ConfigError("data_source", url, f"{protocol}:// needs a Java runtime and JAVA_HOME is not set",
+                          hdfs_fix)
     try:
         fs, path = fsspec.core.url_to_fs(url)
+    except OSError as e:  # the backend is installed but cannot start here (a missing JVM, client library …)
+        fix = hdfs_fix if protocol in ("hdfs", "viewfs") else f"configure the {protocol}:// client on this host"
+        raise ConfigError("data_source", url, f"the {protocol}:// filesystem cannot be opened here ({e})",
+                          fix) from None
     except ImportError as e:
         package = FSSPEC_PACKAGES.get(protocol, f"the fsspec backend for {protocol}://")
         raise ConfigError("data_source", url, f"no fsspec backend for {protocol}:// is installed ({e})",

@@ -108,7 +108,9 @@ def session() -> Iterator[None]:
 
 
 def compose(overrides: Sequence[str], config_name: str = "ppo_trainer") -> Any:
-    """verl's ``ppo_trainer.yaml`` with ``overrides`` applied, exactly as ``main_ppo`` composes it."""
+    """verl's ``ppo_trainer.yaml`` with ``overrides`` applied, exactly as ``main_ppo`` composes it.
+
+    An override of a key verl's config does not have fails naming the closest keys that exist."""
     from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -117,7 +119,55 @@ def compose(overrides: Sequence[str], config_name: str = "ppo_trainer") -> Any:
         with _hydra():
             return hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
-        raise _reject("could not compose the configuration", str(e), overrides) from None
+        error = _reject("could not compose the configuration", str(e), overrides)
+    if re.search(r"Could not override '|is not in struct", error.rule) and error.key != "verl":
+        with _hydra():
+            known = config_keys(hydra_compose(config_name=config_name, overrides=[]))
+        close = closest_keys(error.key, known)
+        if close:
+            error = VerlConfigError(error.key, error.value, error.rule,
+                                    f"verl {_verl_version()} has {' or '.join(close)}; a key its YAML does not list "
+                                    f"is appended with +{error.key}=...")
+    raise error
+
+
+def _verl_version() -> str:
+    from importlib.metadata import version
+
+    return version("verl")
+
+
+def config_keys(cfg: Any) -> list[str]:
+    """Every leaf key of a composed config, dotted (interpolations are not resolved)."""
+    from omegaconf import OmegaConf
+
+    def walk(node: Any, prefix: str) -> Iterator[str]:
+        if OmegaConf.is_dict(node):
+            for k in node.keys():
+                yield from walk(node._get_node(k), f"{prefix}.{k}" if prefix else str(k))
+        else:
+            yield prefix
+
+    return list(walk(cfg, ""))
+
+
+def closest_keys(key: str, known: Sequence[str], limit: int = 2) -> list[str]:
+    """The keys of ``known`` a mistyped or outdated ``key`` most likely meant: same leaf name first
+    (a key moved between versions keeps its name), then the same top-level section, then similarity."""
+    import difflib
+
+    key = key.lstrip("+")
+    leaf, root = key.rsplit(".", 1)[-1], key.split(".", 1)[0]
+
+    def score(candidate: str) -> tuple[bool, bool, float]:
+        return (candidate.rsplit(".", 1)[-1] == leaf, candidate.split(".", 1)[0] == root,
+                difflib.SequenceMatcher(None, key, candidate).ratio())
+
+    ranked = sorted(known, key=score, reverse=True)
+    if not ranked:
+        return []
+    best = score(ranked[0])[:2]
+    return [k for k in ranked[:limit] if score(k)[:2] == best and (best[0] or score(k)[2] >= 0.6)]
 
 
 def validate(overrides: Sequence[str]) -> Validated:
