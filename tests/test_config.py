@@ -96,9 +96,12 @@ def test_tensor_parallel_must_divide_gpus_per_node() -> None:
         build_run_spec({"n_gpus_per_node": 2}, run_name="r", overrides={key: 4})
     assert err.value.key == key
     assert "[1, 2]" in str(err.value.fix)
-    spec = build_run_spec({"n_gpus_per_node": 8}, run_name="r", overrides={key: 4})
-    assert spec.n_gpus == 8 and spec.verl[key] == 4
+    # The tiny model has 2 attention heads: tp 2 divides both.
+    spec = build_run_spec({"n_gpus_per_node": 8}, run_name="r", overrides={key: 2})
+    assert spec.n_gpus == 8 and spec.verl[key] == 2
     assert "set explicitly" in spec.derived[key]
+    with pytest.raises(ConfigError, match="num_attention_heads"):
+        build_run_spec({"n_gpus_per_node": 8}, run_name="r", overrides={key: 4})
 
 
 def test_layers_cluster_then_run_profile_then_params() -> None:
@@ -117,3 +120,82 @@ def test_overrides_are_the_last_layer() -> None:
     assert spec.verl["data.max_prompt_length"] == 300
     assert spec.verl["actor_rollout_ref.actor.ppo_mini_batch_size"] == 16
     assert "the rule would give 8" in spec.derived["actor_rollout_ref.actor.ppo_mini_batch_size"]
+
+
+# -- layering as named, overrides from the form, typed errors ---------------------------------------
+def test_a_named_cluster_profile_brings_its_shape() -> None:
+    # smoke's 1 x 1 was written for its own cluster (local-cpu); h100-ib is 4 x 8.
+    spec = build_run_spec({}, run_name="r", model_profile="qwen2.5-7b-grpo", cluster_profile="h100-ib")
+    assert (spec.nnodes, spec.n_gpus_per_node) == (4, 8)
+    # The same through the DAG's params; a shape param still wins over the cluster profile.
+    spec = build_run_spec({"model_profile": "qwen2.5-7b-grpo", "cluster_profile": "h100-ib", "nnodes": 2},
+                          run_name="r")
+    assert (spec.model_profile, spec.cluster_profile, spec.nnodes, spec.n_gpus_per_node) == (
+        "qwen2.5-7b-grpo", "h100-ib", 2, 8)
+    # Naming the run profile's own cluster keeps the run profile's shape.
+    spec = build_run_spec({"cluster_profile": "local-cpu"}, run_name="r")
+    assert (spec.nnodes, spec.n_gpus_per_node) == (1, 1)
+
+
+def test_every_shipped_cluster_profile_renders_out_of_the_box() -> None:
+    for name in list_profiles("clusters"):
+        spec = build_run_spec({"cluster_profile": name}, run_name="r")
+        assert spec.cluster_profile == name and spec.hardware is not None
+
+
+def test_verl_overrides_param_wins_and_appends() -> None:
+    spec = build_run_spec({"verl_overrides": [
+        "actor_rollout_ref.actor.optim.lr=1e-6", "data.max_prompt_length=300",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]}, run_name="r")
+    assert spec.verl["actor_rollout_ref.actor.optim.lr"] == 1e-6  # a float, as Hydra reads it
+    assert spec.verl["data.max_prompt_length"] == 300
+    assert spec.verl["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    # The CLI's --set is the same layer, and wins over the param when both name a key.
+    spec = build_run_spec({"verl_overrides": ["data.max_prompt_length=300"]}, run_name="r",
+                          overrides={"data.max_prompt_length": 200})
+    assert spec.verl["data.max_prompt_length"] == 200
+
+
+@pytest.mark.parametrize(("params", "overrides", "key"), [
+    ({"verl_overrides": ["data.train_batch_size=abc"]}, None, "data.train_batch_size"),
+    ({}, {"data.train_batch_size": "abc"}, "data.train_batch_size"),
+    ({}, {"actor_rollout_ref.rollout.gpu_memory_utilization": "high"},
+     "actor_rollout_ref.rollout.gpu_memory_utilization"),
+    ({}, {"actor_rollout_ref.rollout.n": True}, "actor_rollout_ref.rollout.n"),
+    ({"verl_overrides": ["no equals sign"]}, None, "verl_overrides"),
+    ({"verl_overrides": ["bad key!=1"]}, None, "verl_overrides"),
+    ({"verl_overrides": "data.train_batch_size=8"}, None, "verl_overrides"),
+    ({"cluster_profile": "nope"}, None, "cluster_profile"),
+])
+def test_badly_typed_values_name_the_key(params: dict, overrides: dict | None, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_run_spec(params, run_name="r", overrides=overrides)
+    assert key in str(err.value) and err.value.fix
+    assert "\n" not in str(err.value)
+
+
+def test_a_hydra_append_may_sit_at_any_level_of_a_verl_section() -> None:
+    from verl_pipeline.trainer.overrides import flatten
+
+    assert flatten({"actor_rollout_ref": {"model": {"override_config": {"+attn_implementation": "sdpa"}}},
+                    "+extra": {"a": 1}, "data": {"x": 2}}) == {
+        "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa", "+extra.a": 1, "data.x": 2}
+
+
+def test_an_hdfs_url_without_java_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_pipeline.data.sources import fsspec_filesystem
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(ConfigError, match=r"hdfs:// needs a Java runtime.*JAVA_HOME"):
+        fsspec_filesystem("hdfs://nn/x.jsonl")
+
+
+def test_closest_keys_prefer_the_same_name_in_the_same_section() -> None:
+    from verl_pipeline.trainer.validate import closest_keys
+
+    known = ["actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+             "actor_rollout_ref.ref.fsdp_config.optimizer_offload", "critic.fsdp.optimizer_offload",
+             "critic.fsdp.param_offload", "data.train_batch_size", "data.gen_batch_size"]
+    assert closest_keys("critic.model.fsdp_config.optimizer_offload", known) == ["critic.fsdp.optimizer_offload"]
+    assert closest_keys("data.train_batchsize", known)[0] == "data.train_batch_size"
+    assert closest_keys("trainer.zzz", known) == []

@@ -65,21 +65,9 @@ def _spec(args: argparse.Namespace) -> RunSpec:
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
-    """``["a.b=8", "c=[x,y]"]`` → ``{"a.b": 8, "c": ["x", "y"]}`` (values read as YAML scalars/lists)."""
-    import yaml
+    from verl_pipeline.trainer.overrides import parse_overrides
 
-    from verl_pipeline.exceptions import ConfigError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("--set", item, "must be KEY=VALUE", "--set actor_rollout_ref.rollout.n=4")
-        try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            out[key.strip()] = raw
-    return out
+    return parse_overrides(items, field="--set")
 
 
 def _out(args: argparse.Namespace, data: Any, text: str | None = None) -> None:

@@ -25,8 +25,8 @@ from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.overrides import flatten
 
 #: Params a DAG run (or the CLI) may set; None means "take the profile's value".
-PARAM_KEYS = ("profile", "data_source", "recipe", "model_source", "nnodes", "n_gpus_per_node", "total_training_steps",
-              "mode")
+PARAM_KEYS = ("profile", "model_profile", "cluster_profile", "data_source", "recipe", "model_source", "nnodes",
+              "n_gpus_per_node", "total_training_steps", "mode", "verl_overrides")
 DEFAULT_PROFILE = "smoke"
 
 _HF_SOURCE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<rev>[\w.\-/]+))?$")
@@ -38,13 +38,17 @@ def list_profiles(kind: str = "profiles") -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+# The param (and CLI flag) that names a profile of each kind.
+_PROFILE_FIELD = {"profiles": "profile", "models": "model_profile", "clusters": "cluster_profile"}
+
+
 def load_yaml_profile(kind: str, name: str) -> dict[str, Any]:
+    field = _PROFILE_FIELD.get(kind, kind.rstrip("s"))
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise ConfigError(kind.rstrip("s"), name, "is not a profile name", f"use one of {list_profiles(kind)}")
+        raise ConfigError(field, name, "is not a profile name", f"use one of {list_profiles(kind)}")
     path = configs_dir() / kind / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(kind.rstrip("s") if kind != "profiles" else "profile", name,
-                          f"no such profile in {path.parent}", f"use one of {list_profiles(kind)}")
+        raise ConfigError(field, name, f"no such profile in {path.parent}", f"use one of {list_profiles(kind)}")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), type(data).__name__, "a profile must be a YAML mapping")
@@ -316,27 +320,25 @@ def build_run_spec(
 ) -> RunSpec:
     """Resolve and validate a run from its params (DAG params or CLI flags).
 
-    ``model_profile``/``cluster_profile`` replace the run profile's choices (CLI ``render``);
-    ``overrides`` (flat verl keys) is the last layer and wins over every profile and scaling rule.
+    ``model_profile``/``cluster_profile`` (CLI flags, or the params of the same names) replace the
+    run profile's choices; ``overrides`` (flat verl keys, the CLI's ``--set``) and the
+    ``verl_overrides`` param are the last layer and win over every profile and scaling rule.
     """
-    params = dict(params or {})
+    params = {k: v for k, v in (params or {}).items() if v is not None}
     unknown = sorted(set(params) - set(PARAM_KEYS))
     if unknown:
         raise ConfigError(unknown[0], params[unknown[0]], "is not a parameter of this pipeline",
                           f"use only {list(PARAM_KEYS)}")
     profile_name = params.get("profile") or DEFAULT_PROFILE
     prof = load_yaml_profile("profiles", profile_name)
-    model_profile = model_profile or str(prof.get("model_profile", ""))
-    cluster_profile = cluster_profile or str(prof.get("cluster_profile", ""))
+    model_profile = model_profile or params.get("model_profile") or str(prof.get("model_profile", ""))
+    cluster_profile = cluster_profile or params.get("cluster_profile") or str(prof.get("cluster_profile", ""))
     mprof = load_yaml_profile("models", model_profile)
     cprof = load_yaml_profile("clusters", cluster_profile)
+    overrides = {**_param_overrides(params), **dict(overrides or {})}
 
-    # Shape: cluster profile -> run profile -> DAG params.
-    hw_section = dict(cprof.get("hardware") or {})
+    nnodes, n_gpus_per_node = resolve_shape(params, prof, cprof, cluster_profile)
     trainer = dict(prof.get("trainer") or {})
-    nnodes = _int_param(params, "nnodes", trainer.get("nnodes", hw_section.get("nnodes", 1)), 1, 1024)
-    n_gpus_per_node = _int_param(params, "n_gpus_per_node",
-                                 trainer.get("n_gpus_per_node", hw_section.get("n_gpus_per_node", 1)), 1, 16)
     steps = _int_param(params, "total_training_steps", trainer.get("total_training_steps", 1), 1, 10_000_000)
 
     mode_text = params.get("mode") or prof.get("mode") or Mode.AUTO.value
@@ -428,6 +430,60 @@ def build_run_spec(
     return spec
 
 
+def _param_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """The ``verl_overrides`` param (a list of ``key=value`` / ``+key=value``) as flat settings."""
+    from verl_pipeline.trainer.overrides import parse_overrides
+
+    items = params.get("verl_overrides") or []
+    if not isinstance(items, list):
+        raise ConfigError("verl_overrides", items, "must be a list of KEY=VALUE strings",
+                          '["actor_rollout_ref.actor.optim.lr=1e-6", "+key=value"]')
+    return parse_overrides(items, field="verl_overrides")
+
+
+def resolve_shape(params: dict[str, Any], prof: dict[str, Any], cprof: dict[str, Any],
+                  cluster_profile: str) -> tuple[int, int]:
+    """``(nnodes, n_gpus_per_node)``: a param wins; then the run profile's ``trainer`` section, but only
+    while the run uses the run profile's own cluster profile (its shape was written for that
+    cluster); then the cluster profile's ``hardware``; then 1."""
+    hardware = dict(cprof.get("hardware") or {})
+    own_cluster = str(prof.get("cluster_profile", "")) == cluster_profile
+    trainer = dict(prof.get("trainer") or {}) if own_cluster else {}
+    nnodes = _int_param(params, "nnodes", trainer.get("nnodes", hardware.get("nnodes", 1)), 1, 1024)
+    n_gpus_per_node = _int_param(params, "n_gpus_per_node",
+                                 trainer.get("n_gpus_per_node", hardware.get("n_gpus_per_node", 1)), 1, 16)
+    return nnodes, n_gpus_per_node
+
+
+# verl keys the project's own rules compute with, and their type (verl's YAML has the same).
+_NUMERIC_KEYS: dict[str, type] = {
+    "data.train_batch_size": int, "data.max_prompt_length": int, "data.max_response_length": int,
+    "actor_rollout_ref.rollout.n": int, "actor_rollout_ref.rollout.tensor_model_parallel_size": int,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": int, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": int,
+    "critic.ppo_mini_batch_size": int, "critic.ppo_micro_batch_size_per_gpu": int,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": int,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": int,
+    "trainer.save_freq": int, "trainer.test_freq": int, "trainer.nnodes": int, "trainer.n_gpus_per_node": int,
+    "trainer.total_training_steps": int,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": float, "actor_rollout_ref.actor.optim.lr": float,
+    "critic.optim.lr": float,
+}
+
+
+def check_types(settings: dict[str, Any]) -> None:
+    """A value of the wrong type for a numeric verl key fails here, naming it, before any arithmetic."""
+    for key, kind in _NUMERIC_KEYS.items():
+        for spelled in (key, f"+{key}", f"++{key}"):
+            value = settings.get(spelled)
+            if value is None:
+                continue
+            ok = (isinstance(value, int) if kind is int else isinstance(value, int | float))
+            if isinstance(value, bool) or not ok:
+                example = "256" if kind is int else "1e-6" if key.endswith("lr") else "0.6"
+                raise ConfigError(key, value, f"must be {'an integer' if kind is int else 'a number'}",
+                                  f"{key}={example}")
+
+
 def derive_verl_settings(
     layers: list[dict[str, Any]],
     scaling_section: dict[str, Any],
@@ -447,6 +503,7 @@ def derive_verl_settings(
         merged = _deep_merge(merged, layer)
     settings = flatten(merged)
     settings.update(dict(overrides or {}))
+    check_types(settings)
     result = scaling.derive(settings, scaling_section, facts, hardware, nnodes=nnodes,
                             n_gpus_per_node=n_gpus_per_node, explicit=set(settings))
     return result.settings, {r.key: r.text() for r in result.rules}

@@ -8,6 +8,25 @@ from airflow.sdk import Param
 
 from verl_pipeline.config import DEFAULT_PROFILE, list_profiles
 
+MAX_ACTIVE_RUNS_ENV = "VERL_PIPELINE_MAX_ACTIVE_RUNS"
+DEFAULT_MAX_ACTIVE_RUNS = 4
+
+
+def max_active_runs() -> int:
+    """How many ``verl_ppo`` runs may be active at once (``$VERL_PIPELINE_MAX_ACTIVE_RUNS``, default 4).
+
+    Each run has its own cluster, ports, run directory and job ids on the embedded default."""
+    import os
+
+    from verl_pipeline.exceptions import ConfigError
+
+    text = os.environ.get(MAX_ACTIVE_RUNS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_ACTIVE_RUNS
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(MAX_ACTIVE_RUNS_ENV, text, "must be a whole number >= 1", f"{MAX_ACTIVE_RUNS_ENV}=4")
+    return int(text)
+
 
 def default_args() -> dict[str, Any]:
     """Task defaults of the pipeline's DAGs: retries with exponential backoff (infrastructure
@@ -29,6 +48,17 @@ def build_params() -> dict[str, Any]:
     return {
         "profile": Param(DEFAULT_PROFILE, type="string", enum=profiles,
                          description="Run profile from configs/profiles (model profile + cluster profile)."),
+        "model_profile": Param(None, type=["null", "string"], enum=[None, *list_profiles("models")],
+                               description="Model profile from configs/models, e.g. qwen2.5-0.5b-ppo. "
+                                           "Empty: the run profile's."),
+        "cluster_profile": Param(None, type=["null", "string"], enum=[None, *list_profiles("clusters")],
+                                 description="Cluster profile from configs/clusters, e.g. h100-ib; its shape "
+                                             "(nodes x GPUs) replaces the run profile's. Empty: the run profile's."),
+        "verl_overrides": Param([], type="array", items={"type": "string", "pattern": r"^\+{0,2}[A-Za-z_][\w.]*="},
+                                description="verl settings, one KEY=VALUE per line, winning over every profile, "
+                                            "e.g. actor_rollout_ref.actor.optim.lr=1e-6 or "
+                                            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa "
+                                            "(+ appends a key verl's YAML does not list). Empty: none."),
         "data_source": Param(None, type=["null", "string"],
                              description="builtin:arithmetic; an absolute file/glob/directory (JSONL, JSON, CSV, "
                                          "Parquet; train.* + test.*); an fsspec URL (s3://, gs://...); "

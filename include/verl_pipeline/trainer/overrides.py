@@ -12,6 +12,7 @@ from verl_pipeline.exceptions import ConfigError
 _KEY = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # Values Hydra's override grammar reads as a plain (unquoted) primitive, unchanged.
 _PLAIN = re.compile(r"^[A-Za-z0-9_./\-+@:]+$")
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def hydra_value(value: Any) -> str:
@@ -45,14 +46,50 @@ def _looks_numeric(text: str) -> bool:
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``. Lists and scalars are leaves."""
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``. Lists and scalars are leaves.
+
+    A Hydra append may be written at any level of a profile's ``verl:`` section:
+    ``{"a": {"+b": 1}}`` and ``{"+a": {"b": 1}}`` both give ``{"+a.b": 1}``."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, Mapping) and value:
             out.update(flatten(value, full))
         else:
-            out[full] = value
+            out[_hoist_append(full)] = value
+    return out
+
+
+def _hoist_append(key: str) -> str:
+    parts = key.split(".")
+    plus = max((len(p) - len(p.lstrip("+")) for p in parts), default=0)
+    return "+" * plus + ".".join(p.lstrip("+") for p in parts) if plus else key
+
+
+def parse_overrides(items: Iterable[str], *, field: str = "--set") -> dict[str, Any]:
+    """``["a.b=8", "+c.d=[x,y]"]`` → ``{"a.b": 8, "+c.d": ["x", "y"]}``: values read as YAML
+    scalars/lists, as Hydra reads them. The CLI's ``--set`` and the DAG's ``verl_overrides`` param."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(field, item, "each override must be a string KEY=VALUE",
+                              '"actor_rollout_ref.rollout.n=4"')
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(field, item, "must be KEY=VALUE (or +KEY=VALUE to append a key)",
+                              "actor_rollout_ref.rollout.n=4")
+        if not _KEY.match(key):
+            raise ConfigError(field, item, f"{key!r} is not a verl config key (dotted identifiers, + to append)",
+                              "actor_rollout_ref.actor.optim.lr=1e-6")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        # YAML 1.1 reads 1e-6 as a string; Hydra (and so verl) reads it as a float.
+        out[key] = float(value) if isinstance(value, str) and _FLOAT.fullmatch(value.strip()) else value
     return out
 
 

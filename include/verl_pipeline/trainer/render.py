@@ -76,8 +76,10 @@ def job_settings(
 def pipeline_rules(spec: RunSpec, settings: dict[str, Any]) -> dict[str, str]:
     """The rule behind every key the pipeline owns (added to the scaling rules in ``render``)."""
     return {
-        "trainer.nnodes": f"{spec.nnodes} (cluster profile -> run profile -> DAG param nnodes)",
-        "trainer.n_gpus_per_node": f"{spec.n_gpus_per_node} (cluster profile -> run profile -> DAG param)",
+        "trainer.nnodes": f"{spec.nnodes} (param nnodes, else the run profile's with its own cluster profile, "
+                          "else the cluster profile's hardware)",
+        "trainer.n_gpus_per_node": f"{spec.n_gpus_per_node} (param n_gpus_per_node, else the run profile's with its "
+                                   "own cluster profile, else the cluster profile's hardware)",
         "trainer.default_local_dir": f"{settings['trainer.default_local_dir']!r} — absolute, on shared storage "
                                      "(checkpoints of this run)",
         "trainer.resume_mode": "'auto' — a retried job resumes from the latest checkpoint",
