@@ -5,7 +5,7 @@ from __future__ import annotations
 from airflow.sdk import DAG
 
 from verl_pipeline.airflow.operators import cleanup_failed_run
-from verl_pipeline.airflow.params import build_params, default_args
+from verl_pipeline.airflow.params import build_params, default_args, max_active_runs
 from verl_pipeline.airflow.pipeline import wire_pipeline
 
 DOC = """
@@ -27,7 +27,8 @@ with DAG(
     doc_md=DOC,
     schedule=None,
     catchup=False,
-    max_active_runs=1,
+    # Several experiments at once ($VERL_PIPELINE_MAX_ACTIVE_RUNS, default 4); each run has its own cluster.
+    max_active_runs=max_active_runs(),
     tags=["verl", "ray", "rl"],
     params=build_params(),
     # A run marked failed by hand or cut by a DAG-run timeout skips its teardown task: clean up here.

@@ -50,9 +50,10 @@ def test_verl_ppo_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
     for t in dag.tasks:
         if t.task_id != "teardown_ray_cluster":
             assert t.retries >= 2 and t.retry_exponential_backoff
-    assert dag.max_active_runs == 1 and not dag.catchup
+    assert dag.max_active_runs == 4 and not dag.catchup  # several experiments at once (the default)
     params = dag.params
-    for key in ("profile", "data_source", "model_source", "nnodes", "n_gpus_per_node", "total_training_steps", "mode"):
+    for key in ("profile", "model_profile", "cluster_profile", "data_source", "model_source", "nnodes",
+                "n_gpus_per_node", "total_training_steps", "mode", "verl_overrides"):
         assert key in params
         assert params.get_param(key).description
     assert dag.get_task("wait_for_verl_job").execution_timeout is None
@@ -62,3 +63,15 @@ def test_verl_ppo_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
     prefetch = dag.get_task("prefetch_model")
     assert isinstance(prefetch, MappedOperator)
     assert "plan_models" in prefetch.upstream_task_ids
+
+
+def test_max_active_runs_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_pipeline.airflow.params import MAX_ACTIVE_RUNS_ENV, max_active_runs
+    from verl_pipeline.exceptions import ConfigError
+
+    monkeypatch.setenv(MAX_ACTIVE_RUNS_ENV, "9")
+    assert max_active_runs() == 9
+    for bad in ("0", "many", "-2"):
+        monkeypatch.setenv(MAX_ACTIVE_RUNS_ENV, bad)
+        with pytest.raises(ConfigError, match=MAX_ACTIVE_RUNS_ENV):
+            max_active_runs()

@@ -79,13 +79,18 @@ def started(airflow_stack: AirflowStack, api: httpx.Client) -> Iterator[dict[str
                  json={"logical_date": None, "conf": {"total_training_steps": 3, "mode": "preflight"}})
     assert r.status_code == 200, r.text
     ppo_run = r.json()["dag_run_id"]
+    # A second experiment at once (max_active_runs > 1): it must not queue behind the first.
+    r = api.post(f"/api/v2/dags/{DAG}/dagRuns",
+                 json={"logical_date": None, "conf": {"total_training_steps": 2, "mode": "preflight"}})
+    assert r.status_code == 200, r.text
+    second_run = r.json()["dag_run_id"]
     # An upstream DAG's outlet does the same: an event on the profile's preprocessed-data Asset.
     assets = api.get("/api/v2/assets", params={"uri_pattern": "preprocessed-data/smoke"}).json()["assets"]
     asset = next(a for a in assets if a["uri"] == preprocessed_data_uri("smoke"))
     assert {d["dag_id"] for d in asset["scheduled_dags"]} == {RETRAIN}
     r = api.post("/api/v2/assets/events", json={"asset_id": asset["id"], "extra": {"source": "test_scheduler"}})
     assert r.status_code == 200, r.text
-    yield {"ppo": ppo_run}
+    yield {"ppo": ppo_run, "second": second_run}
     for dag_id in (RETRAIN, DAG):
         api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": True})
 
@@ -186,3 +191,21 @@ def test_data_update_triggers_retraining_which_publishes_latest(
     for earlier, later in itertools.pairwise(published):
         assert Path(earlier["run_dir"]).is_dir()
         assert Path(later["previous"]).resolve() == Path(earlier["run_dir"]).resolve()
+
+
+def test_two_runs_at_once_each_get_their_own_cluster(
+    airflow_stack: AirflowStack, api: httpx.Client, started: dict[str, str]
+) -> None:
+    """Two ``verl_ppo`` runs on the embedded default overlap in time, each with its own Ray cluster,
+    ports, run directory and job ids, and both succeed."""
+    first, second = (airflow_stack.wait_for_run(api, DAG, started[k], timeout_s=900) for k in ("ppo", "second"))
+    for run in (first, second):
+        assert run["state"] == "success", _task_states(api, DAG, run["dag_run_id"])
+    # Overlap: each started before the other ended (with max_active_runs=1 the second would queue).
+    assert second["start_date"] < first["end_date"] and first["start_date"] < second["end_date"], (first, second)
+    clusters = [_xcom(api, DAG, r["dag_run_id"], "provision_ray_cluster") for r in (first, second)]
+    subs = [_xcom(api, DAG, r["dag_run_id"], "submit_verl_job") for r in (first, second)]
+    assert clusters[0]["extra"]["temp_dir"] != clusters[1]["extra"]["temp_dir"]
+    assert clusters[0]["dashboard_url"] != clusters[1]["dashboard_url"]
+    assert not set(clusters[0]["extra"]["ports"].values()) & set(clusters[1]["extra"]["ports"].values())
+    assert subs[0]["run_dir"] != subs[1]["run_dir"] and subs[0]["submission_id"] != subs[1]["submission_id"]
