@@ -17,7 +17,7 @@ CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
 #: Log lines forwarded per poll; the rest are counted, and the task log says where the full log is.
 MAX_LINES_PER_POLL = 1000
 #: New log bytes read per poll; a waiter further behind jumps ahead (and says how much it skipped).
-MAX_READ_BYTES = 4 * 1024 * 1024
+MAX_READ_BYTES = 1024 * 1024
 #: Lines per forwarded log record (one record per batch keeps a chatty job cheap for the triggerer).
 LINES_PER_RECORD = 200
 _METRICS_READ_BYTES = 1024 * 1024
@@ -181,12 +181,14 @@ class RayJobTrigger(BaseTrigger):
         self.metrics_offset_bytes += end
         return data[:end].decode("utf-8", errors="replace").splitlines()
 
-    async def _update_progress(self) -> None:
-        if self._tracker is None:
-            return
-        if self.metrics_path:
+    async def _observe_metrics_file(self) -> None:
+        if self._tracker is not None and self.metrics_path:
             for line in await asyncio.to_thread(self._read_metrics):
                 self._tracker.observe_jsonl(line)
+
+    def _report_progress(self) -> None:
+        if self._tracker is None:
+            return
         last = self._tracker.last
         if last is None or last.step == self._reported_step:
             return
@@ -199,10 +201,10 @@ class RayJobTrigger(BaseTrigger):
     async def _poll_logs(self, hook: Any, info: Any) -> None:
         """Forward new lines and update progress; a failed read is retried next poll, never fatal."""
         try:
-            await self._update_progress()
+            await self._observe_metrics_file()  # first, so verl's exact numbers win over its console's
             if self.forward_logs:
                 await self._forward(hook, info)
-            await self._update_progress()
+            self._report_progress()
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -137,6 +137,12 @@ class LogStream:
         if self.body is None:
             return
         discard, left = self.discard, self.limit
+        if not discard and left is None and self.size is not None:
+            # A bounded range (the agent path): one read, no per-chunk overhead.
+            data = await self.body.read()
+            if data:
+                yield data
+            return
         async for chunk in self.body.iter_chunked(_CHUNK):
             if discard:
                 dropped = min(discard, len(chunk))
