@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.config import RunSpec, build_run_spec
-from verl_pipeline.constants import BackendKind, Mode
+from verl_pipeline.constants import BackendKind, Mode, Placement
 from verl_pipeline.exceptions import PipelineError
 
 CLI_DAG_ID = "cli"
@@ -42,6 +42,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-gpus-per-node", type=int, default=None)
     g.add_argument("--total-training-steps", type=int, default=None)
     g.add_argument("--mode", choices=[m.value for m in Mode], default=None)
+    g.add_argument("--placement", choices=[p.value for p in Placement], default=None,
+                   help="colocated (hybrid engine) or separate (rollout on its own GPU pool)")
     g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one verl setting (wins over profiles and scaling rules); repeatable")
     g.add_argument("--nccl-debug", action="store_true", default=None, help="set NCCL_DEBUG=INFO in the job")
@@ -57,6 +59,7 @@ def _spec(args: argparse.Namespace) -> RunSpec:
         "n_gpus_per_node": args.n_gpus_per_node,
         "total_training_steps": args.total_training_steps,
         "mode": args.mode,
+        "placement": getattr(args, "placement", None),
     }
     return build_run_spec({k: v for k, v in params.items() if v is not None}, run_name=args.run_name,
                           model_profile=args.model_profile, cluster_profile=args.cluster_profile,

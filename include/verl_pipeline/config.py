@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
+from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir, pipeline_home, short_hash, slug
 from verl_pipeline.trainer import scaling
@@ -26,7 +26,7 @@ from verl_pipeline.trainer.overrides import flatten
 
 #: Params a DAG run (or the CLI) may set; None means "take the profile's value".
 PARAM_KEYS = ("profile", "model_profile", "cluster_profile", "data_source", "recipe", "model_source", "nnodes",
-              "n_gpus_per_node", "total_training_steps", "mode", "verl_overrides")
+              "n_gpus_per_node", "total_training_steps", "mode", "placement", "verl_overrides")
 DEFAULT_PROFILE = "smoke"
 
 _HF_SOURCE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<rev>[\w.\-/]+))?$")
@@ -243,6 +243,22 @@ class RunSpec:
     #: Mount points every Ray node and the Airflow workers see at the same path.
     shared_roots: tuple[str, ...] = ()
     nccl_debug: bool = False
+    placement: Placement = Placement.COLOCATED
+    #: ``placement: separate``: how the cluster's GPUs are split between training and rollout.
+    pools: scaling.PoolSplit | None = None
+
+    # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
+    @property
+    def train_nnodes(self) -> int:
+        return self.pools.train_nnodes if self.pools else self.nnodes
+
+    @property
+    def train_gpus_per_node(self) -> int:
+        return self.pools.train_gpus_per_node if self.pools else self.n_gpus_per_node
+
+    @property
+    def train_gpus(self) -> int:
+        return self.train_nnodes * self.train_gpus_per_node
 
     # -- where things go --------------------------------------------------------------------------
     @property
@@ -306,6 +322,8 @@ class RunSpec:
             "storage_paths": self.storage_paths,
             "shared_roots": list(self.shared_roots),
             "nccl_debug": self.nccl_debug,
+            "placement": self.placement.value,
+            "pools": asdict(self.pools) if self.pools else None,
         }
 
 
@@ -390,10 +408,15 @@ def build_run_spec(
         raise ConfigError(f"clusters/{cluster_profile}.cluster.backend", None, "is required", "backend: local")
 
     runtime = dict(cprof.get("runtime") or {})
+    placement_text = params.get("placement") or prof.get("placement") or Placement.COLOCATED.value
+    try:
+        placement = Placement(placement_text)
+    except ValueError:
+        raise ConfigError("placement", placement_text, "unknown placement", "colocated or separate") from None
     layers = [mprof.get("verl") or {}, cprof.get("verl") or {}, prof.get("verl") or {}]
-    verl_settings, derived = derive_verl_settings(
+    verl_settings, derived, pools = derive_verl_settings(
         layers, dict(mprof.get("scaling") or {}), facts, hardware, nnodes=nnodes, n_gpus_per_node=n_gpus_per_node,
-        overrides=overrides,
+        overrides=overrides, placement=placement,
     )
     command = prof.get("trainer_command") or list(DEFAULT_TRAINER_COMMAND)
     if not isinstance(command, list) or not command or not all(isinstance(w, str) and w for w in command):
@@ -424,6 +447,8 @@ def build_run_spec(
         storage_paths=storage_paths,
         shared_roots=shared_roots,
         nccl_debug=bool(runtime.get("nccl_debug", False)) if nccl_debug is None else nccl_debug,
+        placement=placement,
+        pools=pools,
     )
     check_shape(spec)
     check_storage(spec)
@@ -493,10 +518,12 @@ def derive_verl_settings(
     nnodes: int,
     n_gpus_per_node: int,
     overrides: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], dict[str, str]]:
+    placement: Placement = Placement.COLOCATED,
+) -> tuple[dict[str, Any], dict[str, str], scaling.PoolSplit | None]:
     """Merge the ``verl:`` layers (later wins), then apply the scaling rules to what is not set.
 
-    Returns the flat settings and, for every derived (or explicitly kept) key, the rule behind it.
+    Returns the flat settings, for every derived (or explicitly kept) key the rule behind it, and
+    with ``placement: separate`` the split of the GPUs (the batch rules then size for the training pool).
     """
     merged: dict[str, Any] = {}
     for layer in layers:
@@ -504,21 +531,27 @@ def derive_verl_settings(
     settings = flatten(merged)
     settings.update(dict(overrides or {}))
     check_types(settings)
-    result = scaling.derive(settings, scaling_section, facts, hardware, nnodes=nnodes,
-                            n_gpus_per_node=n_gpus_per_node, explicit=set(settings))
-    return result.settings, {r.key: r.text() for r in result.rules}
+    pools = scaling.split_pools(nnodes, n_gpus_per_node, settings) if placement is Placement.SEPARATE else None
+    explicit = set(settings)
+    result = scaling.derive(settings, scaling_section, facts, hardware,
+                            nnodes=pools.train_nnodes if pools else nnodes,
+                            n_gpus_per_node=pools.train_gpus_per_node if pools else n_gpus_per_node,
+                            explicit=explicit)
+    if pools is not None:
+        scaling.separate_settings(result, pools, explicit)
+    return result.settings, {r.key: r.text() for r in result.rules}, pools
 
 
 def check_shape(spec: RunSpec) -> None:
     """The batch/parallelism/memory rules verl enforces only once GPUs are up (or never), for the target shape."""
     s = spec.verl
-    g, gpus = spec.n_gpus_per_node, spec.n_gpus
+    g, gpus = spec.train_gpus_per_node, spec.train_gpus  # the GPUs that train (all, unless rollout has a pool)
     tbs = int(s.get("data.train_batch_size", 0) or 0)
     n = int(s.get("actor_rollout_ref.rollout.n", 1) or 1)
     step = scaling.batch_step(g, n)
     if tbs <= 0:
         raise ConfigError("data.train_batch_size", tbs, "must be a positive number of prompts",
-                          f"data.train_batch_size={step * spec.nnodes}")
+                          f"data.train_batch_size={step * spec.train_nnodes}")
     if n < 1:
         raise ConfigError("actor_rollout_ref.rollout.n", n, "must be >= 1", "actor_rollout_ref.rollout.n=1")
     if (tbs * n) % gpus:
@@ -586,12 +619,13 @@ def check_shape(spec: RunSpec) -> None:
         raise ConfigError(util_key, util, "must be between 0.1 and 0.95 (vLLM needs headroom for CUDA graphs)",
                           f"{util_key}={util_ok}")
     if hw is not None and hw.cpus_per_node is not None and spec.mode is not Mode.PREFLIGHT:
-        per_node = scaling.CPUS_PER_GPU_BUNDLE * g
+        per_node = scaling.CPUS_PER_GPU_BUNDLE * spec.n_gpus_per_node  # both pools' GPUs hold a bundle
         if hw.cpus_per_node < per_node:
             raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
-                              f"verl reserves {scaling.CPUS_PER_GPU_BUNDLE} CPUs per GPU: {g} GPU(s) per node need "
+                              f"verl reserves {scaling.CPUS_PER_GPU_BUNDLE} CPUs per GPU: {spec.n_gpus_per_node} "
+                              "GPU(s) per node need "
                               f"{per_node}", f"n_gpus_per_node <= {max(1, hw.cpus_per_node // 3)} or more CPUs")
-        need, why = scaling.required_cpus(gpus, s)
+        need, why = scaling.required_cpus(spec.n_gpus, s)
         if hw.cpus_per_node * spec.nnodes < need:
             raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
                               f"{spec.nnodes} node(s) give {hw.cpus_per_node * spec.nnodes} CPUs; verl needs {why}",

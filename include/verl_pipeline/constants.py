@@ -5,6 +5,15 @@ from __future__ import annotations
 from enum import Enum
 
 
+class Placement(str, Enum):
+    """Where rollout (generation) runs relative to training."""
+
+    #: verl's hybrid engine: actor and rollout share every GPU, taking turns (verl's default).
+    COLOCATED = "colocated"
+    #: Rollout on a GPU pool of its own (verl's ``separate_async`` trainer), training on the rest.
+    SEPARATE = "separate"
+
+
 class Mode(str, Enum):
     """What the submitted Ray job does."""
 

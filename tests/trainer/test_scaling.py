@@ -112,3 +112,65 @@ def test_params_are_estimated_from_the_shape_when_the_profile_omits_them() -> No
     given = ModelFacts.from_profile({"params_b": 32.8, "hidden_size": 5120, "num_layers": 64,
                                      "num_attention_heads": 40}, "m")
     assert not given.estimated and given.params_b == 32.8
+
+
+# -- placement: separate (rollout on its own GPU pool) ----------------------------------------------
+@pytest.mark.parametrize(("nnodes", "g", "train", "rollout"), [
+    (1, 8, (1, 4), (1, 4)), (4, 8, (2, 8), (2, 8)), (5, 8, (3, 8), (2, 8)), (32, 8, (16, 8), (16, 8)),
+    (1, 2, (1, 1), (1, 1)),
+])
+def test_split_pools_gives_rollout_half_the_nodes(nnodes: int, g: int, train: tuple[int, int],
+                                                  rollout: tuple[int, int]) -> None:
+    split = scaling.split_pools(nnodes, g, {})
+    assert (split.train_nnodes, split.train_gpus_per_node) == train
+    assert (split.rollout_nnodes, split.rollout_gpus_per_node) == rollout
+    assert split.reason
+
+
+def test_split_pools_explicit_rollout_pool_wins_and_bad_splits_name_the_key() -> None:
+    split = scaling.split_pools(4, 8, {scaling.ROLLOUT_NODES_KEY: 1})
+    assert (split.train_nnodes, split.rollout_nnodes) == (3, 1) and "set explicitly" in split.reason
+    split = scaling.split_pools(1, 8, {scaling.ROLLOUT_GPUS_KEY: 2})
+    assert (split.train_gpus_per_node, split.rollout_gpus_per_node) == (6, 2)
+    for nnodes, g, settings, key in ((1, 1, {}, "placement"), (4, 8, {scaling.ROLLOUT_NODES_KEY: 4}, "rollout.nnodes"),
+                                     (1, 8, {scaling.ROLLOUT_GPUS_KEY: 8}, "rollout.n_gpus_per_node")):
+        with pytest.raises(ConfigError) as err:
+            scaling.split_pools(nnodes, g, settings)
+        assert key in err.value.key and err.value.fix
+
+
+def test_separate_placement_sizes_batches_for_the_training_pool_and_sets_verls_keys() -> None:
+    colocated = build_run_spec({"model_profile": "qwen2.5-7b-grpo", "cluster_profile": "h100-ib"}, run_name="r")
+    spec = build_run_spec({"model_profile": "qwen2.5-7b-grpo", "cluster_profile": "h100-ib", "placement": "separate"},
+                          run_name="r")
+    assert (spec.nnodes, spec.n_gpus_per_node, spec.n_gpus) == (4, 8, 32)  # the cluster asked for
+    assert (spec.train_nnodes, spec.train_gpus) == (2, 16)
+    v = spec.verl
+    assert v["data.train_batch_size"] == colocated.verl["data.train_batch_size"] // 2  # 2 training nodes, not 4
+    assert v["trainer.v1.trainer_mode"] == "separate_async" and v["actor_rollout_ref.hybrid_engine"] is False
+    assert (v["actor_rollout_ref.rollout.nnodes"], v["actor_rollout_ref.rollout.n_gpus_per_node"]) == (2, 8)
+    assert v["actor_rollout_ref.rollout.checkpoint_engine.backend"] == "nccl"
+    sync = v["trainer.v1.separate_async.parameter_sync_step"]
+    assert sync * v["actor_rollout_ref.actor.ppo_mini_batch_size"] == v["data.train_batch_size"]
+    assert "half of 4 nodes" in spec.derived["actor_rollout_ref.rollout.nnodes"]
+    from verl_pipeline.trainer.render import job_settings
+
+    rendered = job_settings(spec, train_files="/d/t.parquet", val_files="/d/v.parquet", model_path="/m")
+    assert (rendered["trainer.nnodes"], rendered["trainer.n_gpus_per_node"]) == (2, 8)  # the training pool
+
+
+def test_a_parameter_sync_step_that_breaks_verls_rule_is_refused() -> None:
+    with pytest.raises(ConfigError, match="parameter_sync_step"):
+        build_run_spec({"model_profile": "qwen2.5-7b-grpo", "cluster_profile": "h100-ib", "placement": "separate"},
+                       run_name="r", overrides={"trainer.v1.separate_async.parameter_sync_step": 3})
+    with pytest.raises(ConfigError, match="placement"):
+        build_run_spec({"placement": "split"}, run_name="r")
+
+
+@pytest.mark.parametrize("nnodes", [1, 4, 32])
+def test_verl_accepts_the_separate_placement_at_every_documented_shape(nnodes: int) -> None:
+    from verl_pipeline import steps
+
+    spec = build_run_spec({"model_profile": "qwen2.5-7b-grpo", "cluster_profile": "h100-ib", "placement": "separate",
+                           "nnodes": nnodes}, run_name="r")
+    assert steps.validate_spec_with_verl(spec)["n_gpus"] == spec.train_gpus

@@ -54,6 +54,10 @@ def build_params() -> dict[str, Any]:
         "cluster_profile": Param(None, type=["null", "string"], enum=[None, *list_profiles("clusters")],
                                  description="Cluster profile from configs/clusters, e.g. h100-ib; its shape "
                                              "(nodes x GPUs) replaces the run profile's. Empty: the run profile's."),
+        "placement": Param(None, type=["null", "string"], enum=[None, "colocated", "separate"],
+                           description="colocated: actor and rollout share every GPU (verl's hybrid engine); "
+                                       "separate: rollout gets its own GPU pool (verl's separate_async trainer), "
+                                       "half the nodes by default. Empty: the profile's (colocated)."),
         "verl_overrides": Param([], type="array", items={"type": "string", "pattern": r"^\+{0,2}[A-Za-z_][\w.]*="},
                                 description="verl settings, one KEY=VALUE per line, winning over every profile, "
                                             "e.g. actor_rollout_ref.actor.optim.lr=1e-6 or "

@@ -49,8 +49,9 @@ def job_settings(
             "data.train_files": train_files,
             "data.val_files": val_files,
             "actor_rollout_ref.model.path": model_path,
-            "trainer.nnodes": spec.nnodes,
-            "trainer.n_gpus_per_node": spec.n_gpus_per_node,
+            # The training pool: the whole cluster, or what rollout's own pool leaves (placement: separate).
+            "trainer.nnodes": spec.train_nnodes,
+            "trainer.n_gpus_per_node": spec.train_gpus_per_node,
             "trainer.total_training_steps": spec.total_training_steps,
             "trainer.project_name": project,
             "trainer.experiment_name": spec.run_key,
@@ -73,13 +74,20 @@ def job_settings(
     return settings
 
 
+def _pool_note(spec: RunSpec) -> str:
+    if spec.pools is None:
+        return ""
+    return f"; the training pool of a {spec.nnodes} x {spec.n_gpus_per_node} cluster: {spec.pools.reason}"
+
+
 def pipeline_rules(spec: RunSpec, settings: dict[str, Any]) -> dict[str, str]:
     """The rule behind every key the pipeline owns (added to the scaling rules in ``render``)."""
     return {
-        "trainer.nnodes": f"{spec.nnodes} (param nnodes, else the run profile's with its own cluster profile, "
-                          "else the cluster profile's hardware)",
-        "trainer.n_gpus_per_node": f"{spec.n_gpus_per_node} (param n_gpus_per_node, else the run profile's with its "
-                                   "own cluster profile, else the cluster profile's hardware)",
+        "trainer.nnodes": f"{spec.train_nnodes} (param nnodes, else the run profile's with its own cluster profile, "
+                          "else the cluster profile's hardware" + _pool_note(spec) + ")",
+        "trainer.n_gpus_per_node": f"{spec.train_gpus_per_node} (param n_gpus_per_node, else the run profile's with "
+                                   "its own cluster profile, else the cluster profile's hardware" + _pool_note(spec)
+                                   + ")",
         "trainer.default_local_dir": f"{settings['trainer.default_local_dir']!r} — absolute, on shared storage "
                                      "(checkpoints of this run)",
         "trainer.resume_mode": "'auto' — a retried job resumes from the latest checkpoint",

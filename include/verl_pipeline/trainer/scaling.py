@@ -150,6 +150,89 @@ class Derivation:
         self.rules.append(Rule(key, value, rule))
 
 
+@dataclass(frozen=True)
+class PoolSplit:
+    """``placement: separate``: the cluster's GPUs split into a training pool and a rollout pool."""
+
+    train_nnodes: int
+    train_gpus_per_node: int
+    rollout_nnodes: int
+    rollout_gpus_per_node: int
+    reason: str
+
+    @property
+    def train_gpus(self) -> int:
+        return self.train_nnodes * self.train_gpus_per_node
+
+
+ROLLOUT_NODES_KEY = "actor_rollout_ref.rollout.nnodes"
+ROLLOUT_GPUS_KEY = "actor_rollout_ref.rollout.n_gpus_per_node"
+
+
+def split_pools(nnodes: int, n_gpus_per_node: int, settings: dict[str, Any]) -> PoolSplit:
+    """Split the cluster between training and rollout: half the nodes (rounded down) generate, the
+    rest train, since generation is most of an RL step; on one node its GPUs are halved. An explicit
+    ``actor_rollout_ref.rollout.nnodes`` / ``n_gpus_per_node`` sets the rollout pool instead."""
+    g = n_gpus_per_node
+    set_nodes, set_gpus = settings.get(ROLLOUT_NODES_KEY), settings.get(ROLLOUT_GPUS_KEY)
+    if nnodes >= 2:
+        rollout_nodes = int(set_nodes) if set_nodes else nnodes // 2
+        if not 1 <= rollout_nodes < nnodes:
+            raise ConfigError(ROLLOUT_NODES_KEY, rollout_nodes,
+                              f"must leave training at least one of the {nnodes} nodes",
+                              f"{ROLLOUT_NODES_KEY}={nnodes // 2}")
+        rollout_g = int(set_gpus) if set_gpus else g
+        if not 1 <= rollout_g <= g:
+            raise ConfigError(ROLLOUT_GPUS_KEY, rollout_g, f"must be between 1 and n_gpus_per_node ({g})",
+                              f"{ROLLOUT_GPUS_KEY}={g}")
+        why = ("set explicitly" if set_nodes else
+               f"half of {nnodes} nodes, rounded down: generation is most of an RL step")
+        return PoolSplit(nnodes - rollout_nodes, g, rollout_nodes, rollout_g,
+                         f"{rollout_nodes} node(s) x {rollout_g} GPU(s) for rollout ({why}), "
+                         f"{nnodes - rollout_nodes} node(s) x {g} for training")
+    if g < 2:
+        raise ConfigError("placement", "separate", "needs at least 2 GPUs: one pool trains, the other generates",
+                          "placement: colocated, or n_gpus_per_node >= 2")
+    if set_nodes and int(set_nodes) != 1:
+        raise ConfigError(ROLLOUT_NODES_KEY, set_nodes, "a 1-node cluster has one node to share",
+                          f"{ROLLOUT_NODES_KEY}=1")
+    rollout_g = int(set_gpus) if set_gpus else g // 2
+    if not 1 <= rollout_g < g:
+        raise ConfigError(ROLLOUT_GPUS_KEY, rollout_g, f"must leave training at least one of the node's {g} GPUs",
+                          f"{ROLLOUT_GPUS_KEY}={g // 2}")
+    why = "set explicitly" if set_gpus else f"half of the node's {g} GPUs"
+    return PoolSplit(1, g - rollout_g, 1, rollout_g,
+                     f"1 node: {rollout_g} GPU(s) for rollout ({why}), {g - rollout_g} for training")
+
+
+def separate_settings(d: Derivation, split: PoolSplit, explicit: set[str]) -> None:
+    """verl's settings for a rollout pool of its own (``trainer.v1.trainer_mode=separate_async``)."""
+    d.set("trainer.v1.trainer_mode", "separate_async", "placement: separate (rollout on its own GPU pool)", explicit)
+    d.set("actor_rollout_ref.hybrid_engine", False,
+          "placement: separate — no rollout replicas on the training GPUs", explicit)
+    d.set(ROLLOUT_NODES_KEY, split.rollout_nnodes, split.reason, explicit)
+    d.set(ROLLOUT_GPUS_KEY, split.rollout_gpus_per_node, split.reason, explicit)
+    d.set("actor_rollout_ref.rollout.checkpoint_engine.backend", "nccl",
+          "separate pools send the weights to rollout over NCCL (verl refuses 'naive' here)", explicit)
+    tbs = int(d.settings["data.train_batch_size"])
+    mini = int(d.settings["actor_rollout_ref.actor.ppo_mini_batch_size"])
+    sync_key = "trainer.v1.separate_async.parameter_sync_step"
+    if tbs % mini:
+        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size", mini,
+                          f"placement: separate needs data.train_batch_size ({tbs}) = parameter_sync_step x "
+                          "ppo_mini_batch_size", f"a divisor of {tbs}")
+    d.set(sync_key, tbs // mini, f"data.train_batch_size {tbs} / ppo_mini_batch_size {mini}: weights go to rollout "
+          "after every mini-batch update (verl requires the product)", explicit)
+    if int(d.settings[sync_key]) * mini != tbs:
+        raise ConfigError(sync_key, d.settings[sync_key], f"verl's separate_async trainer needs parameter_sync_step x "
+                          f"ppo_mini_batch_size ({mini}) = data.train_batch_size ({tbs})", f"{sync_key}={tbs // mini}")
+    tp = int(d.settings.get("actor_rollout_ref.rollout.tensor_model_parallel_size", 1) or 1)
+    if split.rollout_gpus_per_node % tp:
+        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
+                          f"must divide the rollout pool's GPUs per node ({split.rollout_gpus_per_node})",
+                          f"one of {_divisors(split.rollout_gpus_per_node)}")
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
