@@ -97,6 +97,8 @@ class Postgres:
 
     root: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: Extra environment of the server (the faked clock: Airflow compares its times with ``now()`` in SQL).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def sock(self) -> Path:
@@ -127,7 +129,7 @@ class Postgres:
             self.proc = subprocess.Popen(
                 [str(bindir / "postgres"), "-D", str(data), "-h", "", "-k", str(sock),
                  "-c", "fsync=off", "-c", "max_connections=200"],
-                stdout=log, stderr=subprocess.STDOUT, **self._user_kwargs(),
+                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.extra_env}, **self._user_kwargs(),
             )
         import psycopg2
 
@@ -231,7 +233,7 @@ class AirflowStack:
         pw_file.write_text(json.dumps({ADMIN_USER: self.password}))
         pw_file.chmod(0o600)
         self._fix_clock()
-        self.postgres = Postgres(self.root / "pg")
+        self.postgres = Postgres(self.root / "pg", extra_env=self._clock_env())
         self.postgres.start()
         self.timings["postgres_s"] = time.monotonic() - t0
         t1 = time.monotonic()
@@ -265,15 +267,19 @@ class AirflowStack:
         print(f"airflow_stack: Airflow's clock at {when.isoformat()} (offset {self.clock_offset_s:+d} s)",
               file=sys.stderr, flush=True)
 
+    def _clock_env(self) -> dict[str, str]:
+        """libfaketime's settings for every process of the stack, PostgreSQL included (the scheduler
+        starts a queued run only when ``run_after <= now()`` in SQL). Monotonic clocks move by the same
+        offset: Python sleeps until an absolute monotonic deadline, which libfaketime translates back."""
+        if self.clock_offset_s is None:
+            return {}
+        return {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{self.clock_offset_s:+d}"}
+
     def _launch(self, comp: str) -> None:
         args = [str(AIRFLOW_BIN), comp]
         if comp == "api-server":
             args += ["--port", str(self.api_port), "--host", "127.0.0.1"]
-        env = self.env()
-        if self.clock_offset_s is not None:
-            # Monotonic clocks move by the same offset: Python sleeps until an absolute monotonic
-            # deadline, which libfaketime translates back (with real monotonic clocks it turns negative).
-            env.update({"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{self.clock_offset_s:+d}"})
+        env = {**self.env(), **self._clock_env()}
         with open(self.log_path(comp), "ab") as log:  # the child keeps its own copy of the fd
             proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
         self.procs[comp] = proc
