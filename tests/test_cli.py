@@ -65,8 +65,30 @@ def test_every_step_by_hand(tmp_path: Path) -> None:
         assert info["status"] == "SUCCEEDED" and info["submission_id"] == sub["submission_id"]
         again = json.loads(run("submit", "--json", home=tmp_path).stdout)
         assert again["action"] == "already_succeeded"
+        # Recorded like the DAG's submit task: a re-submit after a failure resumes from here.
+        from verl_pipeline.jobs.attempts import read_attempts
+
+        (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and not d.is_symlink()]
+        assert [a.submission_id for a in read_attempts(run_dir)] == [sub["submission_id"]]
     finally:
         down = json.loads(run("cluster", "down", "--json", home=tmp_path).stdout)
     assert down["stopped_processes"] > 0
     assert ray_processes(temp_dir) == []
     assert run("cluster", "status", home=tmp_path, check=False).returncode != 0
+
+
+def test_render_includes_every_model_of_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    import yaml
+
+    from verl_pipeline.paths import configs_dir
+
+    cfg = tmp_path / "configs"
+    shutil.copytree(configs_dir(), cfg)
+    prof = yaml.safe_load((cfg / "models" / "tiny-ppo.yaml").read_text())
+    prof["model"]["reward_source"] = "builtin:tiny-qwen2"
+    (cfg / "models" / "tiny-ppo.yaml").write_text(yaml.safe_dump(prof))
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    out = json.loads(run("render", "--json", "--no-verl-check", home=tmp_path / "home").stdout)
+    assert any(o.startswith("reward.reward_model.model_path=") for o in out["overrides"]), out["overrides"]

@@ -223,8 +223,8 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
         notes.append(f"shared storage {list(spec.shared_roots)} is not mounted here: data paths are where "
                      "the preprocess task will write (<content-key> is computed there)")
     models: dict[str, Any] = {}
-    for role, source in (("actor", spec.model), ("critic", spec.critic_model)):
-        if source is None or (role == "critic" and source == spec.model):
+    for role, source in spec.model_sources().items():  # every model of the run, the reward model too
+        if role == "critic" and source == spec.model:
             continue
         if local or source.kind == "path":
             try:
@@ -282,8 +282,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     prepared = steps.prepare_job(spec, handle, data=data, models=models,
                                  id_prefix=submission_prefix(CLI_DAG_ID, spec.run_name, CLI_TASK_ID))
     mode, env = prepared.mode, prepared.environment
+    # As the DAG's submit task does: attempts numbered and recorded in the run directory, so a
+    # re-submit after a failure resumes from the run's checkpoints.
     sub = submit_or_reattach(handle.client(), prepared.job, dag_id=CLI_DAG_ID, run_id=spec.run_name,
-                             task_id=CLI_TASK_ID)
+                             task_id=CLI_TASK_ID, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir)
     lines = [f"environment probe: {len(env['nodes'])} node(s) in {env['seconds']}s, "
              + ("nothing missing" if env["ok"] else "a GPU training run would miss:")]
     lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
