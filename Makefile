@@ -55,7 +55,7 @@ system-deps:
 	.ci/system-deps.sh
 
 test: install compose-plugin lint
-	DOCKER_CONFIG=$(WORK)/docker $(BIN)/pytest -q -ra $(PYTEST_ARGS)
+	DOCKER_CONFIG=$(WORK)/docker $(BIN)/pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(WORK)
