@@ -6,9 +6,10 @@ recorded by PID and stopped by PID (SIGTERM, then SIGKILL after a grace period),
 
 Also runnable by hand to look at the UI: ``python -m tests.integration.airflow_stack`` (Ctrl-C stops).
 
-``VERL_PIPELINE_TEST_CLOCK=2026-12-06T23:59:00Z`` runs the Airflow components (and what they start) with
-their clocks moved to that instant (Debian's libfaketime, a constant offset taken when the stack
-starts), to show the scheduler tests do not depend on the day or hour.
+``VERL_PIPELINE_TEST_CLOCK=2026-12-06T23:59:00Z`` runs the Airflow components, their forked workers and
+PostgreSQL with their clocks moved to that instant (Debian's libfaketime, a constant offset taken when
+the stack starts), to show the scheduler tests do not depend on the day or hour. Programs they start
+(``ray start``, the Ray job) keep the real clock: Ray's jobs stall under libfaketime.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def pg_bin_dir() -> Path:
     if found:
         return Path(found).resolve().parent
     raise StackUnavailable("PostgreSQL server binaries not found (apt-get install -y postgresql)")
+
+
+def _pythonpath() -> str:
+    """The checkout's package first, so every component (the triggerer too) imports this code."""
+    return os.pathsep.join([str(REPO / "include"), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def _stop_pids(procs: list[psutil.Process], grace_s: float) -> list[int]:
@@ -218,7 +224,7 @@ class AirflowStack:
             "RAY_USAGE_STATS_ENABLED": "0",
             "HF_HUB_OFFLINE": "1",
             # The checkout's package first, so every component (the triggerer too) imports this code.
-            "PYTHONPATH": os.pathsep.join([str(REPO / "include"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONPATH": _pythonpath(),
         })
         env.pop("RAY_ADDRESS", None)
         return env
@@ -268,12 +274,21 @@ class AirflowStack:
               file=sys.stderr, flush=True)
 
     def _clock_env(self) -> dict[str, str]:
-        """libfaketime's settings for every process of the stack, PostgreSQL included (the scheduler
-        starts a queued run only when ``run_after <= now()`` in SQL). Monotonic clocks move by the same
-        offset: Python sleeps until an absolute monotonic deadline, which libfaketime translates back."""
+        """libfaketime's settings for the stack's processes, PostgreSQL included (the scheduler starts
+        a queued run only when ``run_after <= now()`` in SQL). Monotonic clocks move by the same offset:
+        Python sleeps until an absolute monotonic deadline, which libfaketime translates back.
+
+        A ``sitecustomize`` drops ``LD_PRELOAD`` from each faked Python's environment as it starts:
+        the process and its forks stay faked, what they exec (Ray) does not. ``FAKETIME`` stays:
+        libfaketime reads it again every few seconds and would fall back to the real clock."""
         if self.clock_offset_s is None:
             return {}
-        return {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{self.clock_offset_s:+d}"}
+        site = self.root / "faketime-site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            "import os\nos.environ.pop('LD_PRELOAD', None)\n")
+        return {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{self.clock_offset_s:+d}",
+                "PYTHONPATH": os.pathsep.join([str(site), _pythonpath()])}
 
     def _launch(self, comp: str) -> None:
         args = [str(AIRFLOW_BIN), comp]
