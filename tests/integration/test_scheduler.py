@@ -38,9 +38,20 @@ def _xcom(api: httpx.Client, dag_id: str, run_id: str, task_id: str) -> Any:
     return r.json()["value"]
 
 
-def _task_states(api: httpx.Client, dag_id: str, run_id: str) -> dict[str, str]:
+def _task_states(api: httpx.Client, dag_id: str, run_id: str) -> dict[str, Any]:
+    """Each task's state; a failed task comes with the tail of its log, so a red CI says why."""
     tis = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    return {ti["task_id"]: ti["state"] for ti in tis}
+    states: dict[str, Any] = {ti["task_id"]: ti["state"] for ti in tis}
+    for ti in tis:
+        if ti["state"] not in ("failed", "up_for_retry"):
+            continue
+        try:
+            r = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/"
+                        f"{ti['try_number']}", params={"full_content": "true"}, headers={"Accept": "text/plain"})
+            states[f"{ti['task_id']} log"] = r.text[-3000:]
+        except httpx.HTTPError as e:
+            states[f"{ti['task_id']} log"] = f"(log not readable: {e})"
+    return states
 
 
 @pytest.fixture(scope="module")
