@@ -69,7 +69,9 @@ class RewardCheck:
         assert self.fn is not None
         try:
             self.fn(self.recipe.data_source, self.recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
-        except NotImplementedError as e:  # verl's default_compute_score: no reward function for it
+        # verl's default_compute_score raises NotImplementedError for a data_source it has no scorer
+        # for; that is its documented answer, turned here into the user's configuration error.
+        except NotImplementedError as e:
             raise ConfigError("data.data_source", self.recipe.data_source,
                               f"{self.scorer} has no reward function for this data_source ({e})",
                               f"a data_source verl scores ({', '.join(VERL_SCORED_EXAMPLES)}) or set "
