@@ -15,7 +15,9 @@ It behaves like verl's trainer where the pipeline depends on it:
 Extra knobs for tests (not verl keys): ``+fake.step_seconds``, ``+fake.fail_at_step`` (raise a
 ValueError in the driver, a user error), ``+fake.bad_key`` (a config error before training), and
 ``+fake.gate_file`` + ``+fake.gate_after_step``: after logging that step the trainer waits until the
-gate file exists (at most ``GATE_MAX_WAIT_S``), so a test can act mid-run without racing the steps.
+gate file exists (at most ``GATE_MAX_WAIT_S``), so a test can act mid-run without racing the steps;
+``+fake.hang_after_step`` + ``+fake.hang_once_file``: after that step, once per run (the file marks it),
+the driver waits on its workers' next call, which never returns — a hang with every node alive.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def main(argv: list[str]) -> int:
     fail_at = int(cfg.get("fake.fail_at_step", 0))
     gate_file = Path(str(cfg["fake.gate_file"])) if cfg.get("fake.gate_file") else None
     gate_after = int(cfg.get("fake.gate_after_step", 0))
+    hang_after = int(cfg.get("fake.hang_after_step", 0))
+    hang_once = Path(str(cfg["fake.hang_once_file"])) if cfg.get("fake.hang_once_file") else None
 
     import ray
 
@@ -120,6 +124,10 @@ def main(argv: list[str]) -> int:
                 tmp.write_text(str(step))
                 os.replace(tmp, tracker)
                 print(f"Saved checkpoint {folder}", flush=True)
+            if hang_once is not None and step == hang_after and not hang_once.exists():
+                hang_once.touch()
+                print(f"step {step} done; the next step hangs (a collective waiting on a peer)", flush=True)
+                ray.get([w.step.remote(step + 1, 10 ** 9) for w in group])
             if gate_file is not None and step == gate_after:
                 print(f"waiting for the gate {gate_file}", flush=True)
                 gate_deadline = time.monotonic() + GATE_MAX_WAIT_S
