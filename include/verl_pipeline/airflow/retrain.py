@@ -25,7 +25,6 @@ Runs of one profile never overlap (``max_active_runs=1``) and missed intervals a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -35,6 +34,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from verl_pipeline.airflow.operators import PREFETCH_TASK, PREPROCESS_TASK, SUBMIT_TASK, WAIT_TASK, spec_from_context
 from verl_pipeline.config import list_profiles, load_yaml_profile
+from verl_pipeline.durations import format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError, PipelineError
 from verl_pipeline.paths import slug
 
@@ -42,8 +42,6 @@ PUBLISH_TASK = "publish_run"
 DAG_ID_PREFIX = "verl_retrain__"
 _PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly")
 _RETRAIN_KEYS = ("schedule", "on_data_update", "run_immediately")
-_DURATION = re.compile(r"(\d+)([dhms])")
-_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 # Airflow's CronTriggerTimetable takes True, False or a timedelta.
 RunImmediately = bool | timedelta
@@ -83,22 +81,12 @@ def _check_run_immediately(profile: str, value: Any) -> RunImmediately:
         return value
     if not isinstance(value, str):
         raise ConfigError(key, value, "must be true, false or a duration string", fix)
-    text = value.strip().lower()
-    if not text or _DURATION.sub("", text):
+    seconds = parse_duration(value)
+    if seconds is None:
         raise ConfigError(key, value, "is not a duration (a number with d, h, m or s, e.g. 6h)", fix)
-    seconds = sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION.findall(text))
     if seconds <= 0:
         raise ConfigError(key, value, "must be longer than zero", fix)
     return timedelta(seconds=seconds)
-
-
-def _format_duration(delta: timedelta) -> str:
-    rest, parts = int(delta.total_seconds()), []
-    for unit, size in _UNIT_SECONDS.items():
-        if rest >= size:
-            parts.append(f"{rest // size}{unit}")
-            rest %= size
-    return "".join(parts)
 
 
 def first_run_rule(sched: RetrainSchedule) -> str:
@@ -106,7 +94,7 @@ def first_run_rule(sched: RetrainSchedule) -> str:
     ri = sched.run_immediately
     if ri is True:
         return "its latest past cron tick runs at once"
-    window = (f"{_format_duration(ri)} (retrain.run_immediately)" if isinstance(ri, timedelta)
+    window = (f"{format_duration(ri.total_seconds())} (retrain.run_immediately)" if isinstance(ri, timedelta)
               else "max(10% of the gap between that tick and the next, 5 min)")
     return (f"its latest past cron tick runs at once only when it is at most {window} old; "
             "otherwise the first run is the next tick")
