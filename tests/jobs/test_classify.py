@@ -54,3 +54,35 @@ def test_unknown_and_stopped() -> None:
     assert classify("Job was intentionally stopped.", "", status="STOPPED").reason == "job was stopped"
     # A node death during a stop still counts as the infrastructure's.
     assert classify("stopped", "NodeDiedError", status="STOPPED").retryable
+
+
+def test_the_evidence_is_the_exception_that_ended_the_job_not_the_first_warning() -> None:
+    # Seen on a GPU run (verl 0.9.1, no flash-attn): the first line naming an import failure is a
+    # harmless warning printed at start; the job died of the last one.
+    log = "\n".join([
+        "(TaskRunner pid=812) WARNING:verl.workers.engine: torchtitan engine is not available: "
+        "ModuleNotFoundError: No module named 'torchtitan'",
+        "(TaskRunner pid=812) step:0 - val-core/openai/gsm8k/reward/mean@1:0.02",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3/site-packages/transformers/modeling_utils.py", line 2160, in _check_and_adjust',
+        "(WorkerDict pid=913) ImportError: FlashAttention2 has been toggled on, but it cannot be used due to the "
+        "following error: the package flash_attn seems to be not installed.",
+    ])
+    c = classify(EXIT, log)
+    assert c.kind is FailureKind.USER and c.reason == "import error"
+    assert "flash_attn seems to be not installed" in c.evidence and "torchtitan" not in c.evidence
+
+
+def test_a_wrapped_task_error_is_the_ending_exception() -> None:
+    log = "Traceback (most recent call last):\nray.exceptions.RayTaskError(ZeroDivisionError): division by zero"
+    c = classify(EXIT, "WARNING: retrying after ValueError in a callback\n" + log)
+    assert c.reason == "exception in user code"
+    assert c.evidence.startswith("ray.exceptions.RayTaskError(ZeroDivisionError)")
+
+
+def test_infrastructure_evidence_prefers_the_ending_exception() -> None:
+    log = ("WARNING: Connection refused by 10.0.0.3 (retrying)\nTraceback (most recent call last):\n"
+           "ray.exceptions.ActorDiedError: The actor died because its node was terminated")
+    c = classify(EXIT, log)
+    assert c.retryable and c.reason == "actor died with its node"
+    assert c.evidence.startswith("ray.exceptions.ActorDiedError")

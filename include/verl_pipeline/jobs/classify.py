@@ -3,6 +3,10 @@
 Decided from the job's status message and the tail of its logs. Patterns are checked in order:
 infrastructure signatures first (a node death surfaces as an exception in user code too), then the
 user's. Anything unrecognised counts as the user's: retrying a deterministic failure wastes GPUs.
+
+The evidence is the exception that ended the job — the last exception line of the log — whenever it
+fits the reason, not the first line that matched: a verl log is full of harmless warnings that name
+exceptions (``torchtitan engine is not available: ImportError …``) long before the one that killed it.
 """
 
 from __future__ import annotations
@@ -61,20 +65,39 @@ _USER: list[tuple[str, str]] = [
 ]
 
 
+#: An exception line as Python prints it last in a traceback, also behind Ray's ``(Actor pid=N)`` prefix.
+_EXCEPTION_LINE = re.compile(r"^(?:\([^)\n]*pid=\d+[^)\n]*\)\s*)?(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*"
+                             r"(?:Error|Exception|Exit|Interrupt|Timeout)(?:\([\w.]+\))?(?::.*)?$", re.MULTILINE)
+
+
+def final_exception(text: str) -> str | None:
+    """The last exception line of ``text`` (what ended the job, when it ended by an exception)."""
+    last = None
+    for last in _EXCEPTION_LINE.finditer(text):
+        pass
+    return " ".join(last.group(0).split())[:400] if last else None
+
+
 def classify(message: str, log_tail: str = "", *, status: str = "FAILED") -> Classification:
     """Classify a failed (or stopped) job."""
     text = f"{message}\n{log_tail[-20000:]}"
+    ending = final_exception(text)
     for reason, pattern in _INFRA:
-        m = re.search(pattern, text)
-        if m:
-            return Classification(FailureKind.INFRASTRUCTURE, reason, _around(text, m))
+        matches = list(re.finditer(pattern, text))
+        if matches:
+            fits = ending is not None and re.search(pattern, ending)
+            return Classification(FailureKind.INFRASTRUCTURE, reason, ending if fits and ending else
+                                  _around(text, matches[-1]))
     if status == "STOPPED":
         # Stopped by someone (teardown, on_kill, a user): not something a retry should undo.
         return Classification(FailureKind.USER, "job was stopped", message[:300])
+    if ending is not None:
+        reason = next((r for r, pattern in _USER if re.search(pattern, ending)), "exception in user code")
+        return Classification(FailureKind.USER, reason, ending)
     for reason, pattern in _USER:
-        m = re.search(pattern, text)
-        if m:
-            return Classification(FailureKind.USER, reason, _around(text, m))
+        matches = list(re.finditer(pattern, text))
+        if matches:
+            return Classification(FailureKind.USER, reason, _around(text, matches[-1]))
     return Classification(FailureKind.USER, "unrecognised failure (not retried)", message[:300])
 
 
