@@ -7,8 +7,15 @@ It behaves like verl's trainer where the pipeline depends on it:
   when their node dies, the next call fails with Ray's ActorDiedError and the job fails;
 - honours ``trainer.resume_mode`` (``auto``: resume from ``latest_checkpointed_iteration.txt`` in the
   absolute ``trainer.default_local_dir``; ``disable``: start over; ``resume_path``: from that dir);
-- saves ``global_step_N/{actor,critic}/`` + ``data.pt`` and then the tracker file every
-  ``trainer.save_freq`` steps and at the last step, like verl's ``_save_checkpoint``;
+- saves in verl's FSDP layout and order (``_save_checkpoint`` + ``FSDPCheckpointManager``): per rank
+  ``actor/{model,optim,extra_state}_world_size_{W}_rank_{r}.pt`` (W = ``trainer.nnodes`` x
+  ``trainer.n_gpus_per_node``), ``actor/fsdp_config.json``, the same under ``critic/`` when the run
+  uses a critic (verl's rule: ``critic.enable``, else GAE), then ``data.pt``, then the tracker file
+  (written in place, like verl), every ``trainer.save_freq`` steps and at the last step;
+- with ``trainer.use_v1=false`` (verl's legacy trainer, the only one of verl 0.9.1 that does), also
+  saves when verl's own ``should_save_ckpt_esi`` says the allocation ends before another step and
+  a save would fit (``MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP``, ``trainer.esi_redundant_time``),
+  printing verl's "Force saving checkpoint" line;
 - logs verl's metric names per step as JSON lines ``{"step": N, "data": {...}}`` to
   ``$VERL_FILE_LOGGER_PATH`` (opened with "wb", like verl's FileLogger);
 - exits non-zero with a traceback on failure.
@@ -18,12 +25,16 @@ ValueError in the driver, a user error), ``+fake.bad_key`` (a config error befor
 gate file exists (at most ``GATE_MAX_WAIT_S``), so a test can act mid-run without racing the steps;
 ``+fake.hang_after_step`` + ``+fake.hang_once_file``: after that step, once per run (the file marks it),
 the driver waits on its workers' next call, which never returns — a hang with every node alive.
+``+fake.die_in_save_at_step`` + ``+fake.die_after_files``: the save of that step is killed (SIGKILL
+to the trainer itself) after writing that many of its files, as a node lost mid-save; a count past
+the last file kills it inside the tracker's write (the tracker is left empty).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,6 +54,34 @@ def parse(argv: list[str]) -> dict[str, Any]:
     return out
 
 
+def _killed() -> None:
+    print("killed mid-save", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_checkpoint(ckpt: Path, step: int, *, world: int, critic: bool, die_after: int | None = None) -> None:
+    """verl's files in verl's order; ``die_after``: SIGKILL after that many of them."""
+    folder = ckpt / f"global_step_{step}"
+    files = []
+    for role in ("actor", "critic") if critic else ("actor",):
+        for rank in range(world):
+            files += [folder / role / f"{prefix}_world_size_{world}_rank_{rank}.pt"
+                      for prefix in ("model", "optim", "extra_state")]
+        files.append(folder / role / "fsdp_config.json")
+    files.append(folder / "data.pt")
+    for n, path in enumerate(files):
+        if die_after is not None and n >= die_after:
+            _killed()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"FSDP_version": 1, "world_size": world} if path.name == "fsdp_config.json" else {"step": step}
+        path.write_text(json.dumps(body))
+    with open(ckpt / "latest_checkpointed_iteration.txt", "w") as f:  # in place, as verl writes it
+        if die_after is not None:
+            _killed()
+        f.write(str(step))
+    print(f"Saved checkpoint {folder}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     cfg = parse(argv)
     required = ["trainer.total_training_steps", "trainer.default_local_dir", "trainer.resume_mode", "trainer.save_freq"]
@@ -60,6 +99,17 @@ def main(argv: list[str]) -> int:
     gate_after = int(cfg.get("fake.gate_after_step", 0))
     hang_after = int(cfg.get("fake.hang_after_step", 0))
     hang_once = Path(str(cfg["fake.hang_once_file"])) if cfg.get("fake.hang_once_file") else None
+
+    world = int(cfg.get("trainer.nnodes", 1)) * int(cfg.get("trainer.n_gpus_per_node", 1))
+    critic = bool(cfg["critic.enable"]) if cfg.get("critic.enable") is not None else \
+        cfg.get("algorithm.adv_estimator", "gae") == "gae"
+    die_at = int(cfg.get("fake.die_in_save_at_step", 0))
+    die_after = int(cfg.get("fake.die_after_files", 0))
+    esi = None
+    if cfg.get("trainer.use_v1") is False and os.environ.get("MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"):
+        from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi as esi
+    redundant = float(cfg.get("trainer.esi_redundant_time", 0) or 0)
+    max_steps_duration = 0.0
 
     import ray
 
@@ -89,6 +139,7 @@ def main(argv: list[str]) -> int:
         print(f"Resuming from checkpoint: {ckpt / f'global_step_{start - 1}'}", flush=True)
     elif mode == "resume_path" and cfg.get("trainer.resume_from_path"):
         start = int(Path(str(cfg["trainer.resume_from_path"])).name.split("_")[-1]) + 1
+        print(f"Resuming from {cfg['trainer.resume_from_path']}", flush=True)
     else:
         print("Training from scratch", flush=True)
 
@@ -114,16 +165,13 @@ def main(argv: list[str]) -> int:
             if fp:
                 fp.write(json.dumps({"step": step, "data": metrics}).encode() + b"\n")
             print(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in metrics.items()), flush=True)
-            if save_freq > 0 and (step % save_freq == 0 or step == total):
-                folder = ckpt / f"global_step_{step}"
-                for role in ("actor", "critic"):
-                    (folder / role).mkdir(parents=True, exist_ok=True)
-                    (folder / role / "model_world_size_1_rank_0.pt").write_text(json.dumps({"step": step}))
-                (folder / "data.pt").write_text(json.dumps({"step": step}))
-                tmp = tracker.with_suffix(".tmp")
-                tmp.write_text(str(step))
-                os.replace(tmp, tracker)
-                print(f"Saved checkpoint {folder}", flush=True)
+            max_steps_duration = max(max_steps_duration, dt)
+            close = bool(esi(max_steps_duration=max_steps_duration, redundant_time=redundant)) if esi else False
+            if save_freq > 0 and (step % save_freq == 0 or step == total or close):
+                if close:
+                    print("Force saving checkpoint: ESI instance expiration approaching.", flush=True)
+                save_checkpoint(ckpt, step, world=world, critic=critic,
+                                die_after=die_after if step == die_at else None)
             if hang_once is not None and step == hang_after and not hang_once.exists():
                 hang_once.touch()
                 print(f"step {step} done; the next step hangs (a collective waiting on a peer)", flush=True)

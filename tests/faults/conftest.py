@@ -172,3 +172,25 @@ def results_file() -> Iterator[Path]:
     path = REPO / ".work" / "fault-recovery.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     yield path
+
+
+@pytest.fixture
+def checkpoint_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Profiles for the stand-in trainer on the session's local Ray head, without Airflow: ``ckpt``
+    trains 6 steps on 1 x 2 GPUs (world size 2, a critic), saving every 2 steps; returns the home."""
+    cfg = tmp_path / "configs"
+    shutil.copytree(configs_dir(), cfg)
+    (cfg / "clusters" / "local-ckpt.yaml").write_text(yaml.safe_dump({
+        "description": "the tests' shared local Ray head",
+        "cluster": {"backend": "local", "num_cpus": 2, "num_gpus": 0},
+        "hardware": {"gpu_memory_gb": 24},
+        "storage": {"root": str(tmp_path / "home")},
+        "runtime": {"ship_package": False, "env": {}},
+    }))
+    prof = _profile("checkpoints", {"trainer": {"save_freq": 2}, "+fake": {"step_seconds": 0.2}}, total=6)
+    prof["cluster_profile"] = "local-ckpt"
+    prof["trainer"]["n_gpus_per_node"] = 2
+    (cfg / "profiles" / "ckpt.yaml").write_text(yaml.safe_dump(prof))
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.constants import JobState
+from verl_pipeline.constants import JobState, Mode
 from verl_pipeline.jobs.attempts import Attempt, latest_checkpoint_step, now, read_attempts, record_attempt
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.ids import attempt_of, submission_id
@@ -71,6 +71,8 @@ def submit_or_reattach(
         metrics_path = run_dir / f"metrics-a{attempt}.jsonl"
         runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     resume_from = latest_checkpoint_step(checkpoint_dir) if checkpoint_dir else 0
+    if checkpoint_dir is not None and job.mode is Mode.TRAIN:
+        job, resume_from = _resume_complete(job, checkpoint_dir, sub_id)
     meta = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "mode": job.mode.value,
             "attempt": str(attempt), **(metadata or {})}
     log.info("Submitting Ray job %s (attempt %d, mode %s, resume from step %d)", sub_id, attempt, job.mode.value,
@@ -80,6 +82,27 @@ def submit_or_reattach(
         record_attempt(run_dir, Attempt(sub_id, attempt, now(), client.dashboard_url, resume_from,
                                         str(metrics_path) if metrics_path else None))
     return Submission(sub_id, "submitted", attempt, JobState.PENDING.value)
+
+
+def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int]:
+    """The job resuming from the run's newest complete checkpoint (ConfigError on another world size)."""
+    from verl_pipeline.jobs.checkpoints import ResumeMode, plan_for_job
+    from verl_pipeline.trainer.render import with_settings
+
+    plan = plan_for_job(checkpoint_dir, job.settings)
+    if plan is None:
+        log.info("Ray job %s: %s checkpoints are not inspected; verl's resume_mode=%s decides", sub_id,
+                 job.settings.get("actor_rollout_ref.actor.strategy"), job.settings.get("trainer.resume_mode"))
+        return job, latest_checkpoint_step(checkpoint_dir)
+    for skipped in plan.skipped:
+        log.warning("Ray job %s: checkpoint %s is incomplete: not resuming from it", sub_id, skipped)
+    if plan.mode is ResumeMode.AUTO:
+        log.info("Ray job %s resumes with resume_mode=auto from step %d (%s)", sub_id, plan.step, plan.reason)
+        return job, plan.step
+    log.warning("Ray job %s: %s -> trainer.resume_mode=%s%s", sub_id, plan.reason, plan.mode.value,
+                f" from {plan.path}" if plan.path else "")
+    rule = f"{plan.mode.value!r} — {plan.reason} (checked before the submit)"
+    return with_settings(job, plan.settings(), {"trainer.resume_mode": rule}), plan.step
 
 
 def preflight_summary(logs: str) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import shlex
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from verl_pipeline.config import RunSpec
@@ -137,6 +138,16 @@ def render_job(
     )
 
 
+def with_settings(job: RenderedJob, updates: dict[str, Any], rules: dict[str, str] | None = None) -> RenderedJob:
+    """``job`` with some verl settings changed: the overrides and the entrypoint rendered again."""
+    settings = {**job.settings, **updates}
+    overrides = render_overrides(settings)
+    words = shlex.split(job.entrypoint)
+    command = words[: len(words) - len(job.overrides)]
+    return replace(job, entrypoint=entrypoint(command, overrides), overrides=overrides, settings=settings,
+                   derived={**job.derived, **(rules or {})})
+
+
 def split_entrypoint_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     """Split ``[opts…, "--", overrides…]`` as the preflight entrypoint receives it."""
     if "--" in argv:
@@ -145,4 +156,4 @@ def split_entrypoint_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return [], argv
 
 
-__all__ = ["BASE_ENV", "RenderedJob", "job_settings", "render_job", "split_entrypoint_overrides"]
+__all__ = ["BASE_ENV", "RenderedJob", "job_settings", "render_job", "split_entrypoint_overrides", "with_settings"]

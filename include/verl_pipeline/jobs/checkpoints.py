@@ -1,0 +1,216 @@
+"""What a retry resumes from: the newest *complete* verl checkpoint of the run, at the right world size.
+
+verl's ``resume_mode=auto`` trusts ``latest_checkpointed_iteration.txt`` alone: a tracker that names a
+folder missing shards, an empty tracker (a kill inside its write) or shards written for another world
+size only fail once the job loads them (or, for a missing folder, silently start from scratch). Before
+each submit the pipeline reads the checkpoint directory instead and decides, in :func:`plan_resume`:
+
+- the newest complete checkpoint is the one the tracker names → ``auto`` (what verl would do);
+- it is an older one (the newest is incomplete, the tracker is unreadable) → ``resume_path`` to it;
+- checkpoints exist but none is complete → ``disable`` (start over, said in the log);
+- the checkpoint to resume was written by another world size → :class:`ConfigError` naming both.
+
+A checkpoint is complete when every rank's files for the configured ``checkpoint.save_contents``
+(verl's FSDP names ``{model,optim,extra_state}_world_size_{W}_rank_{r}.pt``) are there for the actor,
+and for the critic when the run uses one, plus the dataloader's ``data.pt``. A file written by
+``torch.save`` (a zip archive) must also end with the archive's end record: a write cut short lacks it.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.jobs.attempts import TRACKER_FILE
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+#: ``checkpoint.save_contents`` entry → the file prefix verl's FSDP checkpoint manager writes per rank.
+CONTENT_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
+#: verl's default ``actor_rollout_ref.actor.checkpoint.save_contents`` (and the critic's).
+DEFAULT_SAVE_CONTENTS = ("model", "optimizer", "extra")
+#: Strategies whose checkpoints use the layout above; Megatron's distributed checkpoints are not inspected.
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+DATALOADER_FILE = "data.pt"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+class ResumeMode(str, Enum):
+    """verl's ``trainer.resume_mode`` values, as the pipeline uses them."""
+
+    AUTO = "auto"
+    RESUME_PATH = "resume_path"
+    DISABLE = "disable"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One ``global_step_N`` folder: its world size (None when no shard names one) and what it lacks."""
+
+    step: int
+    path: Path
+    world_size: int | None
+    missing: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and self.world_size is not None
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What the next attempt resumes from; ``step`` 0 means from scratch."""
+
+    mode: ResumeMode
+    step: int
+    path: str | None
+    reason: str
+    #: Newer checkpoints passed over because they are incomplete: ``global_step_N (missing …)``.
+    skipped: tuple[str, ...] = ()
+    world_size: int | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """The verl keys that carry the plan."""
+        out: dict[str, Any] = {"trainer.resume_mode": self.mode.value}
+        if self.mode is ResumeMode.RESUME_PATH:
+            out["trainer.resume_from_path"] = self.path
+        return out
+
+
+def intact(path: Path) -> bool:
+    """The file exists, is not empty and, when it is a ``torch.save`` zip archive, is not cut short."""
+    try:
+        if path.stat().st_size == 0:
+            return False
+        with open(path, "rb") as f:
+            if f.read(4) != _ZIP_MAGIC:
+                return True
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def _world_size(role_dir: Path) -> int | None:
+    sizes = set()
+    for f in role_dir.iterdir() if role_dir.is_dir() else ():
+        m = SHARD.match(f.name)
+        if m:
+            sizes.add(int(m.group(2)))
+    # Shards of several sizes (a folder re-used by a run on another cluster): the largest names the
+    # most files, and the files of that size decide completeness.
+    return max(sizes) if sizes else None
+
+
+def inspect_checkpoint(folder: Path, *, contents: tuple[str, ...] = DEFAULT_SAVE_CONTENTS,
+                       critic: bool = False) -> Checkpoint:
+    """Read one ``global_step_N`` folder (no file is loaded, only listed and, for archives, its end read)."""
+    m = STEP_DIR.match(folder.name)
+    if m is None:
+        raise ValueError(f"{folder} is not a global_step_N folder")
+    roles = ("actor", "critic") if critic else ("actor",)
+    world = _world_size(folder / "actor")
+    missing: list[str] = []
+    if world is None:
+        missing.append("actor/model_world_size_*_rank_*.pt")
+    for role in roles:
+        role_world = _world_size(folder / role)
+        if role != "actor" and role_world != world:
+            missing.append(f"{role}/ shards for world size {world}")
+            continue
+        for content in contents:
+            prefix = CONTENT_FILES.get(content)
+            if prefix is None or world is None:
+                continue  # e.g. hf_model: rank 0 writes it after the shards, verl does not load it to resume
+            for rank in range(world):
+                name = f"{role}/{prefix}_world_size_{world}_rank_{rank}.pt"
+                if not intact(folder / name):
+                    missing.append(name)
+    if not intact(folder / DATALOADER_FILE):
+        missing.append(DATALOADER_FILE)
+    return Checkpoint(int(m.group(1)), folder, world, tuple(missing))
+
+
+def list_checkpoints(checkpoint_dir: Path, *, contents: tuple[str, ...] = DEFAULT_SAVE_CONTENTS,
+                     critic: bool = False) -> list[Checkpoint]:
+    """Every ``global_step_N`` folder of the run, oldest first."""
+    if not checkpoint_dir.is_dir():
+        return []
+    found = [inspect_checkpoint(p, contents=contents, critic=critic)
+             for p in checkpoint_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
+    return sorted(found, key=lambda c: c.step)
+
+
+def tracker_step(checkpoint_dir: Path) -> int | None:
+    """The step verl's tracker names; None when it is absent or unreadable (e.g. empty after a kill)."""
+    try:
+        return int((checkpoint_dir / TRACKER_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _describe(c: Checkpoint) -> str:
+    shown = ", ".join(c.missing[:3]) + (f" and {len(c.missing) - 3} more" if len(c.missing) > 3 else "")
+    return f"global_step_{c.step} (missing {shown})"
+
+
+def plan_resume(checkpoints: list[Checkpoint], tracker: int | None, *, world_size: int) -> ResumePlan:
+    """The decision: resume the newest complete checkpoint, refuse one of another world size.
+
+    ``world_size`` is the training pool of the attempt about to be submitted
+    (``trainer.nnodes * trainer.n_gpus_per_node``). Raises :class:`ConfigError` when the checkpoint to
+    resume was written by another world size: verl loads shards only at the size that wrote them.
+    """
+    complete = [c for c in checkpoints if c.complete]
+    newest = complete[-1] if complete else None
+    skipped = tuple(_describe(c) for c in checkpoints if not c.complete and (newest is None or c.step > newest.step))
+    if newest is None:
+        if tracker is None and not checkpoints:
+            return ResumePlan(ResumeMode.AUTO, 0, None, "no checkpoint yet: training from scratch")
+        return ResumePlan(ResumeMode.DISABLE, 0, None, "no complete checkpoint: training from scratch "
+                          f"(the tracker names {tracker})", skipped)
+    if newest.world_size != world_size:
+        raise ConfigError(
+            "trainer.nnodes x trainer.n_gpus_per_node", world_size,
+            f"checkpoint {newest.path} was written by world size {newest.world_size} "
+            f"(model_world_size_{newest.world_size}_rank_*.pt) and verl loads shards only at the world size that "
+            f"wrote them; this attempt would run on world size {world_size}",
+            f"a cluster whose training pool has {newest.world_size} GPUs again (nnodes x n_gpus_per_node), or a "
+            "new DAG run, which starts from scratch in its own checkpoint directory")
+    if tracker == newest.step:
+        return ResumePlan(ResumeMode.AUTO, newest.step, str(newest.path),
+                          f"the tracker names global_step_{newest.step}, which is complete", skipped,
+                          newest.world_size)
+    why = f"the tracker names {tracker}" if tracker is not None else "the tracker is missing or unreadable"
+    return ResumePlan(ResumeMode.RESUME_PATH, newest.step, str(newest.path),
+                      f"{why}; the newest complete checkpoint is global_step_{newest.step}", skipped,
+                      newest.world_size)
+
+
+def save_contents(settings: dict[str, Any]) -> tuple[str, ...]:
+    value = settings.get("actor_rollout_ref.actor.checkpoint.save_contents")
+    return tuple(str(v) for v in value) if isinstance(value, list | tuple) else DEFAULT_SAVE_CONTENTS
+
+
+def train_world_size(settings: dict[str, Any]) -> int:
+    """The world size verl's actor (and critic) shards are written for: the training pool."""
+    return int(settings.get("trainer.nnodes", 1)) * int(settings.get("trainer.n_gpus_per_node", 1))
+
+
+def plan_for_job(checkpoint_dir: Path, settings: dict[str, Any]) -> ResumePlan | None:
+    """:func:`plan_resume` for a rendered job's settings; None when its checkpoints are not FSDP shards."""
+    from verl_pipeline.trainer.scaling import uses_critic
+
+    strategy = str(settings.get("actor_rollout_ref.actor.strategy", "fsdp"))
+    if strategy not in FSDP_STRATEGIES:
+        return None
+    found = list_checkpoints(checkpoint_dir, contents=save_contents(settings), critic=uses_critic(settings))
+    return plan_resume(found, tracker_step(checkpoint_dir), world_size=train_world_size(settings))
+
+
+__all__ = ["Checkpoint", "ResumeMode", "ResumePlan", "inspect_checkpoint", "intact", "list_checkpoints",
+           "plan_for_job", "plan_resume", "tracker_step", "train_world_size"]

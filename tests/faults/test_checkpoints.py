@@ -1,0 +1,109 @@
+"""Retries resume from the newest complete checkpoint, and refuse another world size.
+
+Real Ray (the session's local head), the stand-in trainer writing verl's FSDP checkpoint layout, and
+the pipeline's own render + submit-or-reattach (what the wait task calls for each resubmit). A save
+is killed deterministically: the trainer SIGKILLs itself after writing some of that save's files.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import metric_lines
+from verl_pipeline.cluster.base import ClusterHandle
+from verl_pipeline.config import RunSpec, build_run_spec
+from verl_pipeline.constants import JobState, Mode
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.jobs.attempts import read_attempts
+from verl_pipeline.jobs.checkpoints import list_checkpoints, tracker_step
+from verl_pipeline.jobs.client import RayJobsClient
+from verl_pipeline.jobs.submit import Submission, submit_or_reattach
+from verl_pipeline.trainer.render import render_job
+
+pytestmark = pytest.mark.integration
+
+TOTAL = 6
+
+
+def _spec(name: str, *overrides: str, **params: object) -> RunSpec:
+    return build_run_spec({"profile": "ckpt", "verl_overrides": list(overrides), **params},
+                          run_name=f"faults/{name}")
+
+
+def _submit(client: RayJobsClient, spec: RunSpec) -> Submission:
+    job = render_job(spec, mode=Mode.TRAIN, train_files="/d/train.parquet", val_files="/d/val.parquet",
+                     model_path="/m/actor")
+    return submit_or_reattach(client, job, dag_id="faults", run_id=spec.run_name.split("/")[1], task_id="train",
+                              run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir)
+
+
+def _wait(client: RayJobsClient, job_id: str, timeout_s: float = 60) -> JobState:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = client.get_job(job_id)
+        assert info is not None
+        if info.status.is_terminal():
+            return info.status
+        time.sleep(0.2)
+    raise AssertionError(f"Ray job {job_id} still running after {timeout_s}s")
+
+
+def _steps(spec: RunSpec, attempt: int) -> list[int]:
+    return [m["step"] for m in metric_lines(spec.run_dir / f"metrics-a{attempt}.jsonl")]
+
+
+@pytest.mark.parametrize(("files", "resumed", "mode"), [
+    # Killed after rank 0's three actor files of step 4: the tracker still names 2.
+    (3, 2, "auto"),
+    # Killed inside the tracker's write: step 4 is complete, the tracker is empty (verl's auto would
+    # fail on it): resumed from step 4 by path.
+    (99, 4, "resume_path"),
+])
+def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
+    checkpoint_env: Path, ray_cluster: ClusterHandle, request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture, files: int, resumed: int, mode: str,
+) -> None:
+    client = ray_cluster.client()
+    name = f"mid-save-{files}-{request.node.callspec.id}"
+    first = _submit(client, _spec(name, "+fake.die_in_save_at_step=4", f"+fake.die_after_files={files}"))
+    spec = _spec(name)
+    assert _wait(client, first.submission_id) is JobState.FAILED
+    assert "killed mid-save" in client.logs(first.submission_id)
+    newest = list_checkpoints(spec.checkpoint_dir, critic=True)[-1]
+    assert newest.step == 4 and newest.complete == (files == 99)
+
+    with caplog.at_level("INFO", logger="verl_pipeline.jobs.submit"):
+        second = _submit(client, spec)
+    assert second.attempt == 2
+    info = client.get_job(second.submission_id)
+    assert info is not None and f"trainer.resume_mode={mode}" in info.entrypoint
+    assert second.submission_id in caplog.text and f"from step {resumed}" in caplog.text
+    if files == 3:
+        assert "checkpoint global_step_4 (missing actor/model_world_size_2_rank_1.pt" in caplog.text
+    assert _wait(client, second.submission_id) is JobState.SUCCEEDED
+    assert read_attempts(spec.run_dir)[1].resume_from_step == resumed
+    assert _steps(spec, 1) == [1, 2, 3, 4]
+    assert _steps(spec, 2) == list(range(resumed + 1, TOTAL + 1))
+    assert tracker_step(spec.checkpoint_dir) == TOTAL
+    assert all(c.complete for c in list_checkpoints(spec.checkpoint_dir, critic=True))
+
+
+def test_retry_on_a_smaller_world_size_is_refused_before_submitting(
+    checkpoint_env: Path, ray_cluster: ClusterHandle, request: pytest.FixtureRequest,
+) -> None:
+    client = ray_cluster.client()
+    name = f"smaller-{request.node.name[-8:]}"
+    first = _submit(client, _spec(name, "+fake.die_in_save_at_step=4", "+fake.die_after_files=3"))
+    assert _wait(client, first.submission_id) is JobState.FAILED
+    before = len(client.list_jobs())
+    # The re-provisioned cluster has one GPU where the checkpoints were written by two ranks.
+    with pytest.raises(ConfigError) as e:
+        _submit(client, _spec(name, n_gpus_per_node=1))
+    text = str(e.value)
+    assert "world size 2" in text and "world size 1" in text and "global_step_2" in text
+    assert "2 GPUs again" in text and "\n" not in text
+    assert len(client.list_jobs()) == before
+    assert len(read_attempts(_spec(name).run_dir)) == 1

@@ -1,0 +1,165 @@
+"""Which checkpoint a retry resumes from: verl's FSDP layout read from real folders (no Ray)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from verl_pipeline.constants import Mode
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.jobs.checkpoints import (
+    ResumeMode,
+    inspect_checkpoint,
+    intact,
+    list_checkpoints,
+    plan_for_job,
+    plan_resume,
+    tracker_step,
+)
+from verl_pipeline.trainer.render import RenderedJob, with_settings
+
+
+def _archive() -> bytes:
+    """Bytes shaped like a ``torch.save`` file (a zip archive)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", b"x" * 100)
+    return buf.getvalue()
+
+
+def save(root: Path, step: int, *, world: int = 2, critic: bool = True, skip: tuple[str, ...] = (),
+         tracker: bool = True) -> Path:
+    """A ``global_step_N`` folder as verl's FSDP checkpoint manager writes it; ``skip`` leaves files out."""
+    folder = root / f"global_step_{step}"
+    names = [f"{role}/{prefix}_world_size_{world}_rank_{r}.pt" for role in (("actor", "critic") if critic else
+             ("actor",)) for r in range(world) for prefix in ("model", "optim", "extra_state")]
+    for name in [*names, "data.pt"]:
+        if name in skip:
+            continue
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(_archive())
+    (folder / "actor" / "fsdp_config.json").write_text(f'{{"FSDP_version": 1, "world_size": {world}}}')
+    if tracker:
+        (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return folder
+
+
+def test_a_complete_checkpoint_names_its_world_size(tmp_path: Path) -> None:
+    c = inspect_checkpoint(save(tmp_path, 4, world=4), critic=True)
+    assert (c.step, c.world_size, c.missing, c.complete) == (4, 4, (), True)
+
+
+@pytest.mark.parametrize("gone", ["actor/model_world_size_2_rank_1.pt", "actor/optim_world_size_2_rank_0.pt",
+                                  "actor/extra_state_world_size_2_rank_1.pt", "critic/model_world_size_2_rank_0.pt",
+                                  "data.pt"])
+def test_any_missing_file_makes_it_incomplete(tmp_path: Path, gone: str) -> None:
+    c = inspect_checkpoint(save(tmp_path, 2, skip=(gone,)), critic=True)
+    assert c.missing == (gone,) and not c.complete
+
+
+def test_the_critic_is_required_only_when_the_run_uses_one(tmp_path: Path) -> None:
+    folder = save(tmp_path, 2, critic=False)
+    assert inspect_checkpoint(folder, critic=False).complete
+    assert not inspect_checkpoint(folder, critic=True).complete
+
+
+def test_only_the_configured_contents_are_required(tmp_path: Path) -> None:
+    folder = save(tmp_path, 2, critic=False, skip=("actor/optim_world_size_2_rank_0.pt",
+                                                    "actor/optim_world_size_2_rank_1.pt"))
+    assert not inspect_checkpoint(folder).complete
+    assert inspect_checkpoint(folder, contents=("model", "extra")).complete
+
+
+def test_a_shard_cut_short_is_not_intact(tmp_path: Path) -> None:
+    folder = save(tmp_path, 2, critic=False)
+    shard = folder / "actor" / "model_world_size_2_rank_1.pt"
+    shard.write_bytes(_archive()[:60])  # torch.save killed mid-write: no end record
+    assert not intact(shard)
+    assert inspect_checkpoint(folder).missing == ("actor/model_world_size_2_rank_1.pt",)
+    shard.write_bytes(b"")
+    assert not intact(shard)
+
+
+def test_tracker_step_is_none_when_missing_or_empty(tmp_path: Path) -> None:
+    assert tracker_step(tmp_path) is None
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("")  # open("w") done, the write never came
+    assert tracker_step(tmp_path) is None
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("6\n")
+    assert tracker_step(tmp_path) == 6
+
+
+def test_tracker_naming_the_newest_complete_keeps_auto(tmp_path: Path) -> None:
+    save(tmp_path, 2)
+    save(tmp_path, 4)
+    plan = plan_resume(list_checkpoints(tmp_path, critic=True), tracker_step(tmp_path), world_size=2)
+    assert (plan.mode, plan.step, plan.skipped) == (ResumeMode.AUTO, 4, ())
+    assert plan.settings() == {"trainer.resume_mode": "auto"}
+
+
+def test_killed_mid_save_resumes_the_previous_complete_one(tmp_path: Path) -> None:
+    save(tmp_path, 2)
+    # Step 4's save died after rank 0's shards: the tracker still names 2.
+    save(tmp_path, 4, skip=("actor/model_world_size_2_rank_1.pt",), tracker=False)
+    plan = plan_resume(list_checkpoints(tmp_path, critic=True), tracker_step(tmp_path), world_size=2)
+    assert (plan.mode, plan.step) == (ResumeMode.AUTO, 2)
+    assert plan.skipped and plan.skipped[0].startswith("global_step_4 (missing actor/model_world_size_2_rank_1.pt")
+
+
+def test_tracker_naming_an_incomplete_checkpoint_resumes_by_path(tmp_path: Path) -> None:
+    save(tmp_path, 2)
+    save(tmp_path, 4, skip=("critic/optim_world_size_2_rank_1.pt",))  # tracker says 4
+    plan = plan_resume(list_checkpoints(tmp_path, critic=True), tracker_step(tmp_path), world_size=2)
+    assert (plan.mode, plan.step) == (ResumeMode.RESUME_PATH, 2)
+    assert plan.settings() == {"trainer.resume_mode": "resume_path",
+                               "trainer.resume_from_path": str(tmp_path / "global_step_2")}
+
+
+def test_an_empty_tracker_resumes_the_newest_complete_by_path(tmp_path: Path) -> None:
+    save(tmp_path, 2)
+    save(tmp_path, 4)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("")  # verl's auto would fail on int("")
+    plan = plan_resume(list_checkpoints(tmp_path, critic=True), tracker_step(tmp_path), world_size=2)
+    assert (plan.mode, plan.step, plan.path) == (ResumeMode.RESUME_PATH, 4, str(tmp_path / "global_step_4"))
+
+
+def test_nothing_complete_starts_over_and_nothing_saved_keeps_auto(tmp_path: Path) -> None:
+    assert plan_resume([], None, world_size=2).mode is ResumeMode.AUTO
+    save(tmp_path, 2, skip=("data.pt",))
+    plan = plan_resume(list_checkpoints(tmp_path, critic=True), tracker_step(tmp_path), world_size=2)
+    assert (plan.mode, plan.step) == (ResumeMode.DISABLE, 0)
+
+
+def test_another_world_size_is_refused_naming_both(tmp_path: Path) -> None:
+    save(tmp_path, 4, world=4)
+    with pytest.raises(ConfigError) as e:
+        plan_resume(list_checkpoints(tmp_path, critic=True), 4, world_size=2)
+    text = str(e.value)
+    assert "world size 4" in text and "world size 2" in text and "\n" not in text
+    assert "4 GPUs again" in text and "new DAG run" in text
+
+
+def test_plan_for_job_reads_the_rendered_settings(tmp_path: Path) -> None:
+    save(tmp_path, 2, world=2, critic=False)
+    settings = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 2, "algorithm.adv_estimator": "grpo"}
+    plan = plan_for_job(tmp_path, settings)
+    assert plan is not None and (plan.mode, plan.step) == (ResumeMode.AUTO, 2)
+    with pytest.raises(ConfigError):
+        plan_for_job(tmp_path, {**settings, "trainer.n_gpus_per_node": 1})
+    # GAE uses a critic: its shards are missing, so nothing is complete.
+    gae = plan_for_job(tmp_path, {**settings, "algorithm.adv_estimator": "gae"})
+    assert gae is not None and gae.mode is ResumeMode.DISABLE
+    assert plan_for_job(tmp_path, {**settings, "actor_rollout_ref.actor.strategy": "megatron"}) is None
+
+
+def test_with_settings_renders_the_entrypoint_again() -> None:
+    job = RenderedJob(mode=Mode.TRAIN, entrypoint="python -m verl.trainer.main_ppo trainer.resume_mode=auto",
+                      overrides=["trainer.resume_mode=auto"], runtime_env={}, settings={"trainer.resume_mode": "auto"},
+                      derived={})
+    out = with_settings(job, {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": "/c/global_step_2"},
+                        {"trainer.resume_mode": "why"})
+    assert out.entrypoint == ("python -m verl.trainer.main_ppo trainer.resume_from_path=/c/global_step_2 "
+                              "trainer.resume_mode=resume_path")
+    assert out.derived["trainer.resume_mode"] == "why" and job.settings["trainer.resume_mode"] == "auto"
