@@ -20,6 +20,8 @@ import yaml
 
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.jobs.watchdog import SECTION as WATCH_SECTION
+from verl_pipeline.jobs.watchdog import WatchSettings
 from verl_pipeline.paths import configs_dir, pipeline_home, short_hash, slug
 from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.overrides import flatten
@@ -246,6 +248,8 @@ class RunSpec:
     placement: Placement = Placement.COLOCATED
     #: ``placement: separate``: how the cluster's GPUs are split between training and rollout.
     pools: scaling.PoolSplit | None = None
+    #: The hang watchdog of the wait step (the run profile's ``watch:`` section).
+    watch: WatchSettings = field(default_factory=WatchSettings)
 
     # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
     @property
@@ -324,6 +328,7 @@ class RunSpec:
             "nccl_debug": self.nccl_debug,
             "placement": self.placement.value,
             "pools": asdict(self.pools) if self.pools else None,
+            "watch": self.watch.to_dict(),
         }
 
 
@@ -449,6 +454,7 @@ def build_run_spec(
         nccl_debug=bool(runtime.get("nccl_debug", False)) if nccl_debug is None else nccl_debug,
         placement=placement,
         pools=pools,
+        watch=WatchSettings.from_profile(prof.get(WATCH_SECTION), profile_name),
     )
     check_shape(spec)
     check_storage(spec)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 ATTEMPTS_FILE = "attempts.jsonl"
+#: Jobs the pipeline stopped itself (a hang, a lost node), with why: their retry resumes them.
+STOPS_FILE = "stops.jsonl"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
 
@@ -43,6 +45,23 @@ def record_attempt(run_dir: Path, attempt: Attempt) -> None:
     with open(run_dir / ATTEMPTS_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(attempt.to_dict()) + "\n")
         f.flush()
+
+
+def record_stop(run_dir: Path, submission_id: str, reason: str) -> None:
+    """Note that the pipeline stopped ``submission_id`` because of an infrastructure problem."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / STOPS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"submission_id": submission_id, "reason": reason, "at": now()}) + "\n")
+
+
+def stop_reason(run_dir: Path, submission_id: str) -> str | None:
+    """Why the pipeline stopped ``submission_id``, if it did."""
+    path = run_dir / STOPS_FILE
+    if not path.is_file():
+        return None
+    reasons = [row["reason"] for line in path.read_text().splitlines() if line.strip()
+               for row in [json.loads(line)] if row.get("submission_id") == submission_id]
+    return reasons[-1] if reasons else None
 
 
 def latest_checkpoint_step(checkpoint_dir: Path) -> int:

@@ -72,10 +72,8 @@ _EXCEPTION_LINE = re.compile(r"^(?:\([^)\n]*pid=\d+[^)\n]*\)\s*)?(?:[A-Za-z_]\w*
 
 def final_exception(text: str) -> str | None:
     """The last exception line of ``text`` (what ended the job, when it ended by an exception)."""
-    last = None
-    for last in _EXCEPTION_LINE.finditer(text):
-        pass
-    return " ".join(last.group(0).split())[:400] if last else None
+    matches = _EXCEPTION_LINE.findall(text)
+    return " ".join(matches[-1].split())[:400] if matches else None
 
 
 def classify(message: str, log_tail: str = "", *, status: str = "FAILED") -> Classification:

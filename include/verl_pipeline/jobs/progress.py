@@ -128,6 +128,8 @@ class ProgressTracker:
         self.total = total
         self.last = last
         self._recent: list[float] = []
+        #: The slowest step verl reported (``perf/time_per_step``) since this tracker started.
+        self.slowest_s: float | None = None
         if last is not None and last.seconds_per_step is not None:
             self._recent.append(last.seconds_per_step)
 
@@ -138,6 +140,7 @@ class ProgressTracker:
         per_step = metrics.get("perf/time_per_step", metrics.get("timing_s/step"))
         if per_step is not None and per_step > 0:
             self._recent = [*self._recent, per_step][-RECENT_STEPS:]
+            self.slowest_s = max(self.slowest_s or 0.0, per_step)
         mean = sum(self._recent) / len(self._recent) if self._recent else None
         shown = {k: metrics[k] for k in SHOWN_METRICS if k in metrics}
         self.last = Progress(step=step, total=self.total, seconds_per_step=mean, metrics=shown)

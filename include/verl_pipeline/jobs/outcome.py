@@ -1,0 +1,200 @@
+"""What a wait on a verl job ends in — decided in one place.
+
+The waiter (the trigger) reports what it saw as one :class:`WaitEvent`; the wait operator's own
+look at the job (when a try starts) is expressed in the same vocabulary. :func:`decide` turns that
+observation, the run's records (which step the attempt resumed from, what the pipeline itself
+stopped and why) and verl's metrics into one :class:`Decision`:
+
+- ``FINISH``: the job succeeded (and, when training, reached its last step);
+- ``WAIT``: the job is alive — (re)attach and wait for it;
+- ``RETRY``: an infrastructure failure ended this try — fail it; Airflow's retry (with backoff)
+  provisions a healthy cluster and submits the next attempt, resumed from the last checkpoint;
+- ``RESUBMIT``: this try *is* that retry — do it now;
+- ``FAIL``: the user's failure — fail at once, no retries: a retry cannot fix it.
+
+A failure is classified once (:func:`verl_pipeline.jobs.classify.classify`) and the message names
+the reason that decided, with the exception that ended the job as evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from verl_pipeline.jobs.classify import FailureKind, classify
+
+
+class WaitEvent(str, Enum):
+    """What a waiter saw: the ``status`` of every trigger event, and of the operator's own look."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    #: Fewer Ray nodes alive than provisioned while the job ran.
+    NODE_LOST = "node_lost"
+    #: RUNNING with no new training step for too long (see :mod:`verl_pipeline.jobs.watchdog`).
+    HUNG = "hung"
+    #: The Jobs API could not be reached, or the job is unknown to the cluster.
+    UNREACHABLE = "unreachable"
+    #: Alive (PENDING or RUNNING): only from the operator's look, never a trigger's event.
+    RUNNING = "running"
+
+    @classmethod
+    def parse(cls, value: Any) -> WaitEvent:
+        """The event kind of a status, also of events that triggers of an earlier release sent."""
+        legacy = {"success": cls.SUCCEEDED, "error": cls.UNREACHABLE}
+        text = str(value)
+        return legacy.get(text) or cls(text)
+
+
+class Action(str, Enum):
+    FINISH = "finish"
+    WAIT = "wait"
+    RETRY = "retry"
+    RESUBMIT = "resubmit"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One look at the job: by the trigger (its event) or by the operator (the job's state)."""
+
+    kind: WaitEvent
+    job_id: str
+    message: str = ""
+    #: Ray's status of the job when known (``FAILED``, ``STOPPED`` …).
+    job_status: str = ""
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> Observation:
+        return cls(WaitEvent.parse(event.get("status")), str(event.get("job_id", "?")),
+                   str(event.get("message") or ""), str(event.get("job_status") or ""))
+
+    @classmethod
+    def from_job(cls, job_id: str, info: Any, *, reachable: bool) -> Observation:
+        """From a :class:`~verl_pipeline.jobs.client.JobInfo` (None: unknown, or the API unreachable)."""
+        from verl_pipeline.constants import JobState
+
+        if info is None:
+            why = "the job is unknown to the cluster" if reachable else "the Ray Jobs API is unreachable"
+            return cls(WaitEvent.UNREACHABLE, job_id, why)
+        kind = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED, JobState.FAILED: WaitEvent.FAILED,
+                JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.RUNNING)
+        return cls(kind, job_id, info.message, info.status.value)
+
+    @property
+    def needs_log(self) -> bool:
+        """A failure is classified from the job's log tail: fetch it before deciding."""
+        return self.kind in (WaitEvent.FAILED, WaitEvent.STOPPED)
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """What the run's files say of the attempt that ran ``job_id`` (training jobs only)."""
+
+    total_steps: int
+    #: ``training/global_step`` of every metrics line this attempt wrote.
+    steps_logged: Sequence[int]
+    resume_from_step: int = 0
+    metrics_path: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    #: The reason, as the task log and the exception say it.
+    reason: str
+    message: str
+    kind: FailureKind | None = None
+    evidence: str = ""
+    #: The job may still be running (hung, or hanging on a dead node): stop it first, so a retry
+    #: never runs two at once. Record why, so the retry knows the stop was the pipeline's.
+    stop_job: bool = False
+
+    @property
+    def retryable(self) -> bool:
+        return self.action in (Action.RETRY, Action.RESUBMIT)
+
+
+_RESUME = "provisions a healthy cluster and resumes from the last checkpoint"
+
+
+def _infrastructure(obs: Observation, reason: str, *, retry_try: bool, detail: str = "", evidence: str = "",
+                    stop_job: bool = False) -> Decision:
+    what = f"Ray job {obs.job_id}" + (f" ended {obs.job_status}" if obs.job_status else "")
+    text = f"{what} [infrastructure failure: {reason}]" + (f": {detail}" if detail else "")
+    if retry_try:
+        return Decision(Action.RESUBMIT, reason, f"{text} — this retry {_RESUME}", FailureKind.INFRASTRUCTURE,
+                        evidence, stop_job)
+    return Decision(Action.RETRY, reason, f"{text} — the retry {_RESUME}", FailureKind.INFRASTRUCTURE,
+                    evidence, stop_job)
+
+
+def decide(
+    obs: Observation,
+    *,
+    retry_try: bool = False,
+    log_tail: str = "",
+    infrastructure_gone: str | None = None,
+    stopped_by_pipeline: str | None = None,
+    training: TrainingRecord | None = None,
+) -> Decision:
+    """The one decision of a wait. Pure: everything it depends on is an argument.
+
+    :param retry_try: this task try follows a failed one (Airflow's retry): an infrastructure
+        failure is handled now (``RESUBMIT``) instead of failing the try (``RETRY``).
+    :param log_tail: the end of the job's log (failures only; see :attr:`Observation.needs_log`).
+    :param infrastructure_gone: the backend's word that the site took the cluster away (e.g. "Slurm
+        job 12 is CANCELLED"), when the Jobs API is unreachable.
+    :param stopped_by_pipeline: why the pipeline itself stopped this job (a hang, a lost node).
+    :param training: the attempt's record when the job trains (its success is checked against it).
+    """
+    if obs.kind is WaitEvent.RUNNING:
+        return Decision(Action.WAIT, f"job is {obs.job_status or 'alive'}",
+                        f"Ray job {obs.job_id} is {obs.job_status or 'alive'}: waiting for it")
+    if obs.kind is WaitEvent.SUCCEEDED:
+        return _succeeded(obs, training)
+    if obs.kind is WaitEvent.NODE_LOST:
+        return _infrastructure(obs, "node died", retry_try=retry_try, detail=obs.message, stop_job=True)
+    if obs.kind is WaitEvent.HUNG:
+        return _infrastructure(obs, obs.message.split(" (")[0] or "hang", retry_try=retry_try, detail=obs.message,
+                               stop_job=True)
+    if obs.kind is WaitEvent.UNREACHABLE:
+        if infrastructure_gone:
+            return _infrastructure(obs, infrastructure_gone, retry_try=retry_try, detail=obs.message)
+        return _infrastructure(obs, "Ray Jobs API unreachable", retry_try=retry_try, detail=obs.message)
+    if obs.kind is WaitEvent.STOPPED and stopped_by_pipeline:
+        return _infrastructure(obs, stopped_by_pipeline, retry_try=retry_try,
+                               detail="stopped by the pipeline")
+    c = classify(obs.message, log_tail, status=obs.job_status or obs.kind.value.upper())
+    if c.retryable:
+        return _infrastructure(obs, c.reason, retry_try=retry_try, detail=obs.message[:300], evidence=c.evidence)
+    return Decision(Action.FAIL, c.reason,
+                    f"Ray job {obs.job_id} ended {obs.job_status or obs.kind.value.upper()} "
+                    f"[user failure: {c.reason}] — not retried. Evidence: {c.evidence}",
+                    FailureKind.USER, c.evidence)
+
+
+def _succeeded(obs: Observation, training: TrainingRecord | None) -> Decision:
+    """A SUCCEEDED training job must have reached its last step; a resumed one must have started
+    right after its checkpoint."""
+    done = Decision(Action.FINISH, "succeeded", f"Ray job {obs.job_id} SUCCEEDED")
+    if training is None:
+        return done
+    logged = list(training.steps_logged)
+    last = max(logged, default=0)
+    if last < training.total_steps:
+        reason = f"stopped early at step {last} of {training.total_steps}"
+        return Decision(Action.FAIL, reason,
+                        f"Ray job {obs.job_id} SUCCEEDED but reached step {last} of trainer.total_training_steps="
+                        f"{training.total_steps} (metrics: {training.metrics_path}); a run that stops early is a "
+                        "failure", FailureKind.USER)
+    if training.resume_from_step and min(logged) != training.resume_from_step + 1:
+        reason = f"did not resume after step {training.resume_from_step}"
+        return Decision(Action.FAIL, reason,
+                        f"Ray job {obs.job_id} should have resumed after checkpoint step "
+                        f"{training.resume_from_step} but its first step was {min(logged)}: check "
+                        "trainer.resume_mode and trainer.default_local_dir", FailureKind.USER)
+    return done

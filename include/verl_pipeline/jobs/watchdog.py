@@ -1,0 +1,123 @@
+"""The hang watchdog: a training job RUNNING with no new step for too long is hung.
+
+A collective waiting forever on a peer (every node alive, the job RUNNING, no output) is the hang
+nothing else notices. The rule, in one place:
+
+- before the job's first step: ``startup_timeout`` (model loading, rollout engine start and the
+  first rollout are slow; default 2 h);
+- after a step: ``stall_timeout`` — fixed when the profile sets it, else derived from the step
+  times seen: ``max(min_stall_timeout, stall_factor * the slowest step)`` (default
+  ``max(30 min, 5 * slowest)``), so a run whose steps take 20 min is not cut at 30.
+
+Times are the waiter's monotonic clock: the windows start when a waiter starts watching, so a
+restarted triggerer (whose waiter starts afresh) waits at most one more window, never less.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
+from verl_pipeline.exceptions import ConfigError
+
+#: The run profile's section (``watch:``) and its keys.
+SECTION = "watch"
+_KEYS = ("stall_timeout", "startup_timeout", "min_stall_timeout", "stall_factor")
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    #: Seconds without a new step after which a job is hung; None: derived from step times.
+    stall_timeout_s: float | None = None
+    startup_timeout_s: float = 2 * 3600.0
+    min_stall_timeout_s: float = 30 * 60.0
+    stall_factor: float = 5.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> WatchSettings:
+        return cls(**(data or {}))
+
+    @classmethod
+    def from_profile(cls, section: Any, profile: str) -> WatchSettings:
+        """Settings from a run profile's ``watch:`` section (durations as strings, the factor a number)."""
+        where = f"profiles/{profile}.{SECTION}"
+        if section is None:
+            return cls()
+        if not isinstance(section, dict):
+            raise ConfigError(where, section, "must be a mapping", "watch: {stall_timeout: 45m}")
+        unknown = sorted(set(section) - set(_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", section[unknown[0]], "is not a watch setting",
+                              f"one of {list(_KEYS)}")
+        out: dict[str, Any] = {}
+        for key in ("stall_timeout", "startup_timeout", "min_stall_timeout"):
+            value = section.get(key)
+            if value is None or (key == "stall_timeout" and value == "auto"):
+                continue
+            seconds = parse_duration(value) if isinstance(value, str) else None
+            if not seconds:
+                raise ConfigError(f"{where}.{key}", value, "is not a duration longer than zero",
+                                  f"{key}: one of {EXAMPLES}" + (" or auto" if key == "stall_timeout" else ""))
+            out[f"{key}_s"] = float(seconds)
+        factor = section.get("stall_factor")
+        if factor is not None:
+            if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
+                raise ConfigError(f"{where}.stall_factor", factor, "must be a number of at least 1",
+                                  "stall_factor: 5")
+            out["stall_factor"] = float(factor)
+        return cls(**out)
+
+    def stall_limit(self, slowest_step_s: float | None) -> float:
+        """Seconds without a new step that count as a hang, given the slowest step seen."""
+        if self.stall_timeout_s is not None:
+            return self.stall_timeout_s
+        return max(self.min_stall_timeout_s, self.stall_factor * (slowest_step_s or 0.0))
+
+    def describe(self) -> str:
+        stall = (format_duration(self.stall_timeout_s) if self.stall_timeout_s is not None
+                 else f"max({format_duration(self.min_stall_timeout_s)}, {self.stall_factor:g} x the slowest step)")
+        return f"no step for {stall}, or none within {format_duration(self.startup_timeout_s)} of the start"
+
+
+class StallWatch:
+    """Follows one job's steps on a caller-supplied clock; :meth:`hang` says when it is hung.
+
+    :param started_at: when watching began (the startup window's start).
+    :param last_step: the step a previous waiter had seen (a reattach): counts as a step seen now.
+    """
+
+    def __init__(self, settings: WatchSettings, started_at: float, last_step: int | None = None) -> None:
+        self.settings = settings
+        self.started_at = started_at
+        self.last_step = last_step
+        self.last_step_at: float | None = started_at if last_step is not None else None
+        self.slowest_s: float | None = None
+
+    def step(self, step: int, now: float, seconds: float | None = None) -> None:
+        """A step newer than any seen arrived at ``now``; ``seconds``: its duration as verl reports it."""
+        if self.last_step is not None and step <= self.last_step:
+            return
+        gap = now - self.last_step_at if self.last_step_at is not None else None
+        for value in (seconds, gap):
+            if value is not None and value > 0:
+                self.slowest_s = max(self.slowest_s or 0.0, value)
+        self.last_step, self.last_step_at = step, now
+
+    def hang(self, now: float) -> str | None:
+        """Why the job counts as hung at ``now``, or None."""
+        if self.last_step_at is None:
+            waited = now - self.started_at
+            if waited > self.settings.startup_timeout_s:
+                return (f"hang: no training step within {format_duration(waited)} of the start "
+                        f"(watch.startup_timeout {format_duration(self.settings.startup_timeout_s)})")
+            return None
+        waited = now - self.last_step_at
+        limit = self.settings.stall_limit(self.slowest_s)
+        if waited > limit:
+            return (f"hang: no training step for {format_duration(waited)}, last step {self.last_step} "
+                    f"(stall limit {format_duration(limit)})")
+        return None

@@ -1,0 +1,88 @@
+"""The wait's one decision, case by case."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_pipeline.jobs.classify import FailureKind
+from verl_pipeline.jobs.outcome import Action, Observation, TrainingRecord, WaitEvent, decide
+
+EXIT = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
+
+
+def obs(kind: WaitEvent, message: str = "", status: str = "") -> Observation:
+    return Observation(kind, "job-a1", message, status)
+
+
+def test_a_live_job_is_waited_for_also_on_a_retry() -> None:
+    for retry_try in (False, True):
+        d = decide(obs(WaitEvent.RUNNING, status="RUNNING"), retry_try=retry_try)
+        assert d.action is Action.WAIT and not d.stop_job
+
+
+def test_success_of_a_preflight_job() -> None:
+    assert decide(obs(WaitEvent.SUCCEEDED, status="SUCCEEDED")).action is Action.FINISH
+
+
+def test_success_of_training_must_reach_the_last_step_and_resume_where_it_should() -> None:
+    ok = TrainingRecord(total_steps=8, steps_logged=[5, 6, 7, 8], resume_from_step=4)
+    assert decide(obs(WaitEvent.SUCCEEDED), training=ok).action is Action.FINISH
+    short = decide(obs(WaitEvent.SUCCEEDED), training=TrainingRecord(8, [1, 2, 3], metrics_path="/m.jsonl"))
+    assert short.action is Action.FAIL and "reached step 3 of trainer.total_training_steps=8" in short.message
+    restarted = decide(obs(WaitEvent.SUCCEEDED), training=TrainingRecord(8, list(range(1, 9)), resume_from_step=4))
+    assert restarted.action is Action.FAIL and "resumed after checkpoint step 4 but its first step was 1" in \
+        restarted.message
+
+
+@pytest.mark.parametrize("kind", [WaitEvent.NODE_LOST, WaitEvent.HUNG])
+def test_a_lost_node_or_a_hang_stops_the_job_and_retries(kind: WaitEvent) -> None:
+    message = ("hang: no training step for 42m, last step 118 (stall limit 30m)" if kind is WaitEvent.HUNG
+               else "Ray node died: 1 of 2 nodes alive while job job-a1 was RUNNING")
+    d = decide(obs(kind, message, "RUNNING"))
+    assert d.action is Action.RETRY and d.stop_job and d.kind is FailureKind.INFRASTRUCTURE
+    assert d.reason == ("hang: no training step for 42m, last step 118" if kind is WaitEvent.HUNG else "node died")
+    assert f"[infrastructure failure: {d.reason}]" in d.message and "resumes from the last checkpoint" in d.message
+
+
+def test_the_retry_after_the_pipeline_stopped_a_job_resubmits_it() -> None:
+    stopped = obs(WaitEvent.STOPPED, "Job was intentionally stopped.", "STOPPED")
+    d = decide(stopped, retry_try=True, stopped_by_pipeline="hang: no training step for 42m, last step 118")
+    assert d.action is Action.RESUBMIT and "hang: no training step for 42m" in d.message
+    # The same stop by someone else (a user, teardown) is not undone.
+    assert decide(stopped, retry_try=True).action is Action.FAIL
+
+
+def test_an_infrastructure_failure_fails_the_try_then_its_retry_resubmits() -> None:
+    failed = obs(WaitEvent.FAILED, EXIT, "FAILED")
+    log = "Traceback (most recent call last):\nray.exceptions.ActorDiedError: its node was terminated"
+    first = decide(failed, log_tail=log)
+    assert first.action is Action.RETRY and first.reason == "actor died with its node"
+    assert first.evidence.startswith("ray.exceptions.ActorDiedError")
+    assert decide(failed, log_tail=log, retry_try=True).action is Action.RESUBMIT
+
+
+def test_a_user_failure_fails_at_once_naming_the_reason_that_decided_and_the_ending_exception() -> None:
+    log = ("WARNING torchtitan engine is not available: ModuleNotFoundError: No module named 'torchtitan'\n"
+           "Traceback (most recent call last):\nImportError: the package flash_attn seems to be not installed")
+    for retry_try in (False, True):
+        d = decide(obs(WaitEvent.FAILED, EXIT, "FAILED"), log_tail=log, retry_try=retry_try)
+        assert d.action is Action.FAIL and d.reason == "import error" and d.kind is FailureKind.USER
+        assert d.message.endswith("Evidence: ImportError: the package flash_attn seems to be not installed")
+        assert "[user failure: import error]" in d.message
+
+
+def test_an_unreachable_cluster_names_what_the_backend_says() -> None:
+    gone = decide(obs(WaitEvent.UNREACHABLE, "Ray Jobs API unreachable: connection refused"),
+                  infrastructure_gone="Slurm job 12 is CANCELLED")
+    assert gone.action is Action.RETRY and "[infrastructure failure: Slurm job 12 is CANCELLED]" in gone.message
+    plain = decide(obs(WaitEvent.UNREACHABLE, "the job is unknown to the cluster"))
+    assert plain.action is Action.RETRY and plain.reason == "Ray Jobs API unreachable"
+    assert decide(obs(WaitEvent.UNREACHABLE), retry_try=True).action is Action.RESUBMIT
+
+
+def test_events_of_an_earlier_release_still_parse() -> None:
+    assert WaitEvent.parse("success") is WaitEvent.SUCCEEDED
+    assert WaitEvent.parse("error") is WaitEvent.UNREACHABLE
+    assert Observation.from_event({"status": "hung", "job_id": "j", "message": "m"}).kind is WaitEvent.HUNG
+    with pytest.raises(ValueError):
+        WaitEvent.parse("exploded")

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
+
+MIN = 60.0
+
+
+def test_defaults_are_two_hours_to_the_first_step_then_max_30_min_or_5x_the_slowest_step() -> None:
+    s = WatchSettings()
+    assert s.startup_timeout_s == 2 * 3600
+    assert s.stall_limit(None) == 30 * MIN
+    assert s.stall_limit(3 * MIN) == 30 * MIN
+    assert s.stall_limit(20 * MIN) == 100 * MIN  # slow steps are not cut at 30 min
+
+
+def test_startup_window_before_the_first_step() -> None:
+    w = StallWatch(WatchSettings(startup_timeout_s=600), started_at=1000.0)
+    assert w.hang(1000.0 + 600) is None
+    assert w.hang(1000.0 + 601) == "hang: no training step within 10m1s of the start (watch.startup_timeout 10m)"
+
+
+def test_a_stall_after_steps_names_the_last_step_and_the_limit() -> None:
+    w = StallWatch(WatchSettings(min_stall_timeout_s=30 * MIN), started_at=0.0)
+    t = 0.0
+    for step in range(1, 119):
+        t += 3 * MIN
+        w.step(step, t, seconds=3 * MIN)
+    assert w.hang(t + 30 * MIN) is None
+    assert w.hang(t + 42 * MIN) == "hang: no training step for 42m, last step 118 (stall limit 30m)"
+
+
+def test_the_limit_grows_with_the_slowest_step_seen_by_gap_or_by_verls_own_timing() -> None:
+    w = StallWatch(WatchSettings(min_stall_timeout_s=60, stall_factor=5), started_at=0.0)
+    w.step(1, 10.0)
+    w.step(2, 110.0)  # a 100 s gap between steps
+    assert w.hang(110.0 + 499) is None and w.hang(110.0 + 501) is not None
+    w.step(3, 120.0, seconds=200.0)  # verl says the step took 200 s
+    assert w.hang(120.0 + 999) is None and w.hang(120.0 + 1001) is not None
+
+
+def test_a_fixed_stall_timeout_wins_and_old_steps_do_not_reset_the_clock() -> None:
+    w = StallWatch(WatchSettings(stall_timeout_s=100), started_at=0.0, last_step=7)
+    w.step(20, 50.0, seconds=10_000)
+    w.step(20, 140.0)  # the same step seen again (the console line after the metrics file)
+    w.step(5, 140.0)
+    assert w.hang(151.0) == "hang: no training step for 1m41s, last step 20 (stall limit 1m40s)"
+
+
+def test_a_reattached_waiter_counts_the_carried_step_as_seen_at_its_start() -> None:
+    w = StallWatch(WatchSettings(startup_timeout_s=10, min_stall_timeout_s=50), started_at=500.0, last_step=3)
+    assert w.hang(540.0) is None  # not the startup window: step 3 was seen
+    assert "last step 3" in (w.hang(551.0) or "")
+
+
+def test_profile_section() -> None:
+    s = WatchSettings.from_profile({"stall_timeout": "45m", "startup_timeout": "3h"}, "p")
+    assert (s.stall_timeout_s, s.startup_timeout_s) == (45 * MIN, 3 * 3600)
+    assert WatchSettings.from_profile({"stall_timeout": "auto", "stall_factor": 8}, "p").stall_factor == 8
+    assert WatchSettings.from_profile(None, "p") == WatchSettings()
+    assert "45m" in WatchSettings.from_profile({"stall_timeout": "45m"}, "p").describe()
+
+
+@pytest.mark.parametrize(("section", "key"), [
+    ({"stall_timeout": "soon"}, "profiles/p.watch.stall_timeout"),
+    ({"stall_timeout": 30}, "profiles/p.watch.stall_timeout"),
+    ({"startup_timeout": "0m"}, "profiles/p.watch.startup_timeout"),
+    ({"stall_factor": 0.5}, "profiles/p.watch.stall_factor"),
+    ({"stall_timout": "30m"}, "profiles/p.watch.stall_timout"),
+    (["30m"], "profiles/p.watch"),
+])
+def test_bad_settings_name_the_key(section: object, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        WatchSettings.from_profile(section, "p")
+    assert str(err.value).startswith(key) and "\n" not in str(err.value)
