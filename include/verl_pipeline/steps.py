@@ -235,6 +235,7 @@ def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode:
         spec, mode=mode, train_files=data["train_path"], val_files=data["val_path"],
         model_path=models["actor"]["path"], critic_path=critic.get("path"),
         reward_path=(models.get("reward") or {}).get("path"),
+        length_filter=(data.get("counts") or {}).get("length_filter"),
     )
 
 

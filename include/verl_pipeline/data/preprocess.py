@@ -440,7 +440,7 @@ def preprocess(
             "reject_fraction": round(n_rej / run.read, 6), "max_reject_fraction": max_frac,
             "deduplicated": run.filtered.get("duplicate_prompt", 0),
             "too_long": run.filtered.get("prompt_too_long", 0),
-            "length_filter": ({"tokenizer": str(tokenizer), "max_prompt_length": max_len,
+            "length_filter": ({"tokenizer": str(tokenizer), "tokenizer_digest": tok_hash, "max_prompt_length": max_len,
                                "longest_prompt": run.longest, "longest_kept_tokens": run.longest_kept,
                                "tokenized_rows": run.measured, "byte_bound": bool(run.lengths.byte_level)}
                               if run.lengths else "off (no tokenizer or max_prompt_length)"),

@@ -107,12 +107,24 @@ def render_job(
     model_path: str,
     critic_path: str | None = None,
     reward_path: str | None = None,
+    length_filter: dict[str, Any] | None = None,
 ) -> RenderedJob:
-    """The exact entrypoint and runtime_env that will be submitted for ``spec`` in ``mode``."""
+    """The exact entrypoint and runtime_env that will be submitted for ``spec`` in ``mode``.
+
+    ``length_filter`` is what preprocessing recorded of its prompt-length filter (``stats.json``):
+    when it matches the run, verl's own filter is turned off (:mod:`verl_pipeline.trainer.prefilter`).
+    """
     if mode is Mode.AUTO:
         raise ValueError("resolve Mode.AUTO against the cluster before rendering")
     settings = job_settings(spec, train_files=train_files, val_files=val_files, model_path=model_path,
                             critic_path=critic_path, reward_path=reward_path)
+    filter_rule = None
+    if length_filter:
+        from verl_pipeline.trainer.prefilter import FILTER_KEY, filter_already_done, model_tokenizer_digest
+
+        filter_rule = filter_already_done(length_filter, settings, model_tokenizer_digest(model_path))
+        if filter_rule:
+            settings[FILTER_KEY] = False
     overrides = render_overrides(settings)
     if mode is Mode.TRAIN:
         command: tuple[str, ...] = spec.trainer_command
@@ -134,7 +146,8 @@ def render_job(
         overrides=overrides,
         runtime_env=runtime_env,
         settings=settings,
-        derived={**spec.derived, **pipeline_rules(spec, settings)},
+        derived={**spec.derived, **pipeline_rules(spec, settings),
+                 **({"data.filter_overlong_prompts": filter_rule} if filter_rule else {})},
     )
 
 
