@@ -14,7 +14,7 @@ from verl_pipeline.airflow.operators import (
 from verl_pipeline.airflow.triggers import RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.config import build_run_spec
-from verl_pipeline.jobs.attempts import Attempt, record_attempt
+from verl_pipeline.jobs.attempts import Attempt, record_attempt, stop_reason
 
 
 class FakeTI:
@@ -44,7 +44,7 @@ def _context(xcoms: dict[str, Any], params: dict[str, Any] | None = None) -> dic
 def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: ClusterHandle) -> None:
     client = ray_cluster.client()
     job_id = f"op-defer-{int(time.time() * 1000)}"
-    client.submit(entrypoint="sleep 20", submission_id=job_id, runtime_env={})
+    client.submit(entrypoint="sleep 120", submission_id=job_id, runtime_env={})
     ctx = _context({"provision_ray_cluster": ray_cluster.to_dict(),
                     "submit_verl_job": {"submission_id": job_id, "mode": "train", "run_dir": "/x"}})
     op = WaitForVerlJobOperator(task_id="wait_for_verl_job")
@@ -78,8 +78,31 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
             fresh.execute_complete(ctx, {"status": "failed", "job_id": job_id, "job_status": "FAILED",
                                          "message": "ray.exceptions.NodeDiedError: the node died"})
         assert not isinstance(err.value, AirflowFailException)
+        # A hang: the job is stopped, the stop noted as the pipeline's, and the try fails to be retried ...
+        hang = "hang: no training step for 42m, last step 1"
+        with pytest.raises(AirflowException, match=rf"\[infrastructure failure: {hang}\]") as err:
+            fresh.execute_complete(ctx, {"status": "hung", "job_id": job_id, "job_status": "RUNNING",
+                                         "message": f"{hang} (stall limit 30m)"})
+        assert not isinstance(err.value, AirflowFailException)
+        assert stop_reason(spec.run_dir, job_id) == hang
+        _wait_terminal(client, job_id)
+        # ... whose look at the STOPPED job resubmits it (here without the upstream results it needs),
+        # where a job stopped by anyone else fails.
+        ctx["ti"].try_number = 2
+        with pytest.raises(AirflowException, match="cannot resubmit: data or model results"):
+            WaitForVerlJobOperator(task_id="wait_for_verl_job").execute(ctx)
     finally:
         client.stop(job_id)
+
+
+def _wait_terminal(client: Any, job_id: str) -> Any:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        info = client.get_job(job_id)
+        if info is not None and info.status.is_terminal():
+            return info
+        time.sleep(0.5)
+    raise AssertionError(f"{job_id} did not end")
 
 
 @pytest.mark.integration
@@ -102,7 +125,7 @@ def test_the_log_cursor_and_progress_travel_through_a_retry_that_reattaches(ray_
         assert first.total_steps == spec.total_training_steps and first.progress_interval == 5.0
         progress = {"step": 1, "total": 2, "seconds_per_step": 3.0, "metrics": {}, "line": "step 1/2 (50%)"}
         # The waiter gave up (API unreachable): this try fails and is retried ...
-        with pytest.raises(AirflowException, match="retrying"):
+        with pytest.raises(AirflowException, match="the retry provisions a healthy cluster"):
             op.execute_complete(ctx, {"status": "error", "job_id": job_id, "message": "Ray Jobs API unreachable",
                                       "log_offset_bytes": 4321, "metrics_offset_bytes": 99, "progress": progress})
         assert ctx["ti"].xcoms["pushed:progress"] == progress

@@ -113,7 +113,7 @@ async def test_success_after_running_forwards_each_log_line_once() -> None:
     events = await _events(trigger, hook)
     assert len(events) == 1
     ev = events[0]
-    assert ev["status"] == "success" and ev["job_status"] == "SUCCEEDED" and ev["job_id"] == "job-1"
+    assert ev["status"] == "succeeded" and ev["job_status"] == "SUCCEEDED" and ev["job_id"] == "job-1"
     assert ev["log_offset_bytes"] == len("line 1\npartial line\nlast\n")
     assert forwarded(lines) == ["line 1", "partial line", "last"]
     assert hook.entered == 1  # one session (and one token look-up) for the whole run
@@ -128,16 +128,16 @@ async def test_terminal_failures_become_events(final: str, status: str) -> None:
 
 async def test_missing_job_is_an_error_event() -> None:
     events = await _events(_trigger(), ScriptedHook([None], [""]))
-    assert events[0]["status"] == "error" and "does not exist" in events[0]["message"]
+    assert events[0]["status"] == "unreachable" and "does not exist" in events[0]["message"]
 
 
 async def test_transient_errors_are_retried_then_reported() -> None:
     hook = ScriptedHook([ConnectionError("boom"), ConnectionError("boom"), "SUCCEEDED"], [""])
     events = await _events(_trigger(max_poll_errors=3), hook)
-    assert events[0]["status"] == "success"
+    assert events[0]["status"] == "succeeded"
     hook = ScriptedHook([ConnectionError("down")], [""])
     events = await _events(_trigger(max_poll_errors=3), hook)
-    assert events[0]["status"] == "error" and "unreachable" in events[0]["message"]
+    assert events[0]["status"] == "unreachable" and "unreachable" in events[0]["message"]
     assert hook.status_calls == 3
 
 
@@ -147,7 +147,7 @@ async def test_unexpected_exception_never_escapes() -> None:
             raise KeyError("anything")
 
     events = await _events(_trigger(max_poll_errors=1), Broken(["RUNNING"], [""]))
-    assert len(events) == 1 and events[0]["status"] == "error"
+    assert len(events) == 1 and events[0]["status"] == "unreachable"
 
 
 async def test_resumed_trigger_does_not_repeat_logs() -> None:
@@ -185,7 +185,7 @@ async def test_cursor_travels_through_deferrals_no_line_twice_none_lost(tmp_path
         events = await _events(trigger, ScriptedHook(states, logs, chunk=5))
         WaitCursor.from_event(events[0]).save(tmp_path)
         got += forwarded(lines)
-    assert events[0]["status"] == "success"
+    assert events[0]["status"] == "succeeded"
     assert got == full.decode().splitlines()
 
 
@@ -234,7 +234,7 @@ async def test_a_failed_log_read_does_not_end_the_wait() -> None:
     trigger = _trigger(max_poll_errors=1)
     lines = capture(trigger)
     events = await _events(trigger, Flaky(["RUNNING", "SUCCEEDED"], ["one\n"]))
-    assert events[0]["status"] == "success" and forwarded(lines) == ["one"]
+    assert events[0]["status"] == "succeeded" and forwarded(lines) == ["one"]
 
 
 def _step_line(step: int, seconds: float) -> str:
@@ -289,7 +289,8 @@ async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(t
 def test_serialize_round_trip() -> None:
     t = RayJobTrigger(cluster=CLUSTER, job_id="j", conn_id="ray_default", poll_interval=7.0, log_offset_bytes=42,
                       metrics_path="/runs/r/metrics-a1.jsonl", metrics_offset_bytes=9, total_steps=500,
-                      progress={"step": 3, "total": 500, "seconds_per_step": 6.0, "metrics": {}})
+                      progress={"step": 3, "total": 500, "seconds_per_step": 6.0, "metrics": {}},
+                      watch={"stall_timeout_s": 60.0, "startup_timeout_s": 600.0})
     path, kwargs = t.serialize()
     assert path == CLASSPATH
     module, _, name = path.rpartition(".")
@@ -298,6 +299,7 @@ def test_serialize_round_trip() -> None:
     assert again.serialize() == (path, kwargs)
     assert kwargs["log_offset_bytes"] == 42 and kwargs["poll_interval"] == 7.0
     assert kwargs["metrics_offset_bytes"] == 9 and kwargs["progress"]["step"] == 3
+    assert kwargs["watch"]["stall_timeout_s"] == 60.0
     json.dumps(kwargs)  # the kwargs go to the metadata DB as JSON
 
 
@@ -317,7 +319,7 @@ async def test_against_a_real_ray_job(ray_cluster: ClusterHandle, monkeypatch: p
 
     class Conn:
         extra_dejson: dict[str, Any] = {}
-        password = "not-needed-with-auth-disabled"
+        password = None  # the cluster's own token (its token file) is used
         schema = host = port = None
 
     def get_connection(self: RayJobsHook, conn_id: str) -> Conn:
@@ -360,3 +362,61 @@ async def test_a_lost_node_ends_the_wait_even_if_the_job_hangs() -> None:
     assert "1 of 2 nodes alive" in events[0]["message"] and events[0]["job_status"] == "RUNNING"
     # A blip shorter than the grace does not end the wait.
     assert hook.status_calls == 6
+
+
+def _step(n: int) -> str:
+    return f"(TaskRunner pid=9) step:{n} - training/global_step:{n} - perf/time_per_step:0.001\n"
+
+
+async def test_a_job_running_without_a_new_step_is_reported_hung() -> None:
+    log = _step(1) + _step(2)
+    hook = ScriptedHook(["RUNNING"], [_step(1), log])
+    watch = {"stall_timeout_s": 0.3}
+    events = await _events(_trigger(total_steps=10, watch=watch), hook)
+    assert events[0]["status"] == "hung" and events[0]["job_status"] == "RUNNING"
+    assert events[0]["message"].startswith("hang: no training step for ") and "last step 2" in events[0]["message"]
+    assert events[0]["progress"]["step"] == 2
+
+
+async def test_steps_that_keep_coming_are_no_hang_and_a_startup_window_applies_before_the_first() -> None:
+    logs = ["".join(_step(n) for n in range(1, k + 1)) for k in range(1, 40)]
+    hook = ScriptedHook(["RUNNING"] * 39 + ["SUCCEEDED"], logs)
+    events = await _events(_trigger(total_steps=39, watch={"stall_timeout_s": 5.0}), hook)
+    assert events[0]["status"] == "succeeded"
+    silent = ScriptedHook(["PENDING"], ["starting the rollout engine\n"])
+    events = await _events(_trigger(total_steps=10, watch={"startup_timeout_s": 0.2}), silent)
+    assert events[0]["status"] == "hung" and "of the start (watch.startup_timeout" in events[0]["message"]
+
+
+async def test_no_watchdog_without_watch_settings_or_while_the_log_cannot_be_read() -> None:
+    class Unreadable(ScriptedHook):
+        def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> Any:
+            raise ConnectionError("agent down")
+
+    hook = Unreadable(["RUNNING"] * 30 + ["SUCCEEDED"], [""])
+    events = await _events(_trigger(total_steps=10, watch={"startup_timeout_s": 0.01}), hook)
+    assert events[0]["status"] == "succeeded"  # never judged hung on a log it could not read
+    hook = ScriptedHook(["RUNNING"] * 30 + ["SUCCEEDED"], [""])
+    assert (await _events(_trigger(total_steps=10), hook))[0]["status"] == "succeeded"
+
+
+async def test_on_kill_stops_the_job_and_never_raises() -> None:
+    stopped: list[str] = []
+
+    class Stoppable(ScriptedHook):
+        def stop(self, job_id: str) -> bool:
+            stopped.append(job_id)
+            if len(stopped) > 1:
+                raise ConnectionError("dashboard gone")
+            return True
+
+    trigger = _trigger()
+    hook = Stoppable(["RUNNING"], [""])
+    trigger._hook = lambda: hook  # type: ignore[method-assign]
+    lines = capture(trigger)
+    await trigger.on_kill()
+    await trigger.on_kill()
+    assert stopped == ["job-1", "job-1"]
+    assert "Ray job job-1: stopped" in lines and any("Could not stop Ray job job-1" in m for m in lines)
+    await trigger.cleanup()  # a triggerer restart: nothing stopped
+    assert len(stopped) == 2

@@ -11,6 +11,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from verl_pipeline.constants import JobState
+from verl_pipeline.jobs.outcome import WaitEvent
 
 CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
 
@@ -26,8 +27,8 @@ _METRICS_READ_BYTES = 1024 * 1024
 class RayJobTrigger(BaseTrigger):
     """Wait until a Ray job is terminal, forwarding its new log lines and verl's training progress.
 
-    Never raises: every outcome is one ``TriggerEvent`` with ``status`` ``success``, ``failed``,
-    ``stopped``, ``node_lost`` or ``error``, plus ``job_id``, ``message`` and the cursors a resumed
+    Never raises: every outcome is one ``TriggerEvent`` whose ``status`` is a
+    :class:`~verl_pipeline.jobs.outcome.WaitEvent` value, plus ``job_id``, ``message`` and the cursors a resumed
     trigger continues from: ``log_offset_bytes`` (bytes of the driver log file already forwarded or
     skipped, always at a line end), ``metrics_offset_bytes`` (bytes of verl's metrics JSONL read)
     and ``progress`` (the last step verl reported, see :mod:`verl_pipeline.jobs.progress`).
@@ -45,6 +46,14 @@ class RayJobTrigger(BaseTrigger):
     ``node_grace_polls`` polls while the job still ran. A job can hang instead of failing when a
     node dies (collectives waiting on a dead peer, work waiting for a node that will not return),
     so the waiter does not wait for the job to notice.
+
+    ``hung``: the job ran without a new training step for longer than the watchdog allows
+    (``watch``, a :class:`~verl_pipeline.jobs.watchdog.WatchSettings` dict; None: no watchdog, as for
+    preflight jobs, which have no steps).
+
+    A user who marks the deferred task failed or success, or clears it, ends the wait through
+    :meth:`on_kill`, which stops the Ray job. :meth:`cleanup` (every exit, a triggerer restart
+    included) stops nothing: the next waiter reattaches.
     """
 
     def __init__(
@@ -66,6 +75,7 @@ class RayJobTrigger(BaseTrigger):
         total_steps: int = 0,
         progress_interval: float = 60.0,
         progress: dict[str, Any] | None = None,
+        watch: dict[str, Any] | None = None,
         log_offset: int | None = None,
     ) -> None:
         super().__init__()
@@ -87,7 +97,9 @@ class RayJobTrigger(BaseTrigger):
         self.total_steps = total_steps
         self.progress_interval = progress_interval
         self.progress = progress
+        self.watch = watch
         self._tracker: Any = None
+        self._stall: Any = None
         self._reported_step = -1
         self._reported_at = float("-inf")
 
@@ -111,6 +123,7 @@ class RayJobTrigger(BaseTrigger):
                 "total_steps": self.total_steps,
                 "progress_interval": self.progress_interval,
                 "progress": self.progress,
+                "watch": self.watch,
             },
         )
 
@@ -119,8 +132,8 @@ class RayJobTrigger(BaseTrigger):
 
         return RayJobsHook(self.cluster, conn_id=self.conn_id)
 
-    def _event(self, status: str, message: str, **extra: Any) -> TriggerEvent:
-        return TriggerEvent({"status": status, "job_id": self.job_id, "message": message,
+    def _event(self, status: WaitEvent, message: str, **extra: Any) -> TriggerEvent:
+        return TriggerEvent({"status": status.value, "job_id": self.job_id, "message": message,
                              "log_offset_bytes": self.log_offset_bytes,
                              "metrics_offset_bytes": self.metrics_offset_bytes,
                              "progress": self.progress, **extra})
@@ -194,30 +207,39 @@ class RayJobTrigger(BaseTrigger):
             return
         self.progress = last.to_dict()
         now = time.monotonic()
+        if self._stall is not None:
+            self._stall.step(last.step, now, self._tracker.slowest_s)
         if now - self._reported_at >= self.progress_interval:
             self._reported_step, self._reported_at = last.step, now
             self.log.info("Ray job %s progress: %s", self.job_id, last.line())
 
-    async def _poll_logs(self, hook: Any, info: Any) -> None:
-        """Forward new lines and update progress; a failed read is retried next poll, never fatal."""
+    async def _poll_logs(self, hook: Any, info: Any) -> bool:
+        """Forward new lines and update progress; a failed read (False) is retried next poll, never fatal."""
         try:
             await self._observe_metrics_file()  # first, so verl's exact numbers win over its console's
             if self.forward_logs:
                 await self._forward(hook, info)
             self._report_progress()
+            return True
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self.log.warning("Could not read the log of Ray job %s (at byte %d): %s", self.job_id,
                              self.log_offset_bytes, e)
+            return False
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
             from verl_pipeline.jobs.progress import Progress, ProgressTracker
 
-            if self.total_steps or self.metrics_path or self.progress:
+            if self.total_steps or self.metrics_path or self.progress or self.watch:
                 self._tracker = ProgressTracker(self.total_steps, Progress.from_dict(self.progress))
                 self._reported_step = self._tracker.last.step if self._tracker.last else -1
+            if self.watch is not None and (self.forward_logs or self.metrics_path):  # steps are visible
+                from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
+
+                last_step = self._tracker.last.step if self._tracker.last else None
+                self._stall = StallWatch(WatchSettings.from_dict(self.watch), time.monotonic(), last_step)
             async with self._hook() as hook:
                 async for event in self._wait(hook):
                     yield event
@@ -225,7 +247,7 @@ class RayJobTrigger(BaseTrigger):
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            yield self._event("error", str(e), stack_trace=traceback.format_exc())
+            yield self._event(WaitEvent.UNREACHABLE, f"the waiter failed: {e}", stack_trace=traceback.format_exc())
 
     async def _wait(self, hook: Any) -> AsyncIterator[TriggerEvent]:
         errors = 0
@@ -241,16 +263,17 @@ class RayJobTrigger(BaseTrigger):
                 self.log.warning("Polling Ray job %s failed (%d/%d): %s", self.job_id, errors,
                                  self.max_poll_errors, e)
                 if errors >= self.max_poll_errors:
-                    yield self._event("error", f"Ray Jobs API unreachable: {e}")
+                    yield self._event(WaitEvent.UNREACHABLE, f"Ray Jobs API unreachable: {e}")
                     return
                 await asyncio.sleep(self.poll_interval)
                 continue
             if info is None:
-                yield self._event("error", f"Ray job {self.job_id} does not exist on the cluster")
+                yield self._event(WaitEvent.UNREACHABLE, f"Ray job {self.job_id} does not exist on the cluster")
                 return
-            await self._poll_logs(hook, info)
+            read = await self._poll_logs(hook, info)
             if info.status.is_terminal():
-                status = {JobState.SUCCEEDED: "success", JobState.STOPPED: "stopped"}.get(info.status, "failed")
+                status = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
+                          JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.FAILED)
                 yield self._event(status, info.message, job_status=info.status.value,
                                   driver_exit_code=info.driver_exit_code)
                 return
@@ -264,8 +287,23 @@ class RayJobTrigger(BaseTrigger):
                     alive = self.expected_nodes
                 short_polls = short_polls + 1 if alive < self.expected_nodes else 0
                 if short_polls >= self.node_grace_polls:
-                    yield self._event("node_lost", f"Ray node died: {alive} of {self.expected_nodes} nodes alive "
-                                      f"while job {self.job_id} was {info.status.value}",
+                    yield self._event(WaitEvent.NODE_LOST, f"Ray node died: {alive} of {self.expected_nodes} nodes "
+                                      f"alive while job {self.job_id} was {info.status.value}",
                                       job_status=info.status.value)
                     return
+            # Steps are only seen through the log: a poll that could not read it says nothing of a hang.
+            hang = self._stall.hang(time.monotonic()) if self._stall is not None and read else None
+            if hang:
+                self.log.warning("Ray job %s: %s", self.job_id, hang)
+                yield self._event(WaitEvent.HUNG, hang, job_status=info.status.value)
+                return
             await asyncio.sleep(self.poll_interval)
+
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed or success, or cleared it: stop the Ray job."""
+        self.log.warning("Task killed by a user: stopping Ray job %s", self.job_id)
+        try:
+            stopped = await asyncio.to_thread(self._hook().stop, self.job_id)
+            self.log.warning("Ray job %s: %s", self.job_id, "stopped" if stopped else "already ended")
+        except Exception as e:  # never raise out of the triggerer
+            self.log.error("Could not stop Ray job %s: %s", self.job_id, e)

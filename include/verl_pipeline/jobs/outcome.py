@@ -124,7 +124,7 @@ _RESUME = "provisions a healthy cluster and resumes from the last checkpoint"
 def _infrastructure(obs: Observation, reason: str, *, retry_try: bool, detail: str = "", evidence: str = "",
                     stop_job: bool = False) -> Decision:
     what = f"Ray job {obs.job_id}" + (f" ended {obs.job_status}" if obs.job_status else "")
-    text = f"{what} [infrastructure failure: {reason}]" + (f": {detail}" if detail else "")
+    text = f"{what} [infrastructure failure: {reason}]" + (f": {detail}" if detail and detail != reason else "")
     if retry_try:
         return Decision(Action.RESUBMIT, reason, f"{text} — this retry {_RESUME}", FailureKind.INFRASTRUCTURE,
                         evidence, stop_job)

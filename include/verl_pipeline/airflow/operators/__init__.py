@@ -1,0 +1,62 @@
+"""Operators of the pipeline's DAGs, one module per step.
+
+Each builds the run's spec from the DAG run's params, calls a plain step from
+:mod:`verl_pipeline.steps` (Ray I/O through :class:`~verl_pipeline.airflow.hooks.RayJobsHook`), and
+returns a small JSON-able result for XCom.
+
+==================  ===========================================================================
+module              step
+==================  ===========================================================================
+``provision``       validate the run (params, profiles, verl's own checks), start/reach the cluster
+``preprocess``      the data as verl's parquet, and the preprocessed-data Asset
+``models``          plan the run's models; prefetch each into the shared cache
+``submit``          render, probe every node, submit the verl job (or reattach)
+``wait``            defer to the trigger; act on the one decision of :mod:`verl_pipeline.jobs.outcome`
+``teardown``        stop the job, release the cluster — always; ``cleanup_failed_run`` for runs
+                    that ended without their teardown task
+==================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+from verl_pipeline.airflow.operators.base import (
+    HF_CONN_ID,
+    PLAN_MODELS_TASK,
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    PROVISION_TASK,
+    SUBMIT_TASK,
+    TEARDOWN_TASK,
+    WAIT_TASK,
+    PipelineOperator,
+    run_name,
+    spec_from_context,
+)
+from verl_pipeline.airflow.operators.models import PlanModelsOperator, PrefetchModelOperator
+from verl_pipeline.airflow.operators.preprocess import PreprocessDataOperator
+from verl_pipeline.airflow.operators.provision import ProvisionRayClusterOperator
+from verl_pipeline.airflow.operators.submit import SubmitVerlJobOperator
+from verl_pipeline.airflow.operators.teardown import TeardownRayClusterOperator, cleanup_failed_run
+from verl_pipeline.airflow.operators.wait import WaitForVerlJobOperator
+
+__all__ = [
+    "HF_CONN_ID",
+    "PLAN_MODELS_TASK",
+    "PREFETCH_TASK",
+    "PREPROCESS_TASK",
+    "PROVISION_TASK",
+    "SUBMIT_TASK",
+    "TEARDOWN_TASK",
+    "WAIT_TASK",
+    "PipelineOperator",
+    "PlanModelsOperator",
+    "PrefetchModelOperator",
+    "PreprocessDataOperator",
+    "ProvisionRayClusterOperator",
+    "SubmitVerlJobOperator",
+    "TeardownRayClusterOperator",
+    "WaitForVerlJobOperator",
+    "cleanup_failed_run",
+    "run_name",
+    "spec_from_context",
+]

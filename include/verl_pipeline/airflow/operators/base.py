@@ -1,0 +1,67 @@
+"""What every operator of the pipeline shares: task ids, the run's spec from the context, errors as task failures.
+
+Tasks find each other's results by task id (``xcom_pull``) so that teardown still works when an
+upstream task failed before pushing anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from verl_pipeline.config import RunSpec, build_run_spec
+from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError
+
+PROVISION_TASK = "provision_ray_cluster"
+PREPROCESS_TASK = "preprocess_data"
+PLAN_MODELS_TASK = "plan_models"
+PREFETCH_TASK = "prefetch_model"
+#: Airflow connection holding the hub token (password); optional.
+HF_CONN_ID = "hf_default"
+SUBMIT_TASK = "submit_verl_job"
+WAIT_TASK = "wait_for_verl_job"
+TEARDOWN_TASK = "teardown_ray_cluster"
+
+
+def connection(conn_id: str) -> Any:
+    from airflow.sdk import BaseHook
+
+    return BaseHook.get_connection(conn_id)
+
+
+def run_name(context: Any) -> str:
+    return f"{context['dag'].dag_id}/{context['run_id']}"
+
+
+def spec_from_context(context: Any) -> RunSpec:
+    params = {k: v for k, v in dict(context["params"]).items()}
+    return build_run_spec(params, run_name=run_name(context))
+
+
+def task_error(e: Exception) -> AirflowException:
+    """The task error for a pipeline error: the user's mistakes fail at once, without retries."""
+    from verl_pipeline.trainer.validate import VerlConfigError
+
+    if isinstance(e, ConfigError | DataError | EnvironmentCheckError | VerlConfigError):
+        return AirflowFailException(f"{type(e).__name__}: {e}")
+    return AirflowException(f"{type(e).__name__}: {e}")
+
+
+class PipelineOperator(BaseOperator):
+    """Shared plumbing: XCom lookups by task id and the project's errors as task failures."""
+
+    def __init__(self, *, conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+
+    @staticmethod
+    def _pull(context: Any, task_id: str) -> Any:
+        return context["ti"].xcom_pull(task_ids=task_id)
+
+    def hook(self, handle: Any) -> Any:
+        """The Ray hook (all Ray I/O) for ``handle``, with this operator's connection if it has one."""
+        from verl_pipeline.airflow.hooks import RayJobsHook
+
+        return RayJobsHook(handle.to_dict(), conn_id=self.conn_id or handle.conn_id)

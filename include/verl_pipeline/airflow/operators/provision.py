@@ -1,0 +1,44 @@
+"""Validate the run, then start or reach its Ray cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_pipeline.airflow.operators.base import PipelineOperator, connection, spec_from_context, task_error
+from verl_pipeline.exceptions import PipelineError
+
+
+class ProvisionRayClusterOperator(PipelineOperator):
+    """Validate the run (params, profiles, verl's own config checks), then start or reach the cluster.
+
+    Nothing starts when validation fails. Returns the cluster handle.
+    """
+
+    ui_color = "#d6eaf8"
+
+    def __init__(self, *, validate_with_verl: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validate_with_verl = validate_with_verl
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline import steps
+
+        try:
+            spec = spec_from_context(context)
+            self.log.info("Run %s: profile %s (model %s, cluster %s), target %d x %d GPU(s), mode %s",
+                          spec.run_name, spec.profile, spec.model_profile, spec.cluster_profile, spec.nnodes,
+                          spec.n_gpus_per_node, spec.mode.value)
+            for key, rule in spec.derived.items():
+                self.log.info("derived %s: %s", key, rule)
+            if self.validate_with_verl:
+                steps.validate_spec_with_verl(spec)
+            endpoint = None
+            conn_id = self.conn_id or spec.cluster.get("conn_id")
+            if spec.cluster.get("backend") == "address" and conn_id and not spec.cluster.get("dashboard_url"):
+                from verl_pipeline.airflow.hooks import endpoint_from_connection
+
+                endpoint = endpoint_from_connection(connection(conn_id))
+            handle = steps.provision(spec, endpoint=endpoint)
+        except PipelineError as e:
+            raise task_error(e) from e
+        return handle.to_dict()

@@ -1,0 +1,80 @@
+"""Render, probe and submit the verl job, or reattach to this run's live job."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException
+
+from verl_pipeline.airflow.links import RayJobLink, ray_job_url
+from verl_pipeline.airflow.operators.base import (
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    PROVISION_TASK,
+    PipelineOperator,
+    spec_from_context,
+    task_error,
+)
+from verl_pipeline.exceptions import PipelineError
+
+
+class SubmitVerlJobOperator(PipelineOperator):
+    """Render the verl job (entrypoint + runtime_env), probe every node for what it needs, and submit
+    it, or reattach to this run's live job.
+
+    The probe (:func:`verl_pipeline.steps.check_environment`) fails a training job at once, without
+    retries, when a node misses a package, a GPU or a path; in preflight mode it only reports what
+    a GPU run would miss. Its report is logged and returned under ``environment``.
+    """
+
+    template_fields: Sequence[str] = ("cluster_task_id", "data_task_id", "model_task_id")
+    operator_extra_links = (RayJobLink(),)
+
+    def __init__(
+        self,
+        *,
+        cluster_task_id: str = PROVISION_TASK,
+        data_task_id: str = PREPROCESS_TASK,
+        model_task_id: str = PREFETCH_TASK,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_task_id = cluster_task_id
+        self.data_task_id = data_task_id
+        self.model_task_id = model_task_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline import steps
+        from verl_pipeline.cluster.base import ClusterHandle
+        from verl_pipeline.jobs.ids import submission_prefix
+        from verl_pipeline.jobs.submit import submit_or_reattach
+
+        cluster = self._pull(context, self.cluster_task_id)
+        data = self._pull(context, self.data_task_id)
+        from verl_pipeline.models.prefetch import models_by_role
+
+        models = models_by_role(self._pull(context, self.model_task_id))
+        if not cluster or not data or "actor" not in models:
+            raise AirflowException("upstream results missing (cluster, data or model): did an upstream task fail?")
+        try:
+            spec = spec_from_context(context)
+            handle = ClusterHandle.from_dict(cluster)
+            hook = self.hook(handle)
+            token = hook.token()
+            prepared = steps.prepare_job(
+                spec, handle, data=data, models=models, token=token,
+                id_prefix=submission_prefix(context["dag"].dag_id, context["run_id"], self.task_id))
+            job, mode, run_dir = prepared.job, prepared.mode, spec.run_dir
+            self.log.info("Entrypoint: %s", job.entrypoint)
+            self.log.info("runtime_env: %s", job.runtime_env)
+            sub = submit_or_reattach(
+                hook.client, job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
+                task_id=self.task_id, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
+            )
+        except PipelineError as e:
+            raise task_error(e) from e
+        self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action, sub.attempt)
+        RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
+        return {**sub.to_dict(), "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
+                "environment": prepared.environment}

@@ -1,0 +1,83 @@
+"""Tear the run down: stop its job, release its cluster — always, also for a run that failed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from verl_pipeline.airflow.operators.base import (
+    PROVISION_TASK,
+    SUBMIT_TASK,
+    PipelineOperator,
+    spec_from_context,
+    task_error,
+)
+from verl_pipeline.config import build_run_spec
+from verl_pipeline.exceptions import PipelineError
+
+log = logging.getLogger(__name__)
+
+
+class TeardownRayClusterOperator(PipelineOperator):
+    """Stop the job if it still runs and release the cluster (when the pipeline owns it). Runs always."""
+
+    template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id")
+
+    def __init__(self, *, cluster_task_id: str = PROVISION_TASK, submit_task_id: str = SUBMIT_TASK,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cluster_task_id = cluster_task_id
+        self.submit_task_id = submit_task_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline import steps
+        from verl_pipeline.cluster.base import ClusterHandle
+
+        cluster = self._pull(context, self.cluster_task_id)
+        sub = self._pull(context, self.submit_task_id) or {}
+        handle = ClusterHandle.from_dict(cluster) if cluster else None
+        job_id = sub.get("submission_id")
+        run_dir = None
+        try:
+            spec = spec_from_context(context)
+            run_dir = spec.run_dir
+            # The run's latest cluster (a retry may have re-provisioned it; provision may have died
+            # after starting processes) and its latest job attempt.
+            handle = steps.current_handle(spec, cluster)
+            from verl_pipeline.jobs.attempts import read_attempts
+
+            attempts = read_attempts(spec.run_dir)
+            if attempts:
+                job_id = attempts[-1].submission_id
+        except PipelineError as e:
+            self.log.warning("Cannot resolve the run's spec (%s); tearing down only what XCom knows", e)
+        try:
+            result = steps.teardown(handle, job_id=job_id,
+                                    token=self.hook(handle).token() if handle else None, run_dir=run_dir)
+        except PipelineError as e:
+            raise task_error(e) from e
+        self.log.info("Teardown: %s", result)
+        return result
+
+
+def cleanup_failed_run(context: Any) -> None:
+    """DAG ``on_failure_callback``: stop the run's job and cluster when the run failed without its
+    teardown task running (a run marked failed by hand, a DAG-run timeout). Safe to call twice."""
+    from verl_pipeline import steps
+    from verl_pipeline.jobs.attempts import read_attempts
+
+    dag_run = context.get("dag_run")
+    run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
+    dag = context.get("dag")
+    dag_id = getattr(dag, "dag_id", None) or getattr(dag_run, "dag_id", "verl_ppo")
+    params = dict(context.get("params") or {})
+    try:
+        spec = build_run_spec({k: v for k, v in params.items()}, run_name=f"{dag_id}/{run_id}")
+        handle = steps.find_handle(spec)
+        attempts = read_attempts(spec.run_dir)
+        result = steps.teardown(handle, job_id=attempts[-1].submission_id if attempts else None,
+                                run_dir=spec.run_dir)
+        log.warning("Run %s failed: cleaned up its job and cluster: %s", run_id, result)
+    except PipelineError as e:
+        log.error("Run %s failed and its cleanup failed too: %s", run_id, e)

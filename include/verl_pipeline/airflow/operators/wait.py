@@ -1,0 +1,310 @@
+"""Wait for the verl job: defer to the trigger, then act on the one decision of :mod:`verl_pipeline.jobs.outcome`.
+
+The path from "Ray says the job failed" to "retry with resume", in reading order:
+
+1. :class:`~verl_pipeline.airflow.triggers.RayJobTrigger` polls the job and yields one event, a
+   :class:`~verl_pipeline.jobs.outcome.WaitEvent` (``failed``, ``node_lost``, ``hung`` …);
+2. :meth:`WaitForVerlJobOperator.execute_complete` turns it into an
+   :class:`~verl_pipeline.jobs.outcome.Observation` — as :meth:`~WaitForVerlJobOperator.execute`
+   does with its own look at the job when a try starts;
+3. :func:`~verl_pipeline.jobs.outcome.decide` decides (classifying a failure once);
+4. :meth:`WaitForVerlJobOperator._act` carries the decision out: ``RETRY`` fails this try, and
+   Airflow's retry (``default_args``: exponential backoff) comes back to ``execute``, whose look at
+   the failed job decides ``RESUBMIT``: a healthy cluster (re-provisioned when the old one is gone)
+   and the next attempt, resumed from the last checkpoint (:func:`~WaitForVerlJobOperator._resubmit`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from verl_pipeline.airflow.links import RayJobLink, ray_job_url
+from verl_pipeline.airflow.operators.base import (
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    PROVISION_TASK,
+    SUBMIT_TASK,
+    PipelineOperator,
+    spec_from_context,
+    task_error,
+)
+from verl_pipeline.config import RunSpec
+from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
+
+
+class WaitForVerlJobOperator(PipelineOperator):
+    """Wait for the verl job without holding a worker slot (deferrable); job logs go to this task's log.
+
+    What happens when the job ends is decided by :func:`verl_pipeline.jobs.outcome.decide`: the
+    user's failures fail at once without retries; infrastructure failures (a lost node, a hang, a
+    cluster taken away) fail this try, and the retry re-provisions the cluster when it is unhealthy
+    and submits the next attempt with ``trainer.resume_mode=auto`` from the last checkpoint. A retry
+    that finds the run's job still alive reattaches to it. No timeout by default: RL runs last days;
+    the hang watchdog (the run profile's ``watch:``) ends a training job that stops making steps.
+
+    The job's new log lines are forwarded (at most ``max_lines_per_poll`` per poll) and verl's
+    progress is logged at most every ``progress_interval`` seconds; the log cursor and the last
+    progress travel through every deferral (``wait-cursor.json`` in the run directory), so a
+    reattach or retry forwards no line twice. The result carries the last ``progress``.
+    """
+
+    template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id", "data_task_id", "model_task_id")
+    operator_extra_links = (RayJobLink(),)
+
+    def __init__(
+        self,
+        *,
+        cluster_task_id: str = PROVISION_TASK,
+        submit_task_id: str = SUBMIT_TASK,
+        data_task_id: str = PREPROCESS_TASK,
+        model_task_id: str = PREFETCH_TASK,
+        poll_interval: float = 5.0,
+        max_poll_errors: int = 12,
+        progress_interval: float = 60.0,
+        max_lines_per_poll: int = 1000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_task_id = cluster_task_id
+        self.submit_task_id = submit_task_id
+        self.data_task_id = data_task_id
+        self.model_task_id = model_task_id
+        self.poll_interval = poll_interval
+        self.max_poll_errors = max_poll_errors
+        self.progress_interval = progress_interval
+        self.max_lines_per_poll = max_lines_per_poll
+        self._job_id: str | None = None
+        self._cluster: dict[str, Any] | None = None
+
+    # -- the two ways in ----------------------------------------------------------------------------
+    def execute(self, context: Any) -> Any:
+        """A try starts (the first, a retry, or a waiter whose process died): look at the job afresh."""
+        from verl_pipeline.exceptions import ClusterError
+
+        sub = self._pull(context, self.submit_task_id)
+        if not sub:
+            raise AirflowException("no submitted job to wait for: did the submit task fail?")
+        try:
+            spec = spec_from_context(context)
+        except PipelineError as e:
+            raise task_error(e) from e
+        handle = self._handle(context, spec)
+        job_id = self._latest_job_id(spec, sub)
+        try:
+            info, reachable = self.hook(handle).get_job(job_id), True
+        except ClusterError as e:
+            self.log.warning("Cluster %s is unreachable while looking at Ray job %s: %s", handle.name, job_id, e)
+            info, reachable = None, False
+        retry_try = int(getattr(context["ti"], "try_number", 1) or 1) > 1
+        return self._act(context, spec, handle, sub, Observation.from_job(job_id, info, reachable=reachable),
+                         retry_try=retry_try)
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
+        """The trigger's one event."""
+        if event is None:
+            # Resumed without a trigger event (the process that deferred died and the task was run
+            # again): look at the job afresh — reattach if it still runs.
+            return self.execute(context)
+        from verl_pipeline.jobs.logstream import WaitCursor
+
+        spec = spec_from_context(context)
+        # Saved first: whatever is decided (retry, reattach), the next waiter continues here.
+        try:
+            WaitCursor.from_event(event).save(spec.run_dir)
+        except (OSError, PipelineError) as e:
+            self.log.warning("Could not save the log cursor of Ray job %s: %s", event.get("job_id"), e)
+        if event.get("progress"):
+            context["ti"].xcom_push(key="progress", value=event["progress"])
+        sub = self._pull(context, self.submit_task_id) or {}
+        return self._act(context, spec, self._handle(context, spec), sub, Observation.from_event(event),
+                         retry_try=False)
+
+    # -- the decision, and carrying it out ----------------------------------------------------------
+    def _act(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any], obs: Observation, *,
+             retry_try: bool) -> Any:
+        from verl_pipeline.jobs.attempts import record_stop, stop_reason
+        from verl_pipeline.jobs.outcome import decide
+
+        hook = self.hook(handle)
+        decision = decide(
+            obs,
+            retry_try=retry_try,
+            log_tail=self._log_text(hook, obs.job_id) if obs.needs_log else "",
+            infrastructure_gone=self._gone(handle) if obs.kind is WaitEvent.UNREACHABLE else None,
+            stopped_by_pipeline=stop_reason(spec.run_dir, obs.job_id) if obs.kind is WaitEvent.STOPPED else None,
+            training=self._training_record(spec, obs.job_id)
+            if obs.kind is WaitEvent.SUCCEEDED and sub.get("mode") == "train" else None,
+        )
+        self.log.log(logging.INFO if decision.action in (Action.WAIT, Action.FINISH) else logging.WARNING,
+                     "Ray job %s: %s -> %s (%s)", obs.job_id, obs.kind.value, decision.action.value, decision.reason)
+        if decision.stop_job:
+            # It may hang on (a dead node, a stuck collective): stop it so a retry never runs two at once,
+            # and note why, so the retry knows the stop was the pipeline's and resumes the run.
+            record_stop(spec.run_dir, obs.job_id, decision.reason)
+            try:
+                hook.stop(obs.job_id)
+            except PipelineError as e:
+                self.log.warning("Could not stop Ray job %s: %s", obs.job_id, e)
+        if decision.action is Action.WAIT:
+            return self._defer(context, spec, handle, obs.job_id, sub.get("mode"))
+        if decision.action is Action.FINISH:
+            return self._result(spec, hook, obs.job_id, sub)
+        if decision.action is Action.RESUBMIT:
+            return self._resubmit(context, spec, handle, sub, decision)
+        if decision.action is Action.RETRY:
+            raise AirflowException(decision.message)
+        raise AirflowFailException(decision.message)
+
+    def _resubmit(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any], why: Decision) -> Any:
+        """After an infrastructure failure: a healthy cluster, then the next attempt, resumed."""
+        from verl_pipeline import steps
+        from verl_pipeline.constants import Mode
+        from verl_pipeline.jobs.submit import submit_or_reattach
+        from verl_pipeline.models.prefetch import models_by_role
+
+        data = self._pull(context, self.data_task_id)
+        models = models_by_role(self._pull(context, self.model_task_id))
+        if not data or not models:
+            raise AirflowException("cannot resubmit: data or model results of this run are missing")
+        try:
+            handle = steps.ensure_cluster(spec, handle, token=self.hook(handle).token())
+            job = steps.render(spec, data=data, models=models, mode=Mode(sub["mode"]))
+            new = submit_or_reattach(self.hook(handle).client, job, dag_id=context["dag"].dag_id,
+                                     run_id=context["run_id"], task_id=self.submit_task_id, run_dir=spec.run_dir,
+                                     checkpoint_dir=spec.checkpoint_dir)
+        except PipelineError as e:
+            raise task_error(e) from e
+        self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", why.reason,
+                         new.submission_id, new.action, new.attempt, handle.dashboard_url)
+        if new.action == "already_succeeded":
+            return self._act(context, spec, handle, sub,
+                             Observation(WaitEvent.SUCCEEDED, new.submission_id, job_status=new.status),
+                             retry_try=True)
+        return self._defer(context, spec, handle, new.submission_id, sub.get("mode"))
+
+    def _defer(self, context: Any, spec: RunSpec, handle: Any, job_id: str, mode: str | None) -> None:
+        from verl_pipeline.airflow.triggers import RayJobTrigger
+        from verl_pipeline.jobs.attempts import read_attempts
+        from verl_pipeline.jobs.logstream import WaitCursor
+
+        self._job_id, self._cluster = job_id, handle.to_dict()
+        RayJobLink().persist(context, ray_job_url(handle.dashboard_url, job_id))
+        cursor = WaitCursor.load(spec.run_dir, job_id)
+        mine = next((a for a in read_attempts(spec.run_dir) if a.submission_id == job_id), None)
+        metrics_path = mine.metrics_path if mine else None
+        training = mode == "train"
+        self.log.info("Ray job %s is running: deferring (poll every %.0fs, log from byte %d%s)", job_id,
+                      self.poll_interval, cursor.log_offset_bytes,
+                      f"; hang watchdog: {spec.watch.describe()}" if training else "")
+        self.defer(
+            trigger=RayJobTrigger(cluster=handle.to_dict(), job_id=job_id, conn_id=self.conn_id or handle.conn_id,
+                                  poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors,
+                                  expected_nodes=handle.expected_nodes if handle.owned else 0,
+                                  log_offset_bytes=cursor.log_offset_bytes,
+                                  metrics_offset_bytes=cursor.metrics_offset_bytes, progress=cursor.progress,
+                                  metrics_path=metrics_path,
+                                  total_steps=spec.total_training_steps if metrics_path else 0,
+                                  progress_interval=self.progress_interval,
+                                  max_lines_per_poll=self.max_lines_per_poll,
+                                  watch=spec.watch.to_dict() if training else None),
+            method_name="execute_complete",
+            timeout=None,
+        )
+
+    # -- what the decision reads ------------------------------------------------------------------
+    def _handle(self, context: Any, spec: RunSpec) -> Any:
+        from verl_pipeline import steps
+
+        handle = steps.current_handle(spec, self._pull(context, self.cluster_task_id))
+        if handle is None:
+            raise AirflowException("no cluster recorded for this run: did provision_ray_cluster fail?")
+        return handle
+
+    def _latest_job_id(self, spec: RunSpec, sub: dict[str, Any]) -> str:
+        from verl_pipeline.jobs.attempts import read_attempts
+
+        attempts = read_attempts(spec.run_dir)
+        return attempts[-1].submission_id if attempts else str(sub["submission_id"])
+
+    def _log_text(self, hook: Any, job_id: str) -> str:
+        try:
+            return str(hook.logs(job_id))
+        except PipelineError:
+            return ""
+
+    def _gone(self, handle: Any) -> str | None:
+        """The backend's word that the site took the cluster away (an infrastructure failure), if so."""
+        from verl_pipeline import steps
+
+        health = steps.cluster_health(handle)
+        self.log.warning("Cluster %s: %s (%s)", handle.name, health.state, health.detail)
+        return health.detail if health.infrastructure else None
+
+    def _training_record(self, spec: RunSpec, job_id: str) -> TrainingRecord:
+        from verl_pipeline.jobs.attempts import metric_steps, read_attempts
+
+        mine = next((a for a in read_attempts(spec.run_dir) if a.submission_id == job_id), None)
+        if mine is None or not mine.metrics_path:
+            raise AirflowException(f"no attempt record for {job_id} in {spec.run_dir}: cannot check its progress")
+        return TrainingRecord(spec.total_training_steps, metric_steps(Path(mine.metrics_path)),
+                              mine.resume_from_step, mine.metrics_path)
+
+    # -- the result ---------------------------------------------------------------------------------
+    def _result(self, spec: RunSpec, hook: Any, job_id: str, sub: dict[str, Any]) -> dict[str, Any]:
+        from verl_pipeline.jobs.logstream import WaitCursor
+
+        result: dict[str, Any] = {"job_id": job_id, "status": "SUCCEEDED", "mode": sub.get("mode"),
+                                  "run_dir": sub.get("run_dir"),
+                                  "progress": WaitCursor.load(spec.run_dir, job_id).progress}
+        if sub.get("mode") == "preflight":
+            result["preflight"] = self._preflight(hook, job_id)
+        else:
+            result["training"] = self._training(spec, job_id)
+        return result
+
+    def _preflight(self, hook: Any, job_id: str) -> dict[str, Any]:
+        from verl_pipeline.jobs.submit import preflight_summary
+
+        summary = preflight_summary(self._log_text(hook, job_id))
+        if summary is None:
+            raise AirflowException(f"preflight job {job_id} succeeded but printed no summary")
+        reward = summary["checks"].get("reward", {})
+        out = {
+            "ok": summary.get("ok"),
+            "checks": {name: bool(c.get("ok")) for name, c in summary["checks"].items()},
+            "all_ground_truths_score_1": reward.get("all_ground_truths_score_1"),
+            "scored": {s: reward.get(s, {}).get("scored") for s in ("train", "val")},
+            "cluster": summary.get("cluster"),
+            "seconds": summary.get("seconds"),
+        }
+        self.log.info("Preflight summary for %s: %s", job_id, out)
+        return out
+
+    def _training(self, spec: RunSpec, job_id: str) -> dict[str, Any]:
+        """How the run's attempts went (steps checked already by the decision)."""
+        from verl_pipeline.jobs.attempts import metric_steps, read_attempts
+
+        attempts = read_attempts(spec.run_dir)
+        mine = next(a for a in attempts if a.submission_id == job_id)
+        logged = metric_steps(Path(str(mine.metrics_path)))
+        previous = [s for a in attempts if a.attempt < mine.attempt and a.metrics_path
+                    for s in metric_steps(Path(a.metrics_path))]
+        out = {"attempts": len(attempts), "attempt": mine.attempt, "resumed_from_step": mine.resume_from_step,
+               "first_step": min(logged), "last_step": max(logged),
+               "steps_redone": max(0, max(previous, default=0) - mine.resume_from_step)}
+        self.log.info("Training of %s: %s", job_id, out)
+        return out
+
+    def on_kill(self) -> None:
+        """The task is killed while it runs on a worker (not deferred: then the trigger's on_kill acts)."""
+        if self._job_id and self._cluster:
+            from verl_pipeline.airflow.hooks import RayJobsHook
+
+            self.log.warning("Task killed: stopping Ray job %s", self._job_id)
+            RayJobsHook(self._cluster, conn_id=self.conn_id).stop(self._job_id)
