@@ -7,11 +7,14 @@ is killed deterministically: the trainer SIGKILLs itself after writing some of t
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.fakes.fake_verl_trainer import save_checkpoint
 from tests.faults.conftest import metric_lines
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.config import RunSpec, build_run_spec
@@ -20,6 +23,7 @@ from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.attempts import read_attempts
 from verl_pipeline.jobs.checkpoints import list_checkpoints, tracker_step
 from verl_pipeline.jobs.client import RayJobsClient
+from verl_pipeline.jobs.deadlines import Deadline
 from verl_pipeline.jobs.submit import Submission, submit_or_reattach
 from verl_pipeline.trainer.render import render_job
 
@@ -33,11 +37,26 @@ def _spec(name: str, *overrides: str, **params: object) -> RunSpec:
                           run_name=f"faults/{name}")
 
 
-def _submit(client: RayJobsClient, spec: RunSpec) -> Submission:
+def _submit(client: RayJobsClient, spec: RunSpec, deadline: Deadline | None = None) -> Submission:
     job = render_job(spec, mode=Mode.TRAIN, train_files="/d/train.parquet", val_files="/d/val.parquet",
                      model_path="/m/actor")
     return submit_or_reattach(client, job, dag_id="faults", run_id=spec.run_name.split("/")[1], task_id="train",
-                              run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir)
+                              run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=deadline)
+
+
+def _record(results_file: Path, scenario: str, value: dict[str, Any]) -> None:
+    data = json.loads(results_file.read_text()) if results_file.exists() else {}
+    data[scenario] = value
+    results_file.write_text(json.dumps(data, indent=2))
+
+
+def _first_step_after(spec: RunSpec, attempt: int, since: float, timeout_s: float = 60) -> float:
+    """Seconds from ``since`` until ``attempt`` logged its first step."""
+    deadline = time.monotonic() + timeout_s
+    while not _steps(spec, attempt):
+        assert time.monotonic() < deadline, f"attempt {attempt} logged no step within {timeout_s}s"
+        time.sleep(0.05)
+    return round(time.monotonic() - since, 2)
 
 
 def _wait(client: RayJobsClient, job_id: str, timeout_s: float = 60) -> JobState:
@@ -96,14 +115,50 @@ def test_retry_on_a_smaller_world_size_is_refused_before_submitting(
 ) -> None:
     client = ray_cluster.client()
     name = f"smaller-{request.node.name[-8:]}"
-    first = _submit(client, _spec(name, "+fake.die_in_save_at_step=4", "+fake.die_after_files=3"))
-    assert _wait(client, first.submission_id) is JobState.FAILED
+    spec = _spec(name)
+    # What a first attempt on 1 x 2 GPUs left, written by the stand-in trainer's own save.
+    for step in (2, 4):
+        save_checkpoint(spec.checkpoint_dir, step, world=2, critic=True)
     before = len(client.list_jobs())
     # The re-provisioned cluster has one GPU where the checkpoints were written by two ranks.
     with pytest.raises(ConfigError) as e:
         _submit(client, _spec(name, n_gpus_per_node=1))
     text = str(e.value)
-    assert "world size 2" in text and "world size 1" in text and "global_step_2" in text
+    assert "world size 2" in text and "world size 1" in text and "global_step_4" in text
     assert "2 GPUs again" in text and "\n" not in text
     assert len(client.list_jobs()) == before
-    assert len(read_attempts(_spec(name).run_dir)) == 1
+    assert read_attempts(spec.run_dir) == []
+
+
+def test_allocation_deadline_saves_before_the_end_and_the_retry_loses_at_most_one_step(
+    checkpoint_env: Path, ray_cluster: ClusterHandle, request: pytest.FixtureRequest, results_file: Path,
+) -> None:
+    """An allocation ending in 50 s (verl saves when the time left <= longest step + 60 s): verl's
+    should_save_ckpt_esi saves after every step although save_freq would save only at step 100; the
+    allocation's end kills the job after step 3; the retry resumes from the last save."""
+    client = ray_cluster.client()
+    name = f"deadline-{request.node.name[-8:]}"
+    spec = _spec(name, "trainer.use_v1=false", "trainer.save_freq=100", "+fake.step_seconds=0.2",
+                 total_training_steps=8)
+    first = _submit(client, spec, deadline=Deadline(time.time() + 50, "a test allocation"))
+    wait_until = time.monotonic() + 60
+    while len(_steps(spec, 1)) < 3:
+        info = client.get_job(first.submission_id)
+        assert time.monotonic() < wait_until and info is not None and not info.status.is_terminal()
+        time.sleep(0.05)
+    assert client.stop(first.submission_id)  # the allocation ends: every process of the job dies
+    killed = time.monotonic()
+    assert _wait(client, first.submission_id) is JobState.STOPPED
+    assert "Force saving checkpoint: ESI instance expiration approaching." in client.logs(first.submission_id)
+    logged = max(_steps(spec, 1))
+
+    second = _submit(client, spec)  # the new allocation has no deadline here
+    resumed = read_attempts(spec.run_dir)[1].resume_from_step
+    first_step_s = _first_step_after(spec, 2, killed)
+    assert _wait(client, second.submission_id) is JobState.SUCCEEDED
+    assert logged - resumed <= 1 and resumed >= 3 - 1
+    assert _steps(spec, 2) == list(range(resumed + 1, 9))
+    _record(results_file, "allocation deadline (stand-in trainer, verl's should_save_ckpt_esi)",
+            {"save_freq": 100, "killed_after_step": logged, "resumed_from_step": resumed,
+             "steps_lost": logged - resumed, "kill_to_first_resumed_step_s": first_step_s,
+             "without_deadline_steps_lost": logged})

@@ -672,6 +672,18 @@ class SlurmBackend(ClusterBackend):
             return ClusterHealth(False, job.state, job.describe(), infrastructure=True)
         return ClusterHealth(True, job.state, job.describe())
 
+    def end_time(self, handle: ClusterHandle) -> float | None:
+        """When the allocation ends (epoch seconds: Slurm's EndTime), None without a time limit."""
+        from verl_pipeline.jobs.deadlines import slurm_end_time, slurm_rest_end_time
+
+        b = self._for_handle(handle)
+        job_id = str(handle.extra.get("job_id"))
+        if b.rest:
+            record = b.rest.job(job_id)
+            return slurm_rest_end_time(record) if record else None
+        proc = b._run(["scontrol", "show", "job", "-o", job_id], check=False)
+        return slurm_end_time(parse_scontrol_job(proc.stdout)) if proc.returncode == 0 else None
+
     def status(self, handle: ClusterHandle) -> ClusterStatus:
         st = probe(handle.client())
         return replace(st, detail=f"{st.detail}; {self.health(handle).detail}")

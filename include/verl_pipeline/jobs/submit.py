@@ -11,6 +11,7 @@ from typing import Any
 from verl_pipeline.constants import JobState, Mode
 from verl_pipeline.jobs.attempts import Attempt, latest_checkpoint_step, now, read_attempts, record_attempt
 from verl_pipeline.jobs.client import RayJobsClient
+from verl_pipeline.jobs.deadlines import Deadline, cluster_deadline, earliest, with_deadline
 from verl_pipeline.jobs.ids import attempt_of, submission_id
 from verl_pipeline.trainer.render import RenderedJob
 
@@ -39,6 +40,7 @@ def submit_or_reattach(
     metadata: dict[str, str] | None = None,
     run_dir: Path | None = None,
     checkpoint_dir: Path | None = None,
+    deadline: Deadline | None = None,
 ) -> Submission:
     """Reattach to a live (or succeeded) job of this run, else submit the next attempt.
 
@@ -46,6 +48,11 @@ def submit_or_reattach(
     of a cluster that has since been replaced), each attempt's verl file-logger output goes to
     ``metrics-a<N>.jsonl`` (verl truncates its file on start), and the attempt is recorded with the
     checkpoint step it will resume from.
+
+    A training job resumes from the run's newest complete checkpoint (:mod:`verl_pipeline.jobs.checkpoints`;
+    ConfigError when it was written by another world size) and is told when its allocation ends: the
+    earliest of ``deadline`` (e.g. the Airflow task's execution_timeout) and the end of the cluster
+    recorded in ``run_dir`` (a Slurm job's EndTime), see :mod:`verl_pipeline.jobs.deadlines`.
     """
     prefix = submission_id(dag_id, run_id, task_id, 1)[: -len("-a1")]
     mine = []
@@ -65,14 +72,16 @@ def submit_or_reattach(
     recorded = read_attempts(run_dir) if run_dir else []
     attempt = max([n for n, _ in mine] + [a.attempt for a in recorded] + [0]) + 1
     sub_id = submission_id(dag_id, run_id, task_id, attempt)
+    resume_from = latest_checkpoint_step(checkpoint_dir) if checkpoint_dir else 0
+    if checkpoint_dir is not None and job.mode is Mode.TRAIN:
+        job, resume_from = _resume_complete(job, checkpoint_dir, sub_id)
+    if job.mode is Mode.TRAIN:
+        job = with_deadline(job, earliest([deadline, _cluster_deadline(run_dir)]), job_id=sub_id)
     runtime_env = copy.deepcopy(job.runtime_env)
     metrics_path = None
     if run_dir is not None:
         metrics_path = run_dir / f"metrics-a{attempt}.jsonl"
         runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
-    resume_from = latest_checkpoint_step(checkpoint_dir) if checkpoint_dir else 0
-    if checkpoint_dir is not None and job.mode is Mode.TRAIN:
-        job, resume_from = _resume_complete(job, checkpoint_dir, sub_id)
     meta = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "mode": job.mode.value,
             "attempt": str(attempt), **(metadata or {})}
     log.info("Submitting Ray job %s (attempt %d, mode %s, resume from step %d)", sub_id, attempt, job.mode.value,
@@ -82,6 +91,18 @@ def submit_or_reattach(
         record_attempt(run_dir, Attempt(sub_id, attempt, now(), client.dashboard_url, resume_from,
                                         str(metrics_path) if metrics_path else None))
     return Submission(sub_id, "submitted", attempt, JobState.PENDING.value)
+
+
+def _cluster_deadline(run_dir: Path | None) -> Deadline | None:
+    """The end of the run's current cluster (``cluster.json`` in the run directory), if it has one."""
+    import json
+
+    from verl_pipeline.cluster.base import ClusterHandle
+
+    path = run_dir / "cluster.json" if run_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    return cluster_deadline(ClusterHandle.from_dict(json.loads(path.read_text())))
 
 
 def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int]:
