@@ -82,7 +82,7 @@ def _steps(spec: RunSpec, attempt: int) -> list[int]:
     (99, 4, "resume_path"),
 ])
 def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
-    checkpoint_env: Path, ray_cluster: ClusterHandle, request: pytest.FixtureRequest,
+    checkpoint_env: Path, ray_cluster: ClusterHandle, request: pytest.FixtureRequest, results_file: Path,
     caplog: pytest.LogCaptureFixture, files: int, resumed: int, mode: str,
 ) -> None:
     client = ray_cluster.client()
@@ -90,6 +90,7 @@ def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     first = _submit(client, _spec(name, "+fake.die_in_save_at_step=4", f"+fake.die_after_files={files}"))
     spec = _spec(name)
     assert _wait(client, first.submission_id) is JobState.FAILED
+    failed = time.monotonic()
     assert "killed mid-save" in client.logs(first.submission_id)
     newest = list_checkpoints(spec.checkpoint_dir, critic=True)[-1]
     assert newest.step == 4 and newest.complete == (files == 99)
@@ -102,12 +103,18 @@ def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     assert second.submission_id in caplog.text and f"from step {resumed}" in caplog.text
     if files == 3:
         assert "checkpoint global_step_4 (missing actor/model_world_size_2_rank_1.pt" in caplog.text
+    first_step_s = _first_step_after(spec, 2, failed)
     assert _wait(client, second.submission_id) is JobState.SUCCEEDED
     assert read_attempts(spec.run_dir)[1].resume_from_step == resumed
     assert _steps(spec, 1) == [1, 2, 3, 4]
     assert _steps(spec, 2) == list(range(resumed + 1, TOTAL + 1))
     assert tracker_step(spec.checkpoint_dir) == TOTAL
     assert all(c.complete for c in list_checkpoints(spec.checkpoint_dir, critic=True))
+    where = "inside the tracker's write" if files == 99 else f"after {files} of step 4's files"
+    _record(results_file, f"killed mid-save ({where})",
+            {"recovery_s": first_step_s, "killed_after_step": 4, "resumed_from_step": resumed,
+             "steps_redone": 4 - resumed, "resume_mode": mode,
+             "note": "the job's failure seen -> the resubmitted attempt's first step (no Airflow)"})
 
 
 def test_retry_on_a_smaller_world_size_is_refused_before_submitting(
@@ -158,7 +165,7 @@ def test_allocation_deadline_saves_before_the_end_and_the_retry_loses_at_most_on
     assert _wait(client, second.submission_id) is JobState.SUCCEEDED
     assert logged - resumed <= 1 and resumed >= 3 - 1
     assert _steps(spec, 2) == list(range(resumed + 1, 9))
-    _record(results_file, "allocation deadline (stand-in trainer, verl's should_save_ckpt_esi)",
-            {"save_freq": 100, "killed_after_step": logged, "resumed_from_step": resumed,
-             "steps_lost": logged - resumed, "kill_to_first_resumed_step_s": first_step_s,
-             "without_deadline_steps_lost": logged})
+    _record(results_file, "allocation deadline (verl's should_save_ckpt_esi, trainer.use_v1=false)",
+            {"recovery_s": first_step_s, "killed_after_step": logged, "resumed_from_step": resumed,
+             "steps_redone": logged - resumed, "save_freq": 100,
+             "note": f"without the deadline: {logged} steps lost (no save before step 100)"})
