@@ -29,6 +29,11 @@ SAVE_FREQ = 2
 KILL_AT_STEP = 5
 
 
+#: The hang scenario: the trainer hangs after this step; the watchdog's stall timeout (a profile duration).
+HANG_AFTER_STEP = 5
+HANG_STALL_TIMEOUT = "15s"
+
+
 def gate_path(home: Path) -> Path:
     """The file that lets the fake trainer go on after ``KILL_AT_STEP`` (a run's home → its gate)."""
     return home.parent / "gate-open"
@@ -72,6 +77,10 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
         "faults-config-error": _profile("config error", {**base, "+fake": {"step_seconds": 0.2, "bad_key": 1}}),
         "faults-user-exception": _profile("user exception", {**base, "+fake": {"step_seconds": 0.2,
                                                                                 "fail_at_step": 2}}),
+        # Hangs once after HANG_AFTER_STEP with every node alive; the watchdog must end it.
+        "faults-hang": {**_profile("hang", {**base, "+fake": {"step_seconds": 1.0, "hang_after_step": HANG_AFTER_STEP,
+                                                                 "hang_once_file": str(tmp_path / "hung-once")}}),
+                        "watch": {"stall_timeout": HANG_STALL_TIMEOUT, "startup_timeout": "5m"}},
     }
     for name, prof in profiles.items():
         (cfg / "profiles" / f"{name}.yaml").write_text(yaml.safe_dump(prof))

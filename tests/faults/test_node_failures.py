@@ -21,6 +21,8 @@ import pytest
 from tests.conftest import ray_processes
 from tests.faults.conftest import (
     FAKE_TRAINER,
+    HANG_AFTER_STEP,
+    HANG_STALL_TIMEOUT,
     KILL_AT_STEP,
     SAVE_FREQ,
     TOTAL_STEPS,
@@ -31,7 +33,8 @@ from tests.faults.conftest import (
     metric_lines,
     run_dir,
 )
-from verl_pipeline.jobs.attempts import read_attempts
+from verl_pipeline.durations import parse_duration
+from verl_pipeline.jobs.attempts import read_attempts, stop_reason
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +114,40 @@ def test_worker_node_killed_mid_job_resumes_from_checkpoint(fault_env: Path, res
 
 def test_head_node_killed_mid_job_reprovisions_and_resumes(fault_env: Path, results_file: Path) -> None:
     _resumed_run(fault_env, results_file, "head node killed", rank=0)
+
+
+def test_a_hang_with_every_node_alive_is_stopped_and_resumed(fault_env: Path, results_file: Path,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:
+    """The job stops making steps while RUNNING (a collective waiting forever): the watchdog ends the
+    wait after the stall timeout, the job is stopped, and the retry resumes from the last checkpoint."""
+    dag = load_dag()
+    dr = dag.test(run_conf={"profile": "faults-hang"})
+    out = capfd.readouterr()
+    states = _states(dr)
+    assert str(dr.state) == "success", states
+    assert _tries(dr, "wait_for_verl_job") == 2
+    rd = run_dir(fault_env)
+    assert rd is not None
+    attempts = read_attempts(rd)
+    assert [a.attempt for a in attempts] == [1, 2]
+    reason = stop_reason(rd, attempts[0].submission_id)
+    assert reason is not None and reason.startswith("hang: no training step for ") and \
+        reason.endswith(f", last step {HANG_AFTER_STEP}"), reason
+    assert f"[infrastructure failure: {reason}]" in out.out + out.err
+    first = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
+    second = [m["step"] for m in metric_lines(rd / "metrics-a2.jsonl")]
+    assert max(first) == HANG_AFTER_STEP
+    resumed = attempts[1].resume_from_step
+    assert second[0] == resumed + 1 and second[-1] == TOTAL_STEPS
+    redone = HANG_AFTER_STEP - resumed
+    assert 0 <= redone <= SAVE_FREQ  # the hang costs the stall timeout and at most one save interval
+    # Only attempt 2 ran to the end: the hung job was stopped, not left behind.
+    assert attempts[0].submission_id not in out.out.split("Training of ")[-1]
+    _no_leftovers(rd)
+    hung_s = attempts[1].submitted_at - attempts[0].submitted_at
+    _record(results_file, "hang with every node alive", {
+        "stall_timeout_s": parse_duration(HANG_STALL_TIMEOUT), "attempt_gap_s": round(hung_s, 1),
+        "hung_after_step": HANG_AFTER_STEP, "resumed_from_step": resumed, "steps_redone": redone})
 
 
 @pytest.mark.parametrize(

@@ -123,7 +123,9 @@ _RESUME = "provisions a healthy cluster and resumes from the last checkpoint"
 
 def _infrastructure(obs: Observation, reason: str, *, retry_try: bool, detail: str = "", evidence: str = "",
                     stop_job: bool = False) -> Decision:
-    what = f"Ray job {obs.job_id}" + (f" ended {obs.job_status}" if obs.job_status else "")
+    ended = obs.kind in (WaitEvent.FAILED, WaitEvent.STOPPED)
+    what = f"Ray job {obs.job_id}" + (f" ended {obs.job_status}" if ended and obs.job_status else
+                                      f" ({obs.job_status})" if obs.job_status else "")
     text = f"{what} [infrastructure failure: {reason}]" + (f": {detail}" if detail and detail != reason else "")
     if retry_try:
         return Decision(Action.RESUBMIT, reason, f"{text} — this retry {_RESUME}", FailureKind.INFRASTRUCTURE,
@@ -159,8 +161,8 @@ def decide(
     if obs.kind is WaitEvent.NODE_LOST:
         return _infrastructure(obs, "node died", retry_try=retry_try, detail=obs.message, stop_job=True)
     if obs.kind is WaitEvent.HUNG:
-        return _infrastructure(obs, obs.message.split(" (")[0] or "hang", retry_try=retry_try, detail=obs.message,
-                               stop_job=True)
+        reason, _, limit = obs.message.partition(" (")
+        return _infrastructure(obs, reason or "hang", retry_try=retry_try, detail=limit.rstrip(")"), stop_job=True)
     if obs.kind is WaitEvent.UNREACHABLE:
         if infrastructure_gone:
             return _infrastructure(obs, infrastructure_gone, retry_try=retry_try, detail=obs.message)

@@ -38,6 +38,10 @@ from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
 
 
+#: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
+STOP_WAIT_S = 60.0
+
+
 class WaitForVerlJobOperator(PipelineOperator):
     """Wait for the verl job without holding a worker slot (deferrable); job logs go to this task's log.
 
@@ -147,10 +151,7 @@ class WaitForVerlJobOperator(PipelineOperator):
             # It may hang on (a dead node, a stuck collective): stop it so a retry never runs two at once,
             # and note why, so the retry knows the stop was the pipeline's and resumes the run.
             record_stop(spec.run_dir, obs.job_id, decision.reason)
-            try:
-                hook.stop(obs.job_id)
-            except PipelineError as e:
-                self.log.warning("Could not stop Ray job %s: %s", obs.job_id, e)
+            self._stop(hook, obs.job_id)
         if decision.action is Action.WAIT:
             return self._defer(context, spec, handle, obs.job_id, sub.get("mode"))
         if decision.action is Action.FINISH:
@@ -216,6 +217,22 @@ class WaitForVerlJobOperator(PipelineOperator):
             method_name="execute_complete",
             timeout=None,
         )
+
+    def _stop(self, hook: Any, job_id: str, timeout_s: float = STOP_WAIT_S) -> None:
+        """Stop the job and wait (bounded) until Ray says it ended, so the retry sees it ended."""
+        import time
+
+        try:
+            hook.stop(job_id)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                info = hook.get_job(job_id)
+                if info is None or info.status.is_terminal():
+                    return
+                time.sleep(0.5)
+            self.log.warning("Ray job %s still runs %.0fs after it was stopped", job_id, timeout_s)
+        except PipelineError as e:
+            self.log.warning("Could not stop Ray job %s: %s", job_id, e)
 
     # -- what the decision reads ------------------------------------------------------------------
     def _handle(self, context: Any, spec: RunSpec) -> Any:
