@@ -12,6 +12,7 @@ from verl_pipeline.airflow.operators.base import (
     PREFETCH_TASK,
     PREPROCESS_TASK,
     PROVISION_TASK,
+    WAIT_TASK,
     PipelineOperator,
     spec_from_context,
     task_error,
@@ -44,6 +45,19 @@ class SubmitVerlJobOperator(PipelineOperator):
         self.data_task_id = data_task_id
         self.model_task_id = model_task_id
 
+    @staticmethod
+    def _wait_deadline(context: Any) -> Any:
+        """The wait task's ``execution_timeout`` as a deadline for verl (the job runs under that task)."""
+        from datetime import datetime, timezone
+
+        from verl_pipeline.jobs.deadlines import task_deadline
+
+        try:
+            wait = context["dag"].get_task(WAIT_TASK)
+        except (AttributeError, KeyError, ValueError):
+            return None  # a DAG without the pipeline's wait task
+        return task_deadline(datetime.now(timezone.utc), getattr(wait, "execution_timeout", None))
+
     def execute(self, context: Any) -> dict[str, Any]:
         from verl_pipeline import steps
         from verl_pipeline.cluster.base import ClusterHandle
@@ -71,6 +85,7 @@ class SubmitVerlJobOperator(PipelineOperator):
             sub = submit_or_reattach(
                 hook.client, job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
                 task_id=self.task_id, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
+                deadline=self._wait_deadline(context),
             )
         except PipelineError as e:
             raise task_error(e) from e

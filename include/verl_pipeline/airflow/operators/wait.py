@@ -37,7 +37,6 @@ from verl_pipeline.config import RunSpec
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
 
-
 #: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
 STOP_WAIT_S = 60.0
 
@@ -166,6 +165,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         """After an infrastructure failure: a healthy cluster, then the next attempt, resumed."""
         from verl_pipeline import steps
         from verl_pipeline.constants import Mode
+        from verl_pipeline.jobs.deadlines import task_deadline
         from verl_pipeline.jobs.submit import submit_or_reattach
         from verl_pipeline.models.prefetch import models_by_role
 
@@ -178,7 +178,8 @@ class WaitForVerlJobOperator(PipelineOperator):
             job = steps.render(spec, data=data, models=models, mode=Mode(sub["mode"]))
             new = submit_or_reattach(self.hook(handle).client, job, dag_id=context["dag"].dag_id,
                                      run_id=context["run_id"], task_id=self.submit_task_id, run_dir=spec.run_dir,
-                                     checkpoint_dir=spec.checkpoint_dir)
+                                     checkpoint_dir=spec.checkpoint_dir,
+                                     deadline=task_deadline(context["ti"].start_date, self.execution_timeout))
         except PipelineError as e:
             raise task_error(e) from e
         self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", why.reason,
