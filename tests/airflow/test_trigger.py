@@ -420,3 +420,25 @@ async def test_on_kill_stops_the_job_and_never_raises() -> None:
     assert "Ray job job-1: stopped" in lines and any("Could not stop Ray job job-1" in m for m in lines)
     await trigger.cleanup()  # a triggerer restart: nothing stopped
     assert len(stopped) == 2
+
+
+async def test_a_restarted_triggerer_continues_from_the_saved_cursor_not_the_deferral_kwargs(tmp_path: Path) -> None:
+    """A triggerer SIGKILLed mid-wait: the next one runs the trigger again from the kwargs it was
+    deferred with (cursor 0); the cursor saved in the run directory says how far the dead one got."""
+    kwargs = RayJobTrigger(cluster=CLUSTER, job_id="job-1", poll_interval=0.01, cursor_dir=str(tmp_path)).serialize()[1]
+    first = RayJobTrigger(**kwargs)
+    lines = capture(first)
+    hook = ScriptedHook(["RUNNING", "RUNNING", "FAILED"], ["a\n", "a\nb\n"])
+    await _events(first, hook)  # stands in for the run the kill cut short: it got to "b"
+    assert forwarded(lines) == ["a", "b"]
+    assert WaitCursor.load(tmp_path, "job-1").log_offset_bytes == len(b"a\nb\n")
+    again = RayJobTrigger(**kwargs)
+    assert again.log_offset_bytes == 0
+    lines = capture(again)
+    events = await _events(again, ScriptedHook(["RUNNING", "SUCCEEDED"], ["a\nb\nc\n"]))
+    assert forwarded(lines) == ["c"] and events[0]["log_offset_bytes"] == len(b"a\nb\nc\n")
+    # Another job's cursor in the directory is not adopted.
+    other = RayJobTrigger(**{**kwargs, "job_id": "job-2"})
+    lines = capture(other)
+    await _events(other, ScriptedHook(["SUCCEEDED"], ["x\n"]))
+    assert forwarded(lines, "job-2") == ["x"]

@@ -6,6 +6,7 @@ import asyncio
 import time
 import traceback
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -47,6 +48,11 @@ class RayJobTrigger(BaseTrigger):
     node dies (collectives waiting on a dead peer, work waiting for a node that will not return),
     so the waiter does not wait for the job to notice.
 
+    ``cursor_dir`` (the run directory, when the triggerer can write it): the cursor is saved there
+    after every poll that moved it, and a waiter starting over the same job (a restarted triggerer
+    runs the trigger again from the kwargs it was deferred with) continues from the saved one, so no
+    line is forwarded twice.
+
     ``hung``: the job ran without a new training step for longer than the watchdog allows
     (``watch``, a :class:`~verl_pipeline.jobs.watchdog.WatchSettings` dict; None: no watchdog, as for
     preflight jobs, which have no steps).
@@ -76,6 +82,7 @@ class RayJobTrigger(BaseTrigger):
         progress_interval: float = 60.0,
         progress: dict[str, Any] | None = None,
         watch: dict[str, Any] | None = None,
+        cursor_dir: str | None = None,
         log_offset: int | None = None,
     ) -> None:
         super().__init__()
@@ -98,6 +105,8 @@ class RayJobTrigger(BaseTrigger):
         self.progress_interval = progress_interval
         self.progress = progress
         self.watch = watch
+        self.cursor_dir = cursor_dir
+        self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
         self._tracker: Any = None
         self._stall: Any = None
         self._reported_step = -1
@@ -124,6 +133,7 @@ class RayJobTrigger(BaseTrigger):
                 "progress_interval": self.progress_interval,
                 "progress": self.progress,
                 "watch": self.watch,
+                "cursor_dir": self.cursor_dir,
             },
         )
 
@@ -232,6 +242,7 @@ class RayJobTrigger(BaseTrigger):
         try:
             from verl_pipeline.jobs.progress import Progress, ProgressTracker
 
+            await self._resume_cursor()
             if self.total_steps or self.metrics_path or self.progress or self.watch:
                 self._tracker = ProgressTracker(self.total_steps, Progress.from_dict(self.progress))
                 self._reported_step = self._tracker.last.step if self._tracker.last else -1
@@ -248,6 +259,36 @@ class RayJobTrigger(BaseTrigger):
             raise
         except Exception as e:
             yield self._event(WaitEvent.UNREACHABLE, f"the waiter failed: {e}", stack_trace=traceback.format_exc())
+
+    # -- the cursor on disk ------------------------------------------------------------------------------
+    async def _resume_cursor(self) -> None:
+        """Continue from the cursor a previous run of this trigger saved, when it got further."""
+        if not self.cursor_dir:
+            return
+        from verl_pipeline.jobs.logstream import WaitCursor
+
+        saved = await asyncio.to_thread(WaitCursor.load, Path(self.cursor_dir), self.job_id)
+        if saved.log_offset_bytes > self.log_offset_bytes or saved.metrics_offset_bytes > self.metrics_offset_bytes:
+            self.log.info("Ray job %s: continuing from the saved cursor (log byte %d, was %d)", self.job_id,
+                          saved.log_offset_bytes, self.log_offset_bytes)
+            self.log_offset_bytes = max(self.log_offset_bytes, saved.log_offset_bytes)
+            self.metrics_offset_bytes = max(self.metrics_offset_bytes, saved.metrics_offset_bytes)
+            self.progress = saved.progress or self.progress
+        self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
+
+    async def _save_cursor(self) -> None:
+        offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
+        if not self.cursor_dir or offsets == self._saved_offsets:
+            return
+        from verl_pipeline.jobs.logstream import WaitCursor
+
+        cursor = WaitCursor(self.job_id, self.log_offset_bytes, self.metrics_offset_bytes, self.progress)
+        try:
+            await asyncio.to_thread(cursor.save, Path(self.cursor_dir))
+            self._saved_offsets = offsets
+        except OSError as e:  # not writable from the triggerer: the deferral's cursor still serves
+            self.log.warning("Could not save the log cursor of Ray job %s: %s", self.job_id, e)
+            self.cursor_dir = None
 
     async def _wait(self, hook: Any) -> AsyncIterator[TriggerEvent]:
         errors = 0
@@ -271,6 +312,7 @@ class RayJobTrigger(BaseTrigger):
                 yield self._event(WaitEvent.UNREACHABLE, f"Ray job {self.job_id} does not exist on the cluster")
                 return
             read = await self._poll_logs(hook, info)
+            await self._save_cursor()
             if info.status.is_terminal():
                 status = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
                           JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.FAILED)

@@ -214,7 +214,8 @@ class WaitForVerlJobOperator(PipelineOperator):
                                   total_steps=spec.total_training_steps if metrics_path else 0,
                                   progress_interval=self.progress_interval,
                                   max_lines_per_poll=self.max_lines_per_poll,
-                                  watch=spec.watch.to_dict() if training else None),
+                                  watch=spec.watch.to_dict() if training else None,
+                                  cursor_dir=str(spec.run_dir)),
             method_name="execute_complete",
             timeout=None,
         )
