@@ -39,6 +39,11 @@ ADMIN_USER = "admin"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 API_SERVER_STARTS = 3
 CLOCK_ENV = "VERL_PIPELINE_TEST_CLOCK"
+#: A run profile only this stack has: the stand-in trainer (tests/fakes) in train mode on the local head,
+#: holding after ``STACK_GATE_AFTER_STEP`` until :meth:`AirflowStack.open_gate`.
+STACK_TRAIN_PROFILE = "stack-train"
+STACK_TOTAL_STEPS = 6
+STACK_GATE_AFTER_STEP = 3
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
@@ -194,6 +199,39 @@ class AirflowStack:
     def log_path(self, component: str) -> Path:
         return self.root / "logs" / f"{component}.log"
 
+    @property
+    def configs(self) -> Path:
+        """The project's configs plus :data:`STACK_TRAIN_PROFILE` (written at start)."""
+        return self.root / "configs"
+
+    @property
+    def gate(self) -> Path:
+        return self.root / "gate-open"
+
+    def open_gate(self) -> None:
+        self.gate.touch()
+
+    def close_gate(self) -> None:
+        self.gate.unlink(missing_ok=True)
+
+    def _write_configs(self) -> None:
+        import yaml
+
+        shutil.copytree(REPO / "configs", self.configs)
+        profile = {
+            "description": "tests: the stand-in trainer under the real scheduler and triggerer",
+            "model_profile": "tiny-ppo",
+            "cluster_profile": "local-cpu",
+            "data": {"source": "builtin:arithmetic", "train_size": 32, "val_size": 8},
+            "trainer": {"nnodes": 1, "n_gpus_per_node": 1, "total_training_steps": STACK_TOTAL_STEPS},
+            "mode": "train",
+            "trainer_command": [sys.executable, str(REPO / "tests" / "fakes" / "fake_verl_trainer.py")],
+            "verl": {"trainer": {"save_freq": 2},
+                     "+fake": {"step_seconds": 0.5, "gate_file": str(self.gate),
+                               "gate_after_step": STACK_GATE_AFTER_STEP}},
+        }
+        (self.configs / "profiles" / f"{STACK_TRAIN_PROFILE}.yaml").write_text(yaml.safe_dump(profile))
+
     def env(self) -> dict[str, str]:
         assert self.postgres is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
@@ -220,6 +258,7 @@ class AirflowStack:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "VERL_PIPELINE_HOME": str(self.root / "pipeline-home"),
+            "VERL_PIPELINE_CONFIGS": str(self.configs),
             "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             "HF_HUB_OFFLINE": "1",
@@ -238,6 +277,7 @@ class AirflowStack:
         pw_file = self.home / "passwords.json"
         pw_file.write_text(json.dumps({ADMIN_USER: self.password}))
         pw_file.chmod(0o600)
+        self._write_configs()
         self._fix_clock()
         self.postgres = Postgres(self.root / "pg", extra_env=self._clock_env())
         self.postgres.start()
@@ -354,6 +394,23 @@ class AirflowStack:
                     self._tracked.setdefault(child.pid, child)
             except psutil.NoSuchProcess:
                 continue
+
+    def kill(self, comp: str) -> list[int]:
+        """SIGKILL one component and every process under it (what a crashed host does to it)."""
+        proc = psutil.Process(self.procs[comp].pid)
+        victims = [proc, *proc.children(recursive=True)]
+        for p in victims:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(victims, timeout=30)
+        self.procs[comp].wait(timeout=30)
+        return [p.pid for p in victims]
+
+    def relaunch(self, comp: str) -> None:
+        """Start a component again (after :meth:`kill`), logging to the same file."""
+        self._launch(comp)
 
     # -- REST API v2 --------------------------------------------------------------------------------
     def token(self) -> str:

@@ -1,0 +1,145 @@
+"""The wait step under the real scheduler and triggerer (PostgreSQL), with the stand-in trainer training.
+
+Two runs at once, each holding after a step until the test opens the gate: one is marked failed
+through the REST API while deferred (the trigger's ``on_kill`` stops its Ray job; teardown runs);
+for the other, the triggerer is SIGKILLed mid-wait and a new one started (the wait resumes: one
+job, no retry, no early teardown, no line forwarded twice).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import ray_processes
+from tests.integration.airflow_stack import (
+    STACK_GATE_AFTER_STEP,
+    STACK_TOTAL_STEPS,
+    STACK_TRAIN_PROFILE,
+    AirflowStack,
+)
+from verl_pipeline.jobs.attempts import read_attempts
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+DAG = "verl_ppo"
+WAIT = "wait_for_verl_job"
+FAKE_TRAINER = "fake_verl_trainer.py"
+
+
+def _ti(api: httpx.Client, run_id: str, task_id: str = WAIT) -> dict[str, Any]:
+    return dict(api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}").json())
+
+
+def _xcom(api: httpx.Client, run_id: str, task_id: str) -> Any:
+    r = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
+    return r.json()["value"] if r.status_code == 200 else None
+
+
+def _states(api: httpx.Client, run_id: str) -> dict[str, str]:
+    tis = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+    return {ti["task_id"]: ti["state"] for ti in tis}
+
+
+def _wait_log(api: httpx.Client, run_id: str, try_number: int = 1) -> str:
+    """The task log as the UI shows it (the worker's part and every triggerer's), one line per record."""
+    r = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{WAIT}/logs/{try_number}",
+                params={"full_content": "true"}, headers={"Accept": "application/json"})
+    assert r.status_code == 200, r.text[:500]
+    content = r.json().get("content") or []
+    return "\n".join(str(item.get("event", "")) if isinstance(item, dict) else str(item) for item in content)
+
+
+def _held_at_the_gate(airflow_stack: AirflowStack, api: httpx.Client, run_id: str) -> Path:
+    """Wait until the run's job trains, is held at the gate, and its wait task is deferred to a triggerer;
+    returns the run directory."""
+    deadline = time.monotonic() + 600
+    while True:
+        airflow_stack._check_alive()
+        sub = _xcom(api, run_id, "submit_verl_job")
+        ti = _ti(api, run_id)
+        if sub and ti.get("state") == "deferred" and ti.get("triggerer_job"):
+            metrics = Path(sub["run_dir"]) / "metrics-a1.jsonl"
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= STACK_GATE_AFTER_STEP:
+                return Path(sub["run_dir"])
+        assert time.monotonic() < deadline, f"run {run_id} never reached the gate deferred: {_states(api, run_id)}"
+        time.sleep(1)
+
+
+def _trainers(run_dir: Path) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if FAKE_TRAINER in " ".join(p.info["cmdline"] or []) and run_dir.name in " ".join(p.info["cmdline"] or [])]
+
+
+def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: AirflowStack) -> None:
+    api = airflow_stack.client()
+    airflow_stack.wait_for_dag(api, DAG)
+    airflow_stack.close_gate()
+    r = api.patch(f"/api/v2/dags/{DAG}", json={"is_paused": False})
+    assert r.status_code == 200, r.text
+    try:
+        runs = []
+        for _ in range(2):
+            r = api.post(f"/api/v2/dags/{DAG}/dagRuns",
+                         json={"logical_date": None, "conf": {"profile": STACK_TRAIN_PROFILE}})
+            assert r.status_code == 200, r.text
+            runs.append(r.json()["dag_run_id"])
+        killed_run, restarted_run = runs
+        killed_dir = _held_at_the_gate(airflow_stack, api, killed_run)
+        restarted_dir = _held_at_the_gate(airflow_stack, api, restarted_run)
+
+        # -- A user marks the deferred wait task failed: the trigger's on_kill stops the Ray job.
+        killed_job = read_attempts(killed_dir)[0].submission_id
+        r = api.patch(f"/api/v2/dags/{DAG}/dagRuns/{killed_run}/taskInstances/{WAIT}", json={"new_state": "failed"})
+        assert r.status_code == 200, r.text
+        finished = airflow_stack.wait_for_run(api, DAG, killed_run, timeout_s=300)
+        states = _states(api, killed_run)
+        assert finished["state"] == "failed" and states[WAIT] == "failed", states
+        assert states["teardown_ray_cluster"] == "success", states
+        log = _wait_log(api, killed_run)
+        assert f"Task killed by a user: stopping Ray job {killed_job}" in log, log[-3000:]
+        assert f"Ray job {killed_job}: stopped" in log, log[-3000:]
+        cluster = _xcom(api, killed_run, "provision_ray_cluster")
+        assert ray_processes(cluster["extra"]["temp_dir"]) == [] and _trainers(killed_dir) == []
+
+        # -- The triggerer dies mid-wait (SIGKILL, all its processes) and a new one starts.
+        before = _ti(api, restarted_run)
+        old_triggerer = before["triggerer_job"]["id"]
+        airflow_stack.kill("triggerer")
+        airflow_stack.relaunch("triggerer")
+        deadline = time.monotonic() + 300
+        while True:  # the new triggerer takes the trigger over once the old one's heartbeat is stale
+            ti = _ti(api, restarted_run)
+            job = ti.get("triggerer_job") or {}
+            if ti.get("state") == "deferred" and job.get("id") not in (None, old_triggerer):
+                break
+            assert ti.get("state") == "deferred", ti
+            assert time.monotonic() < deadline, f"no triggerer took the wait over: {ti}"
+            time.sleep(1)
+        airflow_stack.open_gate()
+        done = airflow_stack.wait_for_run(api, DAG, restarted_run, timeout_s=600)
+        states = _states(api, restarted_run)
+        assert done["state"] == "success", states
+        assert _ti(api, restarted_run)["try_number"] == 1  # the wait resumed: no retry
+        assert _ti(api, restarted_run, "teardown_ray_cluster")["try_number"] == 1
+        attempts = read_attempts(restarted_dir)
+        assert len(attempts) == 1, attempts  # one job: nothing resubmitted
+        steps = [json.loads(line)["step"] for line in (restarted_dir / "metrics-a1.jsonl").read_text().splitlines()]
+        assert steps == list(range(1, STACK_TOTAL_STEPS + 1))
+        # Every line of the job reached the task log once, across both triggerers.
+        log = _wait_log(api, restarted_run)
+        for step in range(1, STACK_TOTAL_STEPS + 1):
+            assert len(re.findall(rf"\bstep:{step} - training/global_step:{step}\b", log)) == 1, (step, log[-4000:])
+        assert "continuing from the saved cursor" in log, log[-4000:]
+        waited = _xcom(api, restarted_run, WAIT)
+        assert waited["training"]["last_step"] == STACK_TOTAL_STEPS and waited["progress"]["step"] == STACK_TOTAL_STEPS
+    finally:
+        airflow_stack.open_gate()
+        api.patch(f"/api/v2/dags/{DAG}", json={"is_paused": True})
