@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.cluster.address import Endpoint
 from verl_pipeline.cluster.base import ClusterHandle, ClusterHealth, ClusterStatus, get_backend, probe
 from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
@@ -45,7 +46,7 @@ def validate_spec_with_verl(spec: RunSpec) -> dict[str, Any]:
             "seconds": v.seconds, "verl_version": str(verl.__version__)}
 
 
-def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | None = None) -> ClusterHandle:
+def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | Endpoint | None = None) -> ClusterHandle:
     """Start (or reach) the run's cluster and wait until it is ready.
 
     ``endpoint`` is ``(dashboard_url, token)`` resolved from an Airflow connection for the
@@ -84,7 +85,7 @@ def ensure_cluster(
     handle: ClusterHandle,
     *,
     token: str | None = None,
-    endpoint: tuple[str, str | None] | None = None,
+    endpoint: tuple[str, str | None] | Endpoint | None = None,
 ) -> ClusterHandle:
     """The run's cluster if it is healthy (every expected node, CPU and GPU alive), else a new one.
 
@@ -392,7 +393,8 @@ def teardown(
 
 def _backend_spec(handle: ClusterHandle) -> dict[str, Any]:
     if handle.backend == "address":
-        return {"dashboard_url": handle.dashboard_url, "auth_mode": handle.auth_mode}
+        return {"dashboard_url": handle.dashboard_url, "auth_mode": handle.auth_mode,
+                "allow_insecure": bool(handle.extra.get("allow_insecure", False))}
     return {}
 
 

@@ -75,7 +75,10 @@ def test_address_backend_times_out_with_a_clear_error() -> None:
 
 
 def test_address_backend_reaches_a_running_cluster_and_never_stops_it(ray_cluster: ClusterHandle) -> None:
-    backend = AddressBackend.from_spec({"backend": "address", "dashboard_url": ray_cluster.dashboard_url})
+    spec = {"backend": "address", "dashboard_url": ray_cluster.dashboard_url, "auth_mode": "token"}
+    with pytest.raises(ClusterError, match="refused the request"):  # token auth: nothing without the token
+        AddressBackend.from_spec({**spec, "ready_timeout_s": 1}).provision("pytest/address")
+    backend = AddressBackend.from_spec(spec).with_endpoint(ray_cluster.dashboard_url, ray_cluster.token())
     handle = backend.provision("pytest/address")
     assert not handle.owned
     assert backend.teardown(handle)["stopped_processes"] == 0

@@ -29,10 +29,14 @@ def test_script_follows_verls_multinode_recipe() -> None:
     b = get_backend(SITE)
     assert isinstance(b, SlurmBackend)
     script = b.render_script("verl_ppo/run-1")
+    # Token auth by default: the script names the token file (on shared storage), never the token.
+    token_file = b.token_file_for("verl_ppo/run-1")
+    assert token_file is not None and token_file.parent.name == "auth"
     for line in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --cpus-per-task=32",
                  "#SBATCH --time=2-00:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=ml-team",
                  "#SBATCH --ntasks-per-node=1", "export NCCL_IB_HCA=mlx5", "export NCCL_SOCKET_IFNAME=ib0",
-                 "export RAY_AUTH_MODE=disabled", "PY=/opt/verl/.venv/bin/python", "RAY=/opt/verl/.venv/bin/ray",
+                 "export RAY_AUTH_MODE=token", "unset RAY_AUTH_TOKEN", f"export RAY_AUTH_TOKEN_PATH={token_file}",
+                 "PY=/opt/verl/.venv/bin/python", "RAY=/opt/verl/.venv/bin/ray",
                  'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")'):
         assert line in script.splitlines(), line
     # The head's IP is resolved on the head host; workers join with srun --overlap on the other hosts.
@@ -63,6 +67,13 @@ def test_container_runs_with_host_network_and_large_shm(runtime: str, expect: st
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
+def test_auth_disabled_only_when_the_profile_says_so() -> None:
+    b = get_backend({**SITE, "auth_mode": "disabled"})
+    assert isinstance(b, SlurmBackend) and b.token_file_for("r") is None
+    lines = b.render_script("r").splitlines()
+    assert "export RAY_AUTH_MODE=disabled" in lines and "unset RAY_AUTH_TOKEN_PATH" in lines
+
+
 def test_python_defaults_to_the_submitting_environment() -> None:
     script = get_backend({"backend": "slurm"}).render_script("r")  # type: ignore[attr-defined]
     assert f"RAY={Path(sys.executable).parent / 'ray'}" in script
@@ -74,6 +85,7 @@ def test_python_defaults_to_the_submitting_environment() -> None:
     ("container", {"runtime": "podman", "image": "x"}), ("container", {"runtime": "docker"}),
     ("container", {"runtime": "docker", "image": "x", "shm_size": "lots"}), ("gcs_port", 80),
     ("port_stride", 10), ("shared_dir", "relative/dir"), ("pending_timeout_s", 0), ("colour", "blue"),
+    ("auth_mode", "none"), ("env", {"RAY_AUTH_TOKEN": "would-be-written-into-the-script"}),
 ])
 def test_invalid_settings_are_rejected_before_anything_runs(key: str, value: object) -> None:
     with pytest.raises(ConfigError) as e:

@@ -85,7 +85,7 @@ async def test_agent_and_state_api_serve_the_same_bytes_of_a_real_job(ray_cluste
         time.sleep(0.2)
     assert info.driver_agent_http_address
     async with aiohttp.ClientSession() as session:
-        client = RayJobsClient(ray_cluster.dashboard_url, session=session)
+        client = ray_cluster.client(session=session)  # with the cluster's token
         whole, stream = await _read(client, info, 0)
         assert stream.source is LogSource.AGENT
         assert "é€🚀 line one\n".encode() in whole and b"step:1 - perf/throughput:12.5\n" in whole

@@ -9,15 +9,16 @@ from typing import Any
 
 from airflow.sdk.bases.hook import BaseHook
 
+from verl_pipeline.cluster.address import Endpoint
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.jobs.client import JobInfo, LogStream, RayJobsClient
 
 
-def endpoint_from_connection(conn: Any) -> tuple[str, str | None]:
-    """``(dashboard_url, token)`` from an Airflow connection.
+def endpoint_from_connection(conn: Any) -> Endpoint:
+    """The dashboard of an Airflow connection: ``(dashboard_url, token, ca_bundle)``.
 
     Either the ``dashboard_url`` extra, or ``schema://host:port`` (schema defaults to http, port to
-    8265). The password, when set, is the Ray auth token.
+    8265). The password, when set, is the Ray auth token; the ``ca_bundle`` extra verifies https.
     """
     extra = conn.extra_dejson or {}
     url = extra.get("dashboard_url")
@@ -25,7 +26,7 @@ def endpoint_from_connection(conn: Any) -> tuple[str, str | None]:
         scheme = conn.schema or "http"
         port = conn.port or 8265
         url = f"{scheme}://{conn.host}:{port}"
-    return str(url).rstrip("/"), conn.password or None
+    return Endpoint(str(url).rstrip("/"), conn.password or None, extra.get("ca_bundle") or None)
 
 
 class RayJobsHook(BaseHook):
@@ -39,6 +40,8 @@ class RayJobsHook(BaseHook):
 
     :param cluster: a ``ClusterHandle`` dict (as the provision task returns it).
     :param conn_id: Airflow connection holding the Ray token (password), for token-auth clusters.
+        Without one (or without a password), a cluster the pipeline started is reached with the
+        token in its handle's ``token_file``.
     """
 
     conn_name_attr = "conn_id"
@@ -73,15 +76,16 @@ class RayJobsHook(BaseHook):
 
     async def __aenter__(self) -> RayJobsHook:
         import aiohttp
+        from asgiref.sync import sync_to_async
 
         token = None
         if self.conn_id:
-            from asgiref.sync import sync_to_async
-
             conn = await sync_to_async(self.get_connection)(self.conn_id)
-            token = endpoint_from_connection(conn)[1]
+            token = endpoint_from_connection(conn).token
+        if token is None:
+            token = await sync_to_async(self.handle.token)()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0))
-        self._aclient = RayJobsClient(self.handle.dashboard_url, token=token, session=self._session)
+        self._aclient = self.handle.client(token, session=self._session)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

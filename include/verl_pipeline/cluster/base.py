@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.cluster.auth import AuthMode, read_token_file
 from verl_pipeline.constants import BackendKind
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.jobs.client import RayJobsClient
@@ -25,8 +26,10 @@ COMMON_SETTINGS = ("probe_timeout_s",)
 class ClusterHandle:
     """Everything needed to reach (and, when owned, tear down) a provisioned cluster.
 
-    It travels through XCom and a state file, so it holds no secrets: a token is looked up from
-    ``conn_id`` (Airflow) or ``$VERL_PIPELINE_RAY_TOKEN`` when needed.
+    It travels through XCom, a trigger's kwargs and a state file, so it holds no secret: the token
+    of a token-auth cluster is read, when needed, from the explicit argument (an Airflow
+    connection's password), else ``token_file`` (written 0600 by the backend that started the
+    cluster), else ``$VERL_PIPELINE_RAY_TOKEN``.
     """
 
     backend: str
@@ -42,6 +45,10 @@ class ClusterHandle:
     expected_gpus: float = 0
     #: Backend-specific facts (PIDs, temp dir, ports …).
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The file holding the cluster's Ray token (a path, never the token itself).
+    token_file: str | None = None
+    #: CA file or directory verifying an ``https`` dashboard (a path; from the Airflow connection).
+    ca_bundle: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,16 +57,26 @@ class ClusterHandle:
     def from_dict(cls, data: dict[str, Any]) -> ClusterHandle:
         return cls(**data)
 
-    def client(self, token: str | None = None) -> RayJobsClient:
-        """A Jobs API client for this cluster (no I/O until used).
+    def token(self) -> str | None:
+        """The cluster's Ray token when it uses token auth: from ``token_file``, else
+        ``$VERL_PIPELINE_RAY_TOKEN``; None for an auth-disabled cluster."""
+        if self.auth_mode != AuthMode.TOKEN.value:
+            return None
+        if self.token_file:
+            return read_token_file(Path(self.token_file))
+        return os.environ.get("VERL_PIPELINE_RAY_TOKEN") or None
 
-        Sets ``RAY_AUTH_MODE`` in this process to the cluster's mode: Ray's SDK reads it, and an
-        unset mode turns token auth on by itself when ``~/.ray/auth_token`` exists.
+    def client(self, token: str | None = None, *, session: Any = None) -> RayJobsClient:
+        """A Jobs API client for this cluster (no I/O until used, except reading a token file).
+
+        ``token`` (an Airflow connection's password) wins over :meth:`token`. Sets
+        ``RAY_AUTH_MODE`` in this process to the cluster's mode: Ray's SDK reads it, and an unset
+        mode turns token auth on by itself when ``~/.ray/auth_token`` exists.
         """
         os.environ["RAY_AUTH_MODE"] = self.auth_mode
-        if token is None and self.auth_mode == "token":
-            token = os.environ.get("VERL_PIPELINE_RAY_TOKEN")
-        return RayJobsClient(self.dashboard_url, token=token)
+        if token is None:
+            token = self.token()
+        return RayJobsClient(self.dashboard_url, token=token, session=session, ca_bundle=self.ca_bundle)
 
 
 @dataclass(frozen=True)

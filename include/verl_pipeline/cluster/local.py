@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.cluster import procs
+from verl_pipeline.cluster import auth, procs
 from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic
@@ -151,12 +151,14 @@ class LocalBackend(ClusterBackend):
     ports: dict[str, int] = field(default_factory=dict)
     min_worker_port: int = 0
     stop_grace_s: float = 10.0
+    #: Ray's token auth unless the profile says ``auth_mode: disabled``.
+    auth_mode: auth.AuthMode = auth.AuthMode.TOKEN
     kind: str = "local"
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LocalBackend:
         known = {"backend", "num_cpus", "num_gpus", "nodes", "object_store_memory_mb", "ready_timeout_s", "temp_dir",
-                 "ports", "min_worker_port", "stop_grace_s", *COMMON_SETTINGS}
+                 "ports", "min_worker_port", "stop_grace_s", "auth_mode", *COMMON_SETTINGS}
         for key in spec:
             if key not in known:
                 raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the local backend",
@@ -177,6 +179,7 @@ class LocalBackend(ClusterBackend):
             ports=ports,
             min_worker_port=int(spec.get("min_worker_port", 0)),
             stop_grace_s=float(spec.get("stop_grace_s", 10)),
+            auth_mode=auth.auth_mode(spec, default=auth.AuthMode.TOKEN),
         )
         if b.num_cpus < 1:
             raise ConfigError("cluster.num_cpus", b.num_cpus, "a Ray head needs at least 1 CPU", "num_cpus: 2")
@@ -196,11 +199,17 @@ class LocalBackend(ClusterBackend):
             return Path(self.temp_dir).expanduser().resolve()
         return Path("/tmp") / f"vp-{slug(name, 16)}-{short_hash(name, length=8)}"
 
-    def _env(self, marker: str) -> dict[str, str]:
-        env = dict(os.environ)
+    @staticmethod
+    def token_dir_for(temp_dir: Path) -> Path:
+        """The cluster's private (0700) directory for its token file: ``<temp dir>.auth``, beside Ray's
+        temp dir. In ``/tmp`` (sticky) nobody else can rename or replace it."""
+        return temp_dir.with_name(f"{temp_dir.name}.auth")
+
+    def _env(self, marker: str, token_file: Path | None) -> dict[str, str]:
         # Explicit on the server (and on every client via ClusterHandle.client): without it Ray turns
-        # token auth on by itself when ~/.ray/auth_token exists. Loopback only, so no token.
-        env["RAY_AUTH_MODE"] = "disabled"
+        # token auth on by itself when ~/.ray/auth_token exists. Every node, and every job driver
+        # (they inherit the raylet's environment), reads the token from the file.
+        env = auth.apply_env(dict(os.environ), auth.ray_env(self.auth_mode, token_file))
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         # Job entrypoints run `python …` through a shell on the head: make it this environment's.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -209,14 +218,14 @@ class LocalBackend(ClusterBackend):
         env[CLUSTER_MARKER] = marker
         return env
 
-    def _start(self, cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    def _start(self, cmd: list[str], log_path: Path, token_file: Path | None) -> subprocess.Popen[bytes]:
         """Start one ``ray start --block`` node (leader of its own session), marked with its cluster."""
         log.info("Starting a local Ray node: %s", " ".join(cmd))
         with open(log_path, "ab") as out:
             return subprocess.Popen(
                 # The node's log lives in the cluster's temp dir, which names the cluster.
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=self._env(str(log_path.parent)),
+                env=self._env(str(log_path.parent), token_file),
                 start_new_session=True, close_fds=True,
             )
 
@@ -246,7 +255,11 @@ class LocalBackend(ClusterBackend):
         if leftovers:
             log.warning("Stopping %d leftover Ray processes of an earlier attempt in %s", len(leftovers), temp_dir)
             procs.terminate(leftovers, grace_s=self.stop_grace_s)
-        temp_dir.mkdir(parents=True, exist_ok=True)
+        # Ours (Ray makes it world-writable once it runs, so the token lives beside it, not in it).
+        auth.private_dir(temp_dir, others_may_write=True)
+        # A fresh token for every start: one that leaked from an earlier cluster opens nothing.
+        token_file = (auth.write_token_file(self.token_dir_for(temp_dir))
+                      if self.auth_mode is auth.AuthMode.TOKEN else None)
 
         pinned = {key: port for key, port in self.ports.items() if port}
         fresh = iter(free_ports(len(PORT_FLAGS.keys() - pinned.keys()), exclude=set(pinned.values())))
@@ -259,7 +272,7 @@ class LocalBackend(ClusterBackend):
             *self._node_args(temp_dir, ports, worker_base),
         ]
         log_path = temp_dir / "ray-start-node0.log"
-        proc = self._start(cmd, log_path)
+        proc = self._start(cmd, log_path, token_file)
         started = [(proc, log_path)]
         root = procs.ProcRef(proc.pid, procs.psutil.Process(proc.pid).create_time())
         handle = ClusterHandle(
@@ -267,7 +280,8 @@ class LocalBackend(ClusterBackend):
             name=name,
             dashboard_url=f"http://127.0.0.1:{ports['dashboard']}",
             owned=True,
-            auth_mode="disabled",
+            auth_mode=self.auth_mode.value,
+            token_file=str(token_file) if token_file else None,
             gcs_address=f"127.0.0.1:{ports['gcs']}",
             expected_nodes=1,
             expected_cpus=self.num_cpus,
@@ -316,7 +330,7 @@ class LocalBackend(ClusterBackend):
                         *self._node_args(temp_dir, node_ports, base),
                     ]
                     node_log = temp_dir / f"ray-start-node{rank}.log"
-                    p = self._start(cmd, node_log)
+                    p = self._start(cmd, node_log, token_file)
                     started.append((p, node_log))
                     ref = procs.ProcRef(p.pid, procs.psutil.Process(p.pid).create_time())
                     handle.extra["nodes"].append({"rank": rank, "root": ref.to_list(), "pgid": p.pid,

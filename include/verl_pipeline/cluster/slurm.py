@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.cluster import auth
 from verl_pipeline.cluster.base import (
     COMMON_SETTINGS,
     ClusterBackend,
@@ -136,7 +137,9 @@ class Container:
                 cmd += ["--bind", m]
             return [*cmd, self.image]
         if self.runtime == "docker":
-            cmd = ["docker", "run", "--rm", f"--name={name}", "--network=host", "--ipc=host",
+            # Ray's auth mode and token path from the script's environment (the file is on shared storage).
+            cmd = ["docker", "run", "--rm", f"--name={name}", "-e", auth.MODE_VAR, "-e", auth.TOKEN_PATH_VAR,
+                   "--network=host", "--ipc=host",
                    f"--shm-size={self.shm_size}", "--gpus=all"]
             for m in self.mounts:
                 cmd += ["-v", m]
@@ -181,6 +184,8 @@ class SlurmBackend(ClusterBackend):
     poll_s: float = 2.0
     #: Submit, watch and cancel through slurmrestd instead of sbatch/scontrol/scancel.
     rest: SlurmRest | None = None
+    #: Ray's token auth (a fresh token per allocation, in the work dir) unless the profile says disabled.
+    auth_mode: auth.AuthMode = auth.AuthMode.TOKEN
     #: Set by :meth:`for_run`: the run directory the script, logs and head address go to.
     run_dir: str | None = None
     kind: str = "slurm"
@@ -189,7 +194,7 @@ class SlurmBackend(ClusterBackend):
              "extra_sbatch", "container", "env", "python", "dashboard_host", "gcs_port", "dashboard_port",
              "client_server_port", "port_base", "port_stride", "object_store_memory_mb", "temp_dir", "shared_dir",
              "slurm_conf", "slurm_bin", "pending_timeout_s", "ready_timeout_s", "cancel_timeout_s", "poll_s",
-             "slurmrestd", *COMMON_SETTINGS)
+             "slurmrestd", "auth_mode", *COMMON_SETTINGS)
 
     # -- configuration -----------------------------------------------------------------------------
     @classmethod
@@ -239,6 +244,12 @@ class SlurmBackend(ClusterBackend):
         if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_KEY.match(k) for k in env):
             raise ConfigError("cluster.env", env, "must map environment variable names to values",
                               "env: {NCCL_IB_HCA: mlx5, NCCL_SOCKET_IFNAME: ib0}")
+        for key in env:
+            if key.startswith("RAY_AUTH_"):
+                # A token here would be written into the sbatch script in clear.
+                raise ConfigError(f"cluster.env.{key}", "***", "Ray's auth is set by the pipeline, not by env",
+                                  "remove it and set cluster.auth_mode: token (a fresh token per allocation) "
+                                  "or disabled")
         container = None
         c = spec.get("container")
         if c:
@@ -302,6 +313,7 @@ class SlurmBackend(ClusterBackend):
             cancel_timeout_s=seconds("cancel_timeout_s", 120),
             poll_s=seconds("poll_s", 2),
             rest=SlurmRest.from_spec(spec["slurmrestd"]) if spec.get("slurmrestd") is not None else None,
+            auth_mode=auth.auth_mode(spec, default=auth.AuthMode.TOKEN),
         )
         if b.rest and b.extra_sbatch:
             raise ConfigError("cluster.extra_sbatch", list(b.extra_sbatch),
@@ -372,6 +384,12 @@ class SlurmBackend(ClusterBackend):
         # Short: Ray puts unix sockets under it (107-byte limit).
         return self.temp_dir or f"/tmp/vps-{short_hash(name, length=10)}"
 
+    def token_file_for(self, name: str) -> Path | None:
+        """Where the allocation's Ray token is kept (shared storage, a 0700 directory), None without auth."""
+        if self.auth_mode is not auth.AuthMode.TOKEN:
+            return None
+        return self.workdir_for(name) / "auth" / auth.TOKEN_FILE
+
     def python_for_nodes(self) -> str:
         return self.python or sys.executable
 
@@ -401,9 +419,13 @@ class SlurmBackend(ClusterBackend):
             if value:
                 lines.append(f"#SBATCH --{flag}={value}")
         lines += [f"#SBATCH {arg}" for arg in self.extra_sbatch]
-        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+        env = {"RAY_USAGE_STATS_ENABLED": "0", **self.env}
         lines += ["", "set -uo pipefail", "unset RAY_ADDRESS"]
         lines += [f"export {k}={q(v)}" for k, v in env.items()]
+        # Every node (and every job driver, which inherits the raylet's environment) reads the token file.
+        token_file = self.token_file_for(name)
+        for k, v in auth.ray_env(self.auth_mode, token_file).items():
+            lines.append(f"export {k}={q(v)}" if v is not None else f"unset {k}")
         lines += [
             f"PY={q(py)}",
             f"RAY={q(ray)}",
@@ -532,6 +554,10 @@ class SlurmBackend(ClusterBackend):
             log.warning("Cancelling Slurm job %s left by an earlier attempt of %s", old, name)
             self._cancel_and_confirm(old)
         workdir.mkdir(parents=True, exist_ok=True)
+        # A fresh token per allocation, written before the script that points Ray at it.
+        token_file = self.token_file_for(name)
+        if token_file is not None:
+            auth.write_token_file(token_file.parent)
         for stale in workdir.glob("head-*.json"):
             # An address published by an earlier allocation must never be mistaken for this one's.
             stale.unlink()
@@ -553,7 +579,8 @@ class SlurmBackend(ClusterBackend):
         log.info("Submitted Slurm job %s (%s): %d node(s) x %d CPU / %d GPU", job_id, job_name, self.nodes,
                  self.cpus_per_node, self.gpus_per_node)
         handle = ClusterHandle(
-            backend=self.kind, name=name, dashboard_url="", owned=True, auth_mode="disabled",
+            backend=self.kind, name=name, dashboard_url="", owned=True, auth_mode=self.auth_mode.value,
+            token_file=str(token_file) if token_file else None,
             expected_nodes=self.nodes, expected_cpus=self.nodes * self.cpus_per_node,
             expected_gpus=self.nodes * self.gpus_per_node,
             extra={"job_id": job_id, "job_name": job_name, "workdir": str(workdir), "script": str(script_path),

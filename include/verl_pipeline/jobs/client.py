@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -160,20 +162,39 @@ class RayJobsClient:
 
     Construction does no I/O, so it is safe in a trigger's ``__init__`` or at DAG-parse time.
     ``session``: one ``aiohttp.ClientSession`` for every async call (the hook opens it per trigger
-    run); without it each async call opens its own.
+    run); without it each async call opens its own. ``ca_bundle``: a CA file (or directory) that
+    verifies an ``https`` dashboard signed by a private CA, for every sync, async and SDK request.
     """
 
     def __init__(self, dashboard_url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 session: Any = None) -> None:
+                 session: Any = None, ca_bundle: str | None = None) -> None:
         self.dashboard_url = dashboard_url.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
         self._session = session
         self._agent_unreachable = False
+        self.ca_bundle = ca_bundle
+        self._ssl_context: ssl.SSLContext | None = None
 
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    @property
+    def verify(self) -> str | bool:
+        """``requests``' ``verify``: the CA bundle when one is set, else the system's CAs."""
+        return self.ca_bundle or True
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """aiohttp's ``ssl``: a context trusting the CA bundle, else True (the system's CAs)."""
+        if not self.ca_bundle:
+            return True
+        if self._ssl_context is None:
+            path = Path(self.ca_bundle)
+            self._ssl_context = ssl.create_default_context(
+                cafile=None if path.is_dir() else str(path), capath=str(path) if path.is_dir() else None)
+        return self._ssl_context
 
     def _url(self, path: str) -> str:
         return f"{self.dashboard_url}{path}"
@@ -181,7 +202,7 @@ class RayJobsClient:
     # -- sync -------------------------------------------------------------------------------------
     def _get(self, path: str, *, ok404: bool = False) -> Any:
         try:
-            r = requests.get(self._url(path), headers=self.headers, timeout=self.timeout_s)
+            r = requests.get(self._url(path), headers=self.headers, timeout=self.timeout_s, verify=self.verify)
         except requests.RequestException as e:
             raise ClusterError(f"Ray dashboard {self.dashboard_url} is unreachable: {e}") from e
         if ok404 and r.status_code == 404:
@@ -189,8 +210,8 @@ class RayJobsClient:
         if r.status_code in (401, 403):
             raise ClusterError(
                 f"Ray dashboard {self.dashboard_url} refused the request ({r.status_code}: {r.text.strip()}); "
-                "set the cluster's token (Airflow connection password or VERL_PIPELINE_RAY_TOKEN) and "
-                "RAY_AUTH_MODE to match the cluster"
+                "give the cluster's token (its token file for a cluster the pipeline started, else the Airflow "
+                "connection password or VERL_PIPELINE_RAY_TOKEN) and set auth_mode to match the cluster"
             )
         if r.status_code >= 400:
             raise ClusterError(f"GET {path} on {self.dashboard_url} failed ({r.status_code}): {r.text[:500]}")
@@ -220,7 +241,7 @@ class RayJobsClient:
         """Ask Ray to stop the job. True when a running job was told to stop."""
         try:
             r = requests.post(self._url(f"/api/jobs/{submission_id}/stop"), headers=self.headers,
-                              timeout=self.timeout_s)
+                              timeout=self.timeout_s, verify=self.verify)
         except requests.RequestException as e:
             raise ClusterError(f"Ray dashboard {self.dashboard_url} is unreachable: {e}") from e
         if r.status_code == 404:
@@ -243,7 +264,7 @@ class RayJobsClient:
         from ray.job_submission import JobSubmissionClient
 
         try:
-            sdk = JobSubmissionClient(self.dashboard_url, headers=self.headers or None)
+            sdk = JobSubmissionClient(self.dashboard_url, headers=self.headers or None, verify=self.verify)
             return str(
                 sdk.submit_job(
                     entrypoint=entrypoint,
@@ -269,7 +290,8 @@ class RayJobsClient:
             yield session
 
     async def _aget(self, path: str, *, ok404: bool = False) -> Any:
-        async with self._asession() as session, session.get(self._url(path), headers=self.headers) as r:
+        async with self._asession() as session, \
+                session.get(self._url(path), headers=self.headers, ssl=self.ssl_context) as r:
             if ok404 and r.status == 404:
                 return None
             if r.status >= 400:
@@ -357,7 +379,8 @@ class RayJobsClient:
         if info.driver_node_id:
             params["node_id"] = info.driver_node_id
         async with self._asession() as session:
-            async with session.get(self._url("/api/v0/logs/file"), params=params, headers=self.headers) as r:
+            async with session.get(self._url("/api/v0/logs/file"), params=params, headers=self.headers,
+                                   ssl=self.ssl_context) as r:
                 if r.status >= 400:
                     text = await r.text()
                     raise ClusterError(f"GET /api/v0/logs/file on {self.dashboard_url} failed ({r.status}): "
