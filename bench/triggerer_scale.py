@@ -94,8 +94,11 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
 
     async def one(i: int) -> None:
         await asyncio.sleep(rng.uniform(0, args.poll))  # waits deferred at different times
+        # As the wait operator defers a training job: the hang watchdog on, the cursor saved in the run dir.
+        run_dir = Path(args.run_dirs) / f"run-{i}" if args.run_dirs else None
         trigger = RayJobTrigger(cluster=cluster, job_id=f"bench-job-{i}", poll_interval=args.poll,
-                                log_offset_bytes=initial)
+                                log_offset_bytes=initial, total_steps=1000,
+                                watch={} if args.watch else None, cursor_dir=str(run_dir) if run_dir else None)
         trigger._log = logger
         trigger._hook = lambda: TimedHook(RayJobsHook(cluster), recorder)
         async for event in trigger.run():
@@ -142,6 +145,9 @@ def main() -> None:
     p.add_argument("--poll", type=float, default=10.0)
     p.add_argument("--initial-bytes", type=int, default=20 * 1024 * 1024)
     p.add_argument("--growth-bytes", type=int, default=5 * 1024)
+    p.add_argument("--no-watch", dest="watch", action="store_false", help="without the hang watchdog")
+    p.add_argument("--no-cursor-file", dest="cursor_file", action="store_false",
+                   help="without saving the cursor in a run directory")
     args = p.parse_args()
 
     fake = subprocess.Popen(
@@ -157,7 +163,9 @@ def main() -> None:
         fake_proc = psutil.Process(fake.pid)
         fake_cpu0 = sum(fake_proc.cpu_times()[:2])
         with tempfile.TemporaryDirectory(prefix="triggerer-scale-") as tmp:
+            args.run_dirs = str(Path(tmp) / "runs") if args.cursor_file else None
             out = asyncio.run(_run(args, urls["dashboard_url"], Path(tmp) / "triggers.log"))
+            out["watchdog"], out["cursor_file"] = args.watch, args.cursor_file
         out["fake_ray_cpu_s"] = round(sum(fake_proc.cpu_times()[:2]) - fake_cpu0, 1)
         print(json.dumps(out, indent=2))
     finally:

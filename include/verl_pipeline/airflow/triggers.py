@@ -23,6 +23,8 @@ MAX_READ_BYTES = 1024 * 1024
 #: Lines per forwarded log record (one record per batch keeps a chatty job cheap for the triggerer).
 LINES_PER_RECORD = 200
 _METRICS_READ_BYTES = 1024 * 1024
+#: A chatty job's cursor is saved to the run directory at most this often (a quiet one's at once).
+CURSOR_SAVE_INTERVAL_S = 30.0
 
 
 class RayJobTrigger(BaseTrigger):
@@ -49,9 +51,10 @@ class RayJobTrigger(BaseTrigger):
     so the waiter does not wait for the job to notice.
 
     ``cursor_dir`` (the run directory, when the triggerer can write it): the cursor is saved there
-    after every poll that moved it, and a waiter starting over the same job (a restarted triggerer
-    runs the trigger again from the kwargs it was deferred with) continues from the saved one, so no
-    line is forwarded twice.
+    when it moved — on the first quiet poll, and every ``CURSOR_SAVE_INTERVAL_S`` while the job keeps
+    printing — and a waiter starting over the same job (a restarted triggerer runs the trigger again
+    from the kwargs it was deferred with) continues from the saved one: no line is forwarded twice,
+    except up to that interval of output when the triggerer died while the job was printing.
 
     ``hung``: the job ran without a new training step for longer than the watchdog allows
     (``watch``, a :class:`~verl_pipeline.jobs.watchdog.WatchSettings` dict; None: no watchdog, as for
@@ -107,6 +110,7 @@ class RayJobTrigger(BaseTrigger):
         self.watch = watch
         self.cursor_dir = cursor_dir
         self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
+        self._saved_at = float("-inf")
         self._tracker: Any = None
         self._stall: Any = None
         self._reported_step = -1
@@ -276,10 +280,16 @@ class RayJobTrigger(BaseTrigger):
             self.progress = saved.progress or self.progress
         self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
 
-    async def _save_cursor(self) -> None:
+    async def _save_cursor(self, moved: bool) -> None:
+        """Save the cursor when it moved: at once when the job went quiet, else at most every
+        ``CURSOR_SAVE_INTERVAL_S`` (a chatty job does not cost a file write per poll)."""
         offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
         if not self.cursor_dir or offsets == self._saved_offsets:
             return
+        now = time.monotonic()
+        if moved and now - self._saved_at < CURSOR_SAVE_INTERVAL_S:
+            return
+        self._saved_at = now
         from verl_pipeline.jobs.logstream import WaitCursor
 
         cursor = WaitCursor(self.job_id, self.log_offset_bytes, self.metrics_offset_bytes, self.progress)
@@ -311,8 +321,9 @@ class RayJobTrigger(BaseTrigger):
             if info is None:
                 yield self._event(WaitEvent.UNREACHABLE, f"Ray job {self.job_id} does not exist on the cluster")
                 return
+            before = self.log_offset_bytes, self.metrics_offset_bytes
             read = await self._poll_logs(hook, info)
-            await self._save_cursor()
+            await self._save_cursor(moved=(self.log_offset_bytes, self.metrics_offset_bytes) != before)
             if info.status.is_terminal():
                 status = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
                           JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.FAILED)
