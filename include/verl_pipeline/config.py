@@ -413,6 +413,9 @@ def build_run_spec(
         raise ConfigError(f"clusters/{cluster_profile}.cluster.backend", None, "is required", "backend: local")
 
     runtime = dict(cprof.get("runtime") or {})
+    from verl_pipeline.cluster.auth import check_job_env
+
+    check_job_env(dict(runtime.get("env") or {}), f"clusters/{cluster_profile}.runtime.env")
     placement_text = params.get("placement") or prof.get("placement") or Placement.COLOCATED.value
     try:
         placement = Placement(placement_text)

@@ -127,3 +127,16 @@ def test_a_state_dir_someone_else_can_write_is_refused(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     with pytest.raises(ClusterError, match="symlink"):
         auth.private_dir(link)
+
+
+@pytest.mark.parametrize("name,refused", [
+    ("HF_TOKEN", True), ("WANDB_API_KEY", True), ("AWS_SECRET_ACCESS_KEY", True), ("MLFLOW_TRACKING_PASSWORD", True),
+    ("RAY_AUTH_TOKEN", True), ("TOKENIZERS_PARALLELISM", False), ("NCCL_IB_HCA", False), ("HF_TOKEN_PATH", False),
+])
+def test_a_secret_in_the_jobs_runtime_env_is_refused(name: str, refused: bool) -> None:
+    if refused:
+        with pytest.raises(ConfigError, match=r"readable by anyone who can read the Ray Jobs API") as e:
+            auth.check_job_env({name: "value"}, "clusters/x.runtime.env")
+        assert e.value.key == f"clusters/x.runtime.env.{name}" and "value" not in str(e.value)
+    else:
+        auth.check_job_env({name: "1"}, "clusters/x.runtime.env")

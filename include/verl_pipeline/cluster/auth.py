@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import stat
 from enum import Enum
@@ -120,6 +121,21 @@ def apply_env(env: dict[str, str], changes: dict[str, str | None]) -> dict[str, 
         else:
             out[key] = value
     return out
+
+
+#: Environment variable names that hold a secret (``HF_TOKEN``, ``WANDB_API_KEY``, ``AWS_SECRET_ACCESS_KEY`` …).
+_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIALS?|PRIVATE_KEY)(_|$)")
+
+
+def check_job_env(env: dict[str, Any], key: str) -> None:
+    """Refuse a secret in a job's ``runtime_env`` env_vars: anyone who can read the Jobs API reads it."""
+    for name in env:
+        upper = str(name).upper()
+        if _SECRET_NAME.search(upper) and not upper.endswith(("_PATH", "_FILE", "_DIR")):  # a path is fine
+            raise ConfigError(f"{key}.{name}", "***", "a secret in the job's runtime_env is readable by anyone who "
+                              "can read the Ray Jobs API (job info returns it)",
+                              "put it in a file on the nodes (mode 0600) and set a variable naming its path, "
+                              f"e.g. {name}_FILE or the tool's own *_PATH setting")
 
 
 def is_loopback(host: str) -> bool:
