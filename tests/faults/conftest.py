@@ -31,7 +31,7 @@ KILL_AT_STEP = 5
 
 #: The hang scenario: the trainer hangs after this step; the watchdog's stall timeout (a profile duration).
 HANG_AFTER_STEP = 5
-HANG_STALL_TIMEOUT = "15s"
+HANG_STALL_TIMEOUT = "10s"
 
 
 def gate_path(home: Path) -> Path:
@@ -78,7 +78,7 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
         "faults-user-exception": _profile("user exception", {**base, "+fake": {"step_seconds": 0.2,
                                                                                 "fail_at_step": 2}}),
         # Hangs once after HANG_AFTER_STEP with every node alive; the watchdog must end it.
-        "faults-hang": {**_profile("hang", {**base, "+fake": {"step_seconds": 1.0, "hang_after_step": HANG_AFTER_STEP,
+        "faults-hang": {**_profile("hang", {**base, "+fake": {"step_seconds": 0.5, "hang_after_step": HANG_AFTER_STEP,
                                                                  "hang_once_file": str(tmp_path / "hung-once")}}),
                         "watch": {"stall_timeout": HANG_STALL_TIMEOUT, "startup_timeout": "5m"}},
     }
