@@ -379,7 +379,7 @@ def teardown(
             if info is not None and not info.status.is_terminal():
                 log.warning("Ray job %s is still %s: stopping it", job_id, info.status.value)
                 result["job_stopped"] = client.stop(job_id)
-                _wait_terminal(client, job_id)
+                wait_job_ended(client, job_id)
         except ClusterError as e:
             # An unreachable cluster cannot run the job any more; the backend teardown still runs.
             log.warning("Could not reach cluster %s to stop job %s: %s", handle.name, job_id, e)
@@ -398,18 +398,20 @@ def _backend_spec(handle: ClusterHandle) -> dict[str, Any]:
     return {}
 
 
-def _wait_terminal(client: Any, job_id: str, timeout_s: float = 30.0) -> None:
+def wait_job_ended(client: Any, job_id: str, timeout_s: float = 30.0) -> bool:
+    """Wait (bounded) until Ray says a stopped job ended (Ray sends SIGTERM, then SIGKILL)."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         info = client.get_job(job_id)
         if info is None or info.status.is_terminal():
-            return
+            return True
         time.sleep(0.5)
     log.warning("Ray job %s did not stop within %.0fs", job_id, timeout_s)
+    return False
 
 
 __all__ = ["PreparedJob", "check_cluster", "check_environment", "check_paths_visible", "choose_mode",
            "cluster_problems", "find_handle", "prepare_job", "provision", "render", "resolve_mode", "save_run_files",
-           "teardown", "validate_spec_with_verl"]
+           "teardown", "validate_spec_with_verl", "wait_job_ended"]

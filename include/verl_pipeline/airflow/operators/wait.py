@@ -220,19 +220,13 @@ class WaitForVerlJobOperator(PipelineOperator):
             timeout=None,
         )
 
-    def _stop(self, hook: Any, job_id: str, timeout_s: float = STOP_WAIT_S) -> None:
+    def _stop(self, hook: Any, job_id: str) -> None:
         """Stop the job and wait (bounded) until Ray says it ended, so the retry sees it ended."""
-        import time
+        from verl_pipeline import steps
 
         try:
             hook.stop(job_id)
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                info = hook.get_job(job_id)
-                if info is None or info.status.is_terminal():
-                    return
-                time.sleep(0.5)
-            self.log.warning("Ray job %s still runs %.0fs after it was stopped", job_id, timeout_s)
+            steps.wait_job_ended(hook.client, job_id, STOP_WAIT_S)
         except PipelineError as e:
             self.log.warning("Could not stop Ray job %s: %s", job_id, e)
 
