@@ -42,23 +42,39 @@ def default_args() -> dict[str, Any]:
     }
 
 
+def optional_choice(choices: list[str], *, default_label: str, description: str) -> Param:
+    """A drop-down whose empty choice means "the profile's value".
+
+    Airflow's form (3.3) labels each enum value through ``values_display`` and, for a value missing
+    there, falls back to the label of ``None``; so every choice is labelled, ``None`` with what it means,
+    and the form shows no literal "null". ``"null"`` in ``type`` makes the field optional (no asterisk)."""
+    labels: dict[str | None, str] = {None: default_label, **{c: c for c in choices}}
+    return Param(None, type=["null", "string"], enum=[None, *choices], values_display=labels,
+                 description=description)
+
+
 def build_params() -> dict[str, Any]:
-    """Params of ``verl_ppo``. ``null`` means "the profile's value"."""
+    """Params of ``verl_ppo``. An empty field (``None``) means "the profile's value"."""
     profiles = list_profiles() or [DEFAULT_PROFILE]
     return {
         "profile": Param(DEFAULT_PROFILE, type="string", enum=profiles,
-                         description="Run profile from configs/profiles (model profile + cluster profile)."),
-        "model_profile": Param(None, type=["null", "string"], enum=[None, *list_profiles("models")],
-                               description="Model profile from configs/models, e.g. qwen2.5-0.5b-ppo. "
-                                           "Empty: the run profile's."),
-        "cluster_profile": Param(None, type=["null", "string"], enum=[None, *list_profiles("clusters")],
-                                 description="Cluster profile from configs/clusters, e.g. h100-ib; its shape "
-                                             "(nodes x GPUs) replaces the run profile's. Empty: the run profile's."),
-        "placement": Param(None, type=["null", "string"], enum=[None, "colocated", "separate"],
-                           description="colocated: actor and rollout share every GPU (verl's hybrid engine); "
-                                       "separate: rollout gets its own GPU pool (verl's separate_async trainer), "
-                                       "half the nodes by default. Empty: the profile's (colocated)."),
-        "verl_overrides": Param([], type="array", items={"type": "string", "pattern": r"^\+{0,2}[A-Za-z_][\w.]*="},
+                         description=f"Run profile from configs/profiles (model profile + cluster profile), "
+                                     f"e.g. {DEFAULT_PROFILE}."),
+        "model_profile": optional_choice(
+            list_profiles("models"), default_label="(the run profile's)",
+            description="Model profile from configs/models, e.g. qwen2.5-0.5b-ppo. Empty: the run profile's."),
+        "cluster_profile": optional_choice(
+            list_profiles("clusters"), default_label="(the run profile's)",
+            description="Cluster profile from configs/clusters, e.g. h100-ib; its shape (nodes x GPUs) "
+                        "replaces the run profile's. Empty: the run profile's."),
+        "placement": optional_choice(
+            ["colocated", "separate"], default_label="(the profile's, else colocated)",
+            description="colocated: actor and rollout share every GPU (verl's hybrid engine); "
+                        "separate: rollout gets its own GPU pool (verl's separate_async trainer), "
+                        "half the nodes by default. Empty: the profile's (colocated)."),
+        # "null" in type: optional in the form (no asterisk); a cleared text area sends null, read as none.
+        "verl_overrides": Param([], type=["null", "array"],
+                                items={"type": "string", "pattern": r"^\+{0,2}[A-Za-z_][\w.]*="},
                                 description="verl settings, one KEY=VALUE per line, winning over every profile, "
                                             "e.g. actor_rollout_ref.actor.optim.lr=1e-6 or "
                                             "+actor_rollout_ref.model.override_config.attn_implementation=sdpa "
@@ -67,19 +83,22 @@ def build_params() -> dict[str, Any]:
                              description="builtin:arithmetic; an absolute file/glob/directory (JSONL, JSON, CSV, "
                                          "Parquet; train.* + test.*); an fsspec URL (s3://, gs://...); "
                                          "hf://name?config=...&revision=.... Empty: the profile's."),
-        "recipe": Param(None, type=["null", "string"], enum=[None, *list_profiles("recipes")],
-                        description="Preprocessing recipe from configs/recipes (gsm8k, math, generic). "
-                                    "Empty: the profile's (gsm8k)."),
+        "recipe": optional_choice(
+            list_profiles("recipes"), default_label="(the profile's, else gsm8k)",
+            description="Preprocessing recipe from configs/recipes, e.g. gsm8k, math or generic. "
+                        "Empty: the profile's (gsm8k)."),
         "model_source": Param(None, type=["null", "string"],
                               description="builtin:tiny-qwen2, hf://org/name@revision or an absolute model "
                                           "directory. Empty: the model profile's."),
         "nnodes": Param(None, type=["null", "integer"], minimum=1, maximum=1024,
-                        description="Nodes of the target cluster (global batch grows with it). Empty: profile."),
+                        description="Nodes of the target cluster (global batch grows with it), e.g. 4. "
+                                    "Empty: profile."),
         "n_gpus_per_node": Param(None, type=["null", "integer"], minimum=1, maximum=16,
-                                 description="GPUs per node of the target cluster. Empty: profile."),
+                                 description="GPUs per node of the target cluster, e.g. 8. Empty: profile."),
         "total_training_steps": Param(None, type=["null", "integer"], minimum=1,
-                                      description="verl trainer.total_training_steps. Empty: profile."),
-        "mode": Param(None, type=["null", "string"], enum=[None, "auto", "train", "preflight"],
-                      description="auto: train when the cluster has GPUs, preflight (checks only, no "
-                                  "training) when it has none. Empty: the profile's (auto in the shipped ones)."),
+                                      description="verl trainer.total_training_steps, e.g. 200. Empty: profile."),
+        "mode": optional_choice(
+            ["auto", "train", "preflight"], default_label="(the profile's)",
+            description="auto: train when the cluster has GPUs, preflight (checks only, no training) when it "
+                        "has none. Empty: the profile's (auto in the shipped ones)."),
     }
