@@ -7,6 +7,7 @@ triggers, and follows the run to its end. Screenshots go to test-artifacts/.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -25,6 +26,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 DAG = "verl_ppo"
+# A verl key preflight composes and checks, harmless for the run.
+OVERRIDE = "actor_rollout_ref.actor.optim.lr=2e-6"
+# How the drop-downs model_profile / cluster_profile label their empty choice.
+DEFAULT_CHOICE = "(the run profile's)"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
@@ -59,6 +64,12 @@ def page(airflow_stack: AirflowStack) -> Iterator[Any]:
             shutil.rmtree(profile_dir, ignore_errors=True)
 
 
+def _label(dialog: Any, name: str) -> str:
+    """The form's label of one Param: its name, then " *" when the form marks it required."""
+    label = dialog.locator("label").filter(has_text=re.compile(rf"^\s*{re.escape(name)}\b"))
+    return " ".join(label.first.inner_text().split())
+
+
 def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack, page: Any) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     api = airflow_stack.client()
@@ -82,10 +93,22 @@ def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack,
         assert name in text, f"param {name} missing from the trigger form"
         assert param.description and param.description in " ".join(text.split()), f"{name}: no description"
 
-    # Change one param and trigger.
+    # The drop-downs label their empty choice (values_display), never "null"; only `profile` is required.
+    words = text.split()
+    assert "null" not in words, text
+    assert DEFAULT_CHOICE in text, text
+    for field in dialog.locator("input, textarea").all():
+        assert field.input_value() != "null", field.get_attribute("name")
+    assert _label(dialog, "profile").endswith("*")  # the marker this test looks for
+    assert "*" not in _label(dialog, "verl_overrides")
+
+    # Change two params (one a verl override, cheap and valid in preflight) and trigger.
     steps = dialog.locator("input[name=element_total_training_steps]")
     steps.fill("4")
     assert steps.input_value() == "4"
+    overrides = dialog.locator("textarea[name=element_verl_overrides]")
+    overrides.fill(OVERRIDE)
+    assert overrides.input_value() == OVERRIDE
     page.screenshot(path=str(ARTIFACTS / "ui-trigger-form.png"), full_page=True)
     dialog.get_by_role("button", name="Trigger").click()
 
@@ -98,6 +121,7 @@ def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack,
     assert run_id not in before
     run = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}").json()
     assert run["conf"]["total_training_steps"] == 4 and run["conf"]["profile"] == "smoke", run["conf"]
+    assert run["conf"]["verl_overrides"] == [OVERRIDE] and run["conf"]["model_profile"] is None, run["conf"]
     page.get_by_text(run_id).first.wait_for()
 
     # Follow it to the end in the UI: the run page shows the final state.
