@@ -100,10 +100,14 @@ def test_a_job_submitted_with_the_token_runs_and_its_driver_reaches_the_cluster(
     assert "ANSWER 42 TOKEN_IN_ENV False" in logs
     token = ray_cluster.token()
     assert token and token not in json.dumps(info.to_dict()) and token not in logs
-    # Nor anywhere in Ray's own files of the cluster (session logs of GCS, dashboard, raylet, driver).
-    from tests.integration.secret_canary import scan_files
+    # Nor anywhere in Ray's own files of the cluster (session logs of GCS, dashboard, raylet, driver),
+    # nor in any job's info or log through the Jobs API (the canary scanner's view: it does see the
+    # job's entrypoint, which names ANSWER).
+    from tests.integration.secret_canary import jobs_api_leaks, scan_files
 
     assert scan_files([Path(ray_cluster.extra["temp_dir"])], {"ray token": token}) == []
+    seen = jobs_api_leaks(ray_cluster.to_dict(), {"ray token": token, "control": "'ANSWER', ray.get"})
+    assert {leak.secret for leak in seen} == {"control"} and any("/api/jobs/" in leak.where for leak in seen)
 
 
 def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
