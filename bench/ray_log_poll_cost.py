@@ -73,7 +73,6 @@ async def _measure(ps: list[psutil.Process], polls: int, poll: Callable[[], Awai
 async def _bench(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
     import aiohttp
 
-    from verl_pipeline.jobs.client import RayJobsClient
 
     sync = handle.client()
     job_id = f"logcost-{int(time.time())}"
@@ -83,7 +82,7 @@ async def _bench(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
                 submission_id=job_id, runtime_env={})
     ps = _cluster_procs(handle)
     async with aiohttp.ClientSession() as session:
-        client = RayJobsClient(handle.dashboard_url, session=session)
+        client = handle.client(session=session)  # with the cluster's token
         deadline = time.monotonic() + 600
         while True:
             info = await client.aget_job(job_id)
