@@ -47,6 +47,8 @@ def test_airflow_validates_the_form_values() -> None:
     ok.validate()
     ok.update({"verl_overrides": ["trainer.save_freq=1", "+a.b=sdpa"]})
     ok.validate()
+    ok.update({"verl_overrides": ["trainer.save_freq=1", ""]})  # the form's trailing newline
+    ok.validate()
     for name, bad in [("verl_overrides", "trainer.save_freq=1"), ("verl_overrides", ["no equals"]),
                       ("mode", "fast"), ("model_profile", "no-such-model")]:
         params = ParamsDict(build_params())

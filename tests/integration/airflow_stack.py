@@ -420,8 +420,9 @@ class AirflowStack:
         return str(r.json()["access_token"])
 
     def client(self) -> httpx.Client:
+        # A generous read timeout: on a busy 2-core machine the api-server can take tens of seconds.
         return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.token()}"},
-                            timeout=30)
+                            timeout=httpx.Timeout(90.0, connect=30.0))
 
     def wait_for_dag(self, api: httpx.Client, dag_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
@@ -439,7 +440,10 @@ class AirflowStack:
         while True:
             self._check_alive()
             self._track_children()
-            run = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()
+            try:
+                run = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()
+            except httpx.TransportError as e:  # a slow answer on a busy machine: ask again until the deadline
+                run = {"state": f"unknown ({type(e).__name__})"}
             if run.get("state") in ("success", "failed"):
                 return dict(run)
             if time.monotonic() > deadline:

@@ -67,3 +67,9 @@ def test_render_overrides_is_sorted_and_rejects_bad_keys() -> None:
 
 def test_flatten_nested_profile_sections() -> None:
     assert flatten({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": None}) == {"a.b.c": 1, "a.d": [1, 2], "e": None}
+
+
+def test_blank_override_lines_are_skipped() -> None:
+    from verl_pipeline.trainer.overrides import parse_overrides
+
+    assert parse_overrides(["trainer.save_freq=1", "", "  "], field="verl_overrides") == {"trainer.save_freq": 1}

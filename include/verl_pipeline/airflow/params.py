@@ -74,7 +74,8 @@ def build_params() -> dict[str, Any]:
                         "half the nodes by default. Empty: the profile's (colocated)."),
         # "null" in type: optional in the form (no asterisk); a cleared text area sends null, read as none.
         "verl_overrides": Param([], type=["null", "array"],
-                                items={"type": "string", "pattern": r"^\+{0,2}[A-Za-z_][\w.]*="},
+                                # A blank line (a trailing newline in the form) is allowed, and skipped.
+                                items={"type": "string", "pattern": r"^(\s*|\+{0,2}[A-Za-z_][\w.]*=.*)$"},
                                 description="verl settings, one KEY=VALUE per line, winning over every profile, "
                                             "e.g. actor_rollout_ref.actor.optim.lr=1e-6 or "
                                             "+actor_rollout_ref.model.override_config.attn_implementation=sdpa "

@@ -76,6 +76,8 @@ def parse_overrides(items: Iterable[str], *, field: str = "--set") -> dict[str, 
         if not isinstance(item, str):
             raise ConfigError(field, item, "each override must be a string KEY=VALUE",
                               '"actor_rollout_ref.rollout.n=4"')
+        if not item.strip():
+            continue  # a blank line, e.g. the form's trailing newline
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
