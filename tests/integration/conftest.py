@@ -31,3 +31,15 @@ def airflow_stack() -> Iterator[AirflowStack]:
     # Logs, DB and run directories are kept only when asked for (VP_KEEP_STACK=1), for debugging.
     if not os.environ.get("VP_KEEP_STACK"):
         shutil.rmtree(stack.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def canaries(airflow_stack: AirflowStack) -> dict[str, str]:
+    """A unique fake value for every secret the pipeline reads from Airflow connections (hub token,
+    Ray token, cluster credentials), planted in the stack before any run; see secret_canary."""
+    from tests.integration import secret_canary
+
+    values = secret_canary.new_canaries()
+    with airflow_stack.client() as api:
+        secret_canary.plant_connections(api, values)
+    return values

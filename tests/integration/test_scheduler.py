@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import ray_processes
+from tests.integration import secret_canary
 from tests.integration.airflow_stack import AirflowStack
 from verl_pipeline import runs
 from verl_pipeline.airflow.assets import preprocessed_data_uri
@@ -63,7 +64,7 @@ def api(airflow_stack: AirflowStack) -> httpx.Client:
 
 
 @pytest.fixture(scope="module")
-def started(airflow_stack: AirflowStack, api: httpx.Client) -> Iterator[dict[str, str]]:
+def started(airflow_stack: AirflowStack, api: httpx.Client, canaries: dict[str, str]) -> Iterator[dict[str, str]]:
     """Unpause both DAGs, trigger ``verl_ppo`` with a conf, and update the smoke profile's data Asset.
 
     The retraining DAG goes first. The smoke profile sets ``retrain.run_immediately: true``, so
@@ -71,7 +72,8 @@ def started(airflow_stack: AirflowStack, api: httpx.Client) -> Iterator[dict[str
     default it would only within 16.8 h of Monday 03:00 UTC). That run finishes before any data
     update, so each update is queued on its own and not held behind it (two updates queued behind one
     active run become one run that lists only the first). A cron tick that falls due during the
-    module adds a scheduled run; the tests allow it. Both DAGs are paused again at the end."""
+    module adds a scheduled run; the tests allow it. Both DAGs are paused again at the end. The secret
+    canaries are in the stack's connections before the first run."""
     from verl_pipeline.airflow.retrain import retrain_schedule
 
     assert retrain_schedule("smoke").run_immediately is True  # type: ignore[union-attr]
@@ -220,3 +222,25 @@ def test_two_runs_at_once_each_get_their_own_cluster(
     assert clusters[0]["dashboard_url"] != clusters[1]["dashboard_url"]
     assert not set(clusters[0]["extra"]["ports"].values()) & set(clusters[1]["extra"]["ports"].values())
     assert subs[0]["run_dir"] != subs[1]["run_dir"] and subs[0]["submission_id"] != subs[1]["submission_id"]
+
+
+def test_no_secret_leaks_anywhere(airflow_stack: AirflowStack, api: httpx.Client, started: dict[str, str],
+                                  canaries: dict[str, str]) -> None:
+    """Every secret the runs handled — the canaries of the hub token, a Ray token and cluster
+    credentials (Airflow connections), and each run's real Ray token — appears in no task or
+    triggerer log, no metadata table a run writes (XCom, trigger kwargs …), no file of the run
+    directories or of Ray's temp dirs, and not in `verl-pipeline render --json`."""
+    keys = ("ppo", "second")
+    for k in keys:
+        airflow_stack.wait_for_run(api, DAG, started[k], timeout_s=900)
+    clusters = [_xcom(api, DAG, started[k], "provision_ray_cluster") for k in keys]
+    run_dirs = [Path(_xcom(api, DAG, started[k], "submit_verl_job")["run_dir"]) for k in keys]
+    assert all(secret_canary.ray_token(c) for c in clusters), clusters  # the real tokens are searched too
+    assert airflow_stack.postgres is not None
+    # The scanner sees the database: the canaries are where they were planted.
+    assert secret_canary.scan_database(airflow_stack.postgres.url, canaries, tables=["connection"])
+    leaks = secret_canary.find_leaks(
+        canaries, log_dirs=secret_canary.stack_log_dirs(airflow_stack), run_dirs=run_dirs, clusters=clusters,
+        db_url=airflow_stack.postgres.url,
+        render_env={**airflow_stack.env(), "HF_TOKEN": canaries["hf_default.password"]})
+    assert leaks == [], [str(leak) for leak in leaks]

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import ray_processes
+from tests.integration import secret_canary
 from tests.integration.airflow_stack import (
     STACK_GATE_AFTER_STEP,
     STACK_TOTAL_STEPS,
@@ -78,7 +79,8 @@ def _trainers(run_dir: Path) -> list[int]:
             if FAKE_TRAINER in " ".join(p.info["cmdline"] or []) and run_dir.name in " ".join(p.info["cmdline"] or [])]
 
 
-def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: AirflowStack) -> None:
+def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: AirflowStack,
+                                                            canaries: dict[str, str]) -> None:
     api = airflow_stack.client()
     airflow_stack.wait_for_dag(api, DAG)
     airflow_stack.close_gate()
@@ -94,6 +96,13 @@ def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: Airfl
         killed_run, restarted_run = runs
         killed_dir = _held_at_the_gate(airflow_stack, api, killed_run)
         restarted_dir = _held_at_the_gate(airflow_stack, api, restarted_run)
+
+        # -- While both train: no secret in any job's info or log through the Jobs API (the job gets
+        #    its cluster's Ray token by a file path, not in its runtime_env).
+        live = [_xcom(api, r, "provision_ray_cluster") for r in runs]
+        leaks = [leak for c in live for leak in secret_canary.jobs_api_leaks(
+            c, {**canaries, "ray token": secret_canary.ray_token(c) or "(none)"})]
+        assert all(secret_canary.ray_token(c) for c in live) and leaks == [], [str(x) for x in leaks]
 
         # -- A user marks the deferred wait task failed: the trigger's on_kill stops the Ray job.
         killed_job = read_attempts(killed_dir)[0].submission_id
