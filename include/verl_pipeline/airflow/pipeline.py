@@ -22,34 +22,20 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) ->
     """
     from airflow.sdk import TriggerRule, chain
 
-    from verl_pipeline.airflow.operators import (
-        PLAN_MODELS_TASK,
-        PREFETCH_TASK,
-        PREPROCESS_TASK,
-        PROVISION_TASK,
-        SUBMIT_TASK,
-        TEARDOWN_TASK,
-        WAIT_TASK,
-        PlanModelsOperator,
-        PrefetchModelOperator,
-        PreprocessDataOperator,
-        ProvisionRayClusterOperator,
-        SubmitVerlJobOperator,
-        TeardownRayClusterOperator,
-        WaitForVerlJobOperator,
-    )
+    from verl_pipeline.airflow import operators as op
 
-    provision = ProvisionRayClusterOperator(task_id=PROVISION_TASK)
-    preprocess = PreprocessDataOperator(task_id=PREPROCESS_TASK, emit_asset=emit_asset)
-    plan_models = PlanModelsOperator(task_id=PLAN_MODELS_TASK)
+    provision = op.ProvisionRayClusterOperator(task_id=op.PROVISION_TASK)
+    preprocess = op.PreprocessDataOperator(task_id=op.PREPROCESS_TASK, emit_asset=emit_asset)
+    plan_models = op.PlanModelsOperator(task_id=op.PLAN_MODELS_TASK)
     # One mapped instance per distinct model of the run (actor, critic, reward model), in parallel.
-    prefetch = PrefetchModelOperator.partial(
-        task_id=PREFETCH_TASK, map_index_template="{{ model_label }}",
+    prefetch = op.PrefetchModelOperator.partial(
+        task_id=op.PREFETCH_TASK, map_index_template="{{ model_label }}",
     ).expand(model=plan_models.output)
-    submit = SubmitVerlJobOperator(task_id=SUBMIT_TASK)
-    wait = WaitForVerlJobOperator(task_id=WAIT_TASK)
+    submit = op.SubmitVerlJobOperator(task_id=op.SUBMIT_TASK)
+    wait = op.WaitForVerlJobOperator(task_id=op.WAIT_TASK)
     # Teardown must not be retried into a long backoff: it runs once more at most, quickly.
-    teardown = TeardownRayClusterOperator(task_id=TEARDOWN_TASK, retries=1, retry_delay=timedelta(seconds=5))
+    teardown = op.TeardownRayClusterOperator(task_id=op.TEARDOWN_TASK, retries=1,
+                                      retry_delay=timedelta(seconds=5))
 
     chain(provision, preprocess, plan_models, prefetch, submit, wait, *after_wait, teardown)
     teardown.as_teardown(setups=provision)
