@@ -180,11 +180,23 @@ class FakeCustomObjects:
         return {"status": "Success"}
 
 
+@pytest.fixture(scope="module")
+def open_ray_cluster() -> Iterator[ClusterHandle]:
+    """A real local one-node Ray head with auth disabled, as the pipeline's KubeRay clusters run
+    (the session's shared cluster uses token auth, which a KubeRay handle does not send)."""
+    from verl_pipeline.cluster.local import LocalBackend
+
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 2, "stop_grace_s": 3, "auth_mode": "disabled"})
+    handle = backend.provision(f"pytest/kuberay-stand-in-{os.getpid()}")
+    yield handle
+    backend.teardown(handle)
+
+
 @pytest.fixture
-def kuberay_spec(ray_cluster: ClusterHandle) -> Iterator[dict[str, Any]]:
+def kuberay_spec(open_ray_cluster: ClusterHandle) -> Iterator[dict[str, Any]]:
     """A profile whose dashboard URL reaches a real (local, one-node) Ray cluster: the readiness gate is real."""
     yield {"backend": "kuberay", "namespace": "ml", "workers": {"replicas": 0}, "head": {"cpu": "2"},
-           "dashboard_url": ray_cluster.dashboard_url, "ready_timeout_s": 20, "poll_s": 0.05}
+           "dashboard_url": open_ray_cluster.dashboard_url, "ready_timeout_s": 20, "poll_s": 0.05}
 
 
 @pytest.mark.integration
@@ -248,11 +260,11 @@ def test_pods_never_ready_times_out_and_deletes_what_it_created() -> None:
 
 
 @pytest.mark.integration
-def test_ray_not_answering_behind_a_ready_resource_times_out(ray_cluster: ClusterHandle) -> None:
+def test_ray_not_answering_behind_a_ready_resource_times_out(open_ray_cluster: ClusterHandle) -> None:
     # KubeRay says ready, but the dashboard expects 3 nodes and the Ray cluster has 1.
     fake = FakeCustomObjects(ready_after=1)
     backend = KubeRayBackend.from_spec({"backend": "kuberay", "workers": {"replicas": 2}, "head": {"cpu": "1"},
-                                        "dashboard_url": ray_cluster.dashboard_url, "ready_timeout_s": 2,
+                                        "dashboard_url": open_ray_cluster.dashboard_url, "ready_timeout_s": 2,
                                         "poll_s": 0.2}).with_api(fake)
     with pytest.raises(ClusterError, match=r"expected 3 node\(s\)"):
         backend.provision("r")
