@@ -146,8 +146,17 @@ def https_dashboard(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def test_https_dashboard_with_the_connections_ca_bundle(https_dashboard: tuple[str, Path],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       request: pytest.FixtureRequest) -> None:
     from airflow.sdk import BaseHook
+    from ray._raylet import AuthenticationTokenLoader
+
+    # Ray reads its auth mode once per process: after the token clusters of earlier tests its SDK
+    # wants a token even for this auth-disabled dashboard. A throwaway one satisfies it (the test's
+    # dashboard ignores it); Ray's token cache is cleared again after the test.
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 64)
+    AuthenticationTokenLoader.instance().reset_cache()
+    request.addfinalizer(AuthenticationTokenLoader.instance().reset_cache)
 
     from verl_pipeline.airflow.hooks import endpoint_from_connection
 
