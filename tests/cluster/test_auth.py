@@ -70,7 +70,8 @@ def test_a_driver_or_ray_client_without_the_token_is_refused(ray_cluster: Cluste
     # With the token (Ray reads it from the file, as a job's driver does) both connect. The Ray
     # client goes first: its proxy does not recover from a refused client within the test's time.
     for code in (client, gcs):
-        ok = _driver(code, {**with_token, "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "5"})
+        # The client server starts a process per client: on a busy machine that takes seconds.
+        ok = _driver(code, {**with_token, "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "60"}, timeout_s=180)
         assert ok.returncode == 0 and "CONNECTED" in ok.stdout, ok.stderr[-2000:]
     # One attempt for a refused client (ray.init would retry for ~20 s).
     refused_client = f"import ray; ray.util.connect('127.0.0.1:{port}', connection_retries=1); print('CONNECTED')"
@@ -78,7 +79,8 @@ def test_a_driver_or_ray_client_without_the_token_is_refused(ray_cluster: Cluste
         for env in ({"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}):
             refused = _driver(code, env)
             assert refused.returncode != 0 and "CONNECTED" not in refused.stdout, (code, env, refused.stdout)
-            assert "ConnectionError" in refused.stderr, refused.stderr[-2000:]
+            assert "ConnectionError" in refused.stderr or "AuthenticationError" in refused.stderr, \
+                refused.stderr[-2000:]
     print(f"2 connections + 4 refusals: {time.monotonic() - t0:.1f}s")
 
 
