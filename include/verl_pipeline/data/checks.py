@@ -66,14 +66,17 @@ class RewardCheck:
             self.error = e
 
     def _check_source(self) -> None:
+        """Score one known-good sample: verl has a scorer for the data_source, or the run is refused.
+
+        verl 0.9.1 keeps no list of the data_sources it scores; ``default_compute_score`` is a chain of
+        cases whose last one raises ``NotImplementedError("Reward function is not implemented for
+        data_source=…")`` (verl/utils/reward_score/__init__.py). That exception is verl's "no scorer"."""
         assert self.fn is not None
         try:
             self.fn(self.recipe.data_source, self.recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
-        # verl's default_compute_score raises NotImplementedError for a data_source it has no scorer
-        # for; that is its documented answer, turned here into the user's configuration error.
-        except NotImplementedError as e:
+        except NotImplementedError as no_scorer:
             raise ConfigError("data.data_source", self.recipe.data_source,
-                              f"{self.scorer} has no reward function for this data_source ({e})",
+                              f"{self.scorer} has no reward function for this data_source ({no_scorer})",
                               f"a data_source verl scores ({', '.join(VERL_SCORED_EXAMPLES)}) or set "
                               "data.custom_reward_path to your reward function file") from None
 
