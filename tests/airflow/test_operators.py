@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
+from verl_pipeline import steps
 from verl_pipeline.airflow.operators import (
     ProvisionRayClusterOperator,
     WaitForVerlJobOperator,
@@ -85,7 +86,7 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
                                          "message": f"{hang} (stall limit 30m)"})
         assert not isinstance(err.value, AirflowFailException)
         assert stop_reason(spec.run_dir, job_id) == hang
-        _wait_terminal(client, job_id)
+        assert steps.wait_job_ended(client, job_id, 60)
         # ... whose look at the STOPPED job resubmits it (here without the upstream results it needs),
         # where a job stopped by anyone else fails.
         ctx["ti"].try_number = 2
@@ -93,16 +94,6 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
             WaitForVerlJobOperator(task_id="wait_for_verl_job").execute(ctx)
     finally:
         client.stop(job_id)
-
-
-def _wait_terminal(client: Any, job_id: str) -> Any:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        info = client.get_job(job_id)
-        if info is not None and info.status.is_terminal():
-            return info
-        time.sleep(0.5)
-    raise AssertionError(f"{job_id} did not end")
 
 
 @pytest.mark.integration
