@@ -31,7 +31,7 @@ KILL_AT_STEP = 5
 
 #: The hang scenario: the trainer hangs after this step; the watchdog's stall timeout (a profile duration).
 HANG_AFTER_STEP = 5
-HANG_STALL_TIMEOUT = "10s"
+HANG_STALL_TIMEOUT = "15s"
 
 
 def gate_path(home: Path) -> Path:
