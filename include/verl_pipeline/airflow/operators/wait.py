@@ -135,14 +135,15 @@ class WaitForVerlJobOperator(PipelineOperator):
         from verl_pipeline.jobs.outcome import decide
 
         hook = self.hook(handle)
+        training = (self._training_record(spec, obs.job_id)
+                    if obs.kind is WaitEvent.SUCCEEDED and sub.get("mode") == "train" else None)
         decision = decide(
             obs,
             retry_try=retry_try,
             log_tail=self._log_text(hook, obs.job_id) if obs.needs_log else "",
             infrastructure_gone=self._gone(handle) if obs.kind is WaitEvent.UNREACHABLE else None,
             stopped_by_pipeline=stop_reason(spec.run_dir, obs.job_id) if obs.kind is WaitEvent.STOPPED else None,
-            training=self._training_record(spec, obs.job_id)
-            if obs.kind is WaitEvent.SUCCEEDED and sub.get("mode") == "train" else None,
+            training=training,
         )
         self.log.log(logging.INFO if decision.action in (Action.WAIT, Action.FINISH) else logging.WARNING,
                      "Ray job %s: %s -> %s (%s)", obs.job_id, obs.kind.value, decision.action.value, decision.reason)
@@ -154,7 +155,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         if decision.action is Action.WAIT:
             return self._defer(context, spec, handle, obs.job_id, sub.get("mode"))
         if decision.action is Action.FINISH:
-            return self._result(spec, hook, obs.job_id, sub)
+            return self._result(spec, hook, obs.job_id, sub, training)
         if decision.action is Action.RESUBMIT:
             return self._resubmit(context, spec, handle, sub, decision)
         if decision.action is Action.RETRY:
@@ -269,7 +270,8 @@ class WaitForVerlJobOperator(PipelineOperator):
                               mine.resume_from_step, mine.metrics_path)
 
     # -- the result ---------------------------------------------------------------------------------
-    def _result(self, spec: RunSpec, hook: Any, job_id: str, sub: dict[str, Any]) -> dict[str, Any]:
+    def _result(self, spec: RunSpec, hook: Any, job_id: str, sub: dict[str, Any],
+                training: TrainingRecord | None) -> dict[str, Any]:
         from verl_pipeline.jobs.logstream import WaitCursor
 
         result: dict[str, Any] = {"job_id": job_id, "status": "SUCCEEDED", "mode": sub.get("mode"),
@@ -278,7 +280,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         if sub.get("mode") == "preflight":
             result["preflight"] = self._preflight(hook, job_id)
         else:
-            result["training"] = self._training(spec, job_id)
+            result["training"] = self._training(spec, job_id, training)
         return result
 
     def _preflight(self, hook: Any, job_id: str) -> dict[str, Any]:
@@ -299,13 +301,13 @@ class WaitForVerlJobOperator(PipelineOperator):
         self.log.info("Preflight summary for %s: %s", job_id, out)
         return out
 
-    def _training(self, spec: RunSpec, job_id: str) -> dict[str, Any]:
-        """How the run's attempts went (steps checked already by the decision)."""
+    def _training(self, spec: RunSpec, job_id: str, record: TrainingRecord | None) -> dict[str, Any]:
+        """How the run's attempts went (the steps of this one were read, and checked, for the decision)."""
         from verl_pipeline.jobs.attempts import metric_steps, read_attempts
 
         attempts = read_attempts(spec.run_dir)
         mine = next(a for a in attempts if a.submission_id == job_id)
-        logged = metric_steps(Path(str(mine.metrics_path)))
+        logged = list(record.steps_logged) if record else metric_steps(Path(str(mine.metrics_path)))
         previous = [s for a in attempts if a.attempt < mine.attempt and a.metrics_path
                     for s in metric_steps(Path(a.metrics_path))]
         out = {"attempts": len(attempts), "attempt": mine.attempt, "resumed_from_step": mine.resume_from_step,
