@@ -1,9 +1,10 @@
 """The pipeline's tasks, wired once for every DAG that runs it (``verl_ppo`` and the retraining DAGs).
 
 provision → preprocess → plan models → prefetch (one mapped task per model) → submit → wait
-[→ extra tasks, e.g. publish] → teardown. Teardown is the setup's Airflow teardown task and runs
-whatever happened (``ALL_DONE``): a provision that failed after starting Ray processes still gets
-them cleaned up.
+→ teardown, and after the wait, beside the teardown, the tasks that need only the run's files (e.g.
+publish). Teardown is the setup's Airflow teardown task and runs whatever happened (``ALL_DONE``):
+a provision that failed after starting Ray processes still gets them cleaned up, and no task that
+works on files keeps a GPU cluster up.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) ->
 
     ``emit_asset``: the preprocess task updates the run profile's preprocessed-data Asset (off for a
     DAG scheduled on that Asset: it must not trigger itself). ``after_wait``: tasks run between the
-    wait and the teardown, in order.
+    wait, in order, beside the teardown (they read the run's files, not the cluster).
     """
     from airflow.sdk import TriggerRule, chain
 
@@ -37,7 +38,9 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) ->
     teardown = op.TeardownRayClusterOperator(task_id=op.TEARDOWN_TASK, retries=1,
                                       retry_delay=timedelta(seconds=5))
 
-    chain(provision, preprocess, plan_models, prefetch, submit, wait, *after_wait, teardown)
+    chain(provision, preprocess, plan_models, prefetch, submit, wait, teardown)
+    if after_wait:
+        chain(wait, *after_wait)
     teardown.as_teardown(setups=provision)
     # A teardown normally runs only when its setup succeeded; a provision that failed (or was killed)
     # after starting Ray processes must still be cleaned up, so teardown runs whatever happened.
