@@ -20,6 +20,7 @@ import yaml
 
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.jobs.attempts import metrics_file
 from verl_pipeline.jobs.watchdog import SECTION as WATCH_SECTION
 from verl_pipeline.jobs.watchdog import WatchSettings
 from verl_pipeline.paths import configs_dir, pipeline_home, short_hash, slug
@@ -276,7 +277,7 @@ class RunSpec:
 
     @property
     def run_dir(self) -> Path:
-        """Per-run files: merged config, job summary, metrics."""
+        """Per-run files: merged config, job summary, attempts and their metrics, the report."""
         return self.storage_root / "runs" / self.run_key
 
     @property
@@ -292,9 +293,14 @@ class RunSpec:
         base = self.storage_paths.get("checkpoints")
         return (Path(base) if base else self.storage_root / "checkpoints") / self.run_key
 
+    def metrics_path(self, attempt: int) -> Path:
+        """verl's file-logger output of the run's attempt ``attempt`` (one file per attempt)."""
+        return metrics_file(self.run_dir, attempt)
+
     @property
-    def metrics_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
+    def report_dir(self) -> Path:
+        """The run report: ``report.json``, its plots and ``report.html``."""
+        return self.run_dir / "report"
 
     @property
     def n_gpus(self) -> int:

@@ -1,7 +1,8 @@
 """Versioned run directories and the per-profile ``latest`` pointer.
 
 Every run has its own directory, ``<storage>/runs/<run_key>/`` (``run_key`` is unique per DAG run),
-holding ``run_spec.json`` (the resolved config), ``job.json``, ``metrics.jsonl``, a ``checkpoints``
+holding ``run_spec.json`` (the resolved config), ``job.json``, one verl metrics file per attempt
+(:func:`verl_pipeline.jobs.attempts.metrics_file`), the run report (``report/``), a ``checkpoints``
 link to the run's checkpoint directory and ``manifest.json``: what the run was made of (data content
 hash, model source and revision, mode, Ray job) and how it ended.
 
@@ -21,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.jobs.attempts import metrics_files
 from verl_pipeline.paths import slug, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 LATEST_DIR = "latest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
 class RunStatus(str, Enum):
@@ -54,10 +56,11 @@ class RunManifest:
     model_revision: str | None
     model_path: str | None
     config_file: str
-    metrics_file: str
     checkpoint_dir: str
     latest_checkpoint_step: int | None
     job_id: str | None
+    #: verl's metrics of every attempt, oldest first (version 1 named a ``metrics.jsonl`` never written).
+    metrics_files: list[str] = field(default_factory=list)
     finished_at: float = field(default_factory=time.time)
     version: int = MANIFEST_VERSION
 
@@ -122,10 +125,10 @@ def record_run(
         model_revision=actor.get("revision"),
         model_path=actor.get("path"),
         config_file=str(run_dir / "run_spec.json"),
-        metrics_file=str(run_dir / "metrics.jsonl"),
         checkpoint_dir=str(checkpoint_dir),
         latest_checkpoint_step=latest_checkpoint_step(checkpoint_dir),
         job_id=submit.get("submission_id"),
+        metrics_files=[str(p) for p in metrics_files(run_dir).values()],
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     _relative_link(run_dir / "checkpoints", checkpoint_dir)

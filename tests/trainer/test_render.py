@@ -44,7 +44,7 @@ def test_runtime_env_carries_verl_environment_and_ships_the_package() -> None:
     for key, value in BASE_ENV.items():
         assert env[key] == value
     assert env["TOKENIZERS_PARALLELISM"] == "false"
-    assert env["VERL_FILE_LOGGER_PATH"] == str(spec.metrics_path)
+    assert env["VERL_FILE_LOGGER_PATH"] == str(spec.metrics_path(1))
     (module,) = job.runtime_env["py_modules"]
     assert module.endswith("verl_pipeline")
 

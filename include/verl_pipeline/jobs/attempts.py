@@ -17,6 +17,10 @@ ATTEMPTS_FILE = "attempts.jsonl"
 #: Jobs the pipeline stopped itself (a hang, a lost node), with why: their retry resumes them.
 STOPS_FILE = "stops.jsonl"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+#: verl's file logger output of attempt N is ``metrics-a<N>.jsonl``: one file per attempt, because
+#: verl's FileLogger truncates its file when a trainer starts (a resumed attempt would erase the last).
+METRICS_PREFIX = "metrics-a"
+METRICS_SUFFIX = ".jsonl"
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,21 @@ class Attempt:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def metrics_file(run_dir: Path, attempt: int) -> Path:
+    """Where verl's file logger writes the metrics of ``attempt`` (``$VERL_FILE_LOGGER_PATH``)."""
+    return run_dir / f"{METRICS_PREFIX}{attempt}{METRICS_SUFFIX}"
+
+
+def metrics_files(run_dir: Path) -> dict[int, Path]:
+    """Every attempt's metrics file present in ``run_dir``, by attempt number (ascending)."""
+    found = {}
+    for path in run_dir.glob(f"{METRICS_PREFIX}*{METRICS_SUFFIX}"):
+        number = path.name[len(METRICS_PREFIX):-len(METRICS_SUFFIX)]
+        if number.isdigit():
+            found[int(number)] = path
+    return dict(sorted(found.items()))
 
 
 def read_attempts(run_dir: Path) -> list[Attempt]:

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.constants import JobState, Mode
-from verl_pipeline.jobs.attempts import Attempt, latest_checkpoint_step, now, read_attempts, record_attempt
+from verl_pipeline.jobs.attempts import (
+    Attempt,
+    latest_checkpoint_step,
+    metrics_file,
+    now,
+    read_attempts,
+    record_attempt,
+)
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline, cluster_deadline, earliest, with_deadline
 from verl_pipeline.jobs.ids import attempt_of, submission_id
@@ -45,9 +52,9 @@ def submit_or_reattach(
     """Reattach to a live (or succeeded) job of this run, else submit the next attempt.
 
     With ``run_dir``, attempts are numbered after every attempt ever recorded there (also those
-    of a cluster that has since been replaced), each attempt's verl file-logger output goes to
-    ``metrics-a<N>.jsonl`` (verl truncates its file on start), and the attempt is recorded with the
-    checkpoint step it will resume from.
+    of a cluster that has since been replaced), each attempt's verl file-logger output goes to its
+    own :func:`~verl_pipeline.jobs.attempts.metrics_file` (verl truncates its file on start), and the
+    attempt is recorded with the checkpoint step it will resume from.
 
     A training job resumes from the run's newest complete checkpoint (:mod:`verl_pipeline.jobs.checkpoints`;
     ConfigError when it was written by another world size) and is told when its allocation ends: the
@@ -80,7 +87,7 @@ def submit_or_reattach(
     runtime_env = copy.deepcopy(job.runtime_env)
     metrics_path = None
     if run_dir is not None:
-        metrics_path = run_dir / f"metrics-a{attempt}.jsonl"
+        metrics_path = metrics_file(run_dir, attempt)
         runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     meta = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "mode": job.mode.value,
             "attempt": str(attempt), **(metadata or {})}
