@@ -1,0 +1,282 @@
+"""The run report's content: verl's metric rows and the run's attempts in, a :class:`Report` out (pure).
+
+:func:`merge_rows` makes one row per step from every attempt's metrics (a step an attempt redid
+after resuming counts once, as the later attempt logged it); :func:`build_report` summarises them.
+Medians, not means, summarise per-step numbers: the first step of every attempt carries its
+start-up (engine and model loading), which a mean would spread over the whole run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from verl_pipeline.report import metrics as m
+from verl_pipeline.report import scaling
+
+REPORT_VERSION = 1
+
+
+class RunOutcome(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One line of verl's file logger: the step, the attempt that logged it, its metrics."""
+
+    step: int
+    attempt: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class AttemptInfo:
+    """What the run's ``attempts.jsonl`` says of one attempt, plus the steps its metrics show."""
+
+    attempt: int
+    submission_id: str
+    submitted_at: float
+    resumed_from_step: int
+    first_step: int | None = None
+    last_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Series:
+    """A per-step metric summarised: the last value, the best (highest) and its step, the median."""
+
+    final: float
+    best: float
+    best_step: int
+    median: float
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the run was asked to do (its ``run_spec.json``)."""
+
+    run_key: str
+    run_name: str
+    profile: str
+    mode: str | None
+    nnodes: int
+    n_gpus_per_node: int
+    total_steps: int
+    gpu_memory_gb: float | None = None
+
+    @property
+    def n_gpus(self) -> int:
+        return self.nnodes * self.n_gpus_per_node
+
+    @classmethod
+    def from_spec_dict(cls, run_key: str, spec: dict[str, Any], *, mode: str | None = None) -> RunFacts:
+        hardware = spec.get("hardware") or {}
+        return cls(run_key=run_key, run_name=str(spec.get("run_name", run_key)), profile=str(spec.get("profile", "")),
+                   mode=mode or spec.get("mode"), nnodes=int(spec.get("nnodes") or 0),
+                   n_gpus_per_node=int(spec.get("n_gpus_per_node") or 0),
+                   total_steps=int(spec.get("total_training_steps") or 0),
+                   gpu_memory_gb=hardware.get("gpu_memory_gb"))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of a preflight run."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Report:
+    """Everything ``report.json`` holds (and ``report.html`` shows)."""
+
+    run: RunFacts
+    status: RunOutcome
+    steps_done: int
+    attempts: list[AttemptInfo]
+    generated_at: float
+    score: Series | None = None
+    validation: dict[str, Series] = field(default_factory=dict)
+    response_length: Series | None = None
+    #: Tokens/s per GPU (verl's ``perf/throughput``), median over steps.
+    throughput_per_gpu: float | None = None
+    #: Tokens/s of the whole run (``perf/total_num_tokens / perf/time_per_step``), median over steps.
+    throughput_total: float | None = None
+    time_per_step_s: float | None = None
+    #: Median seconds per step of each ``timing_s/<phase>`` (``step`` is the whole step).
+    timing_s: dict[str, float] = field(default_factory=dict)
+    mfu_actor: float | None = None
+    peak_memory_allocated_gb: float | None = None
+    peak_memory_reserved_gb: float | None = None
+    wall_time_s: float | None = None
+    gpu_hours: float | None = None
+    checks: list[Check] = field(default_factory=list)
+    scaling_point: scaling.ScalingPoint | None = None
+    comparisons: list[scaling.Comparison] = field(default_factory=list)
+    flags: list[scaling.Flag] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    plots: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def steps_redone(self) -> int:
+        """Steps logged again by a later attempt (its checkpoint was older than the last step logged)."""
+        redone, reached = 0, 0
+        for a in self.attempts:
+            if a.first_step is not None and a.last_step is not None:
+                redone += max(0, min(reached, a.last_step) - a.resumed_from_step)
+                reached = max(reached, a.last_step)
+        return redone
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["status"] = self.status.value
+        out["flags"] = [f.to_dict() for f in self.flags]
+        # Flat facts first, so a later run (the scaling check) or a UI reads them without nesting.
+        out.update(version=REPORT_VERSION, profile=self.run.profile, mode=self.run.mode, run_key=self.run.run_key,
+                   total_steps=self.run.total_steps, n_gpus=self.run.n_gpus, steps_redone=self.steps_redone)
+        return out
+
+
+def merge_rows(rows: list[StepRow]) -> list[StepRow]:
+    """One row per step, ascending; where attempts overlap (a resume redid steps) the later attempt's."""
+    by_step: dict[int, StepRow] = {}
+    for row in sorted(rows, key=lambda r: (r.attempt, r.step)):
+        by_step[row.step] = row
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def series(rows: list[StepRow], name: str) -> Series | None:
+    """``name`` over the steps that report it (None when none does)."""
+    points = [(r.step, r.metrics[name]) for r in rows if name in r.metrics]
+    if not points:
+        return None
+    best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+    return Series(final=points[-1][1], best=best, best_step=best_step, median=statistics.median(v for _, v in points))
+
+
+def median_of(rows: list[StepRow], name: str) -> float | None:
+    values = [r.metrics[name] for r in rows if name in r.metrics]
+    return statistics.median(values) if values else None
+
+
+def max_of(rows: list[StepRow], name: str) -> float | None:
+    values = [r.metrics[name] for r in rows if name in r.metrics]
+    return max(values) if values else None
+
+
+def timing_breakdown(rows: list[StepRow]) -> dict[str, float]:
+    """Median seconds of each ``timing_s/<phase>`` verl reported, by phase."""
+    names = sorted({k for r in rows for k in r.metrics if k.startswith(m.TIMING_PREFIX)})
+    return {k[len(m.TIMING_PREFIX):]: v for k in names if (v := median_of(rows, k)) is not None}
+
+
+def total_throughput(rows: list[StepRow], n_gpus: int) -> float | None:
+    """Tokens/s of the whole run per step (median): verl's token count over its step time, else per GPU x GPUs."""
+    values = []
+    for r in rows:
+        tokens, seconds = r.metrics.get(m.TOTAL_TOKENS), r.metrics.get(m.TIME_PER_STEP)
+        if tokens is not None and seconds:
+            values.append(tokens / seconds)
+        elif m.THROUGHPUT_PER_GPU in r.metrics and n_gpus:
+            values.append(r.metrics[m.THROUGHPUT_PER_GPU] * n_gpus)
+    return statistics.median(values) if values else None
+
+
+def with_steps(attempts: list[AttemptInfo], rows: list[StepRow]) -> list[AttemptInfo]:
+    """Each attempt with the first and last step its own metrics file logged (before merging)."""
+    out = []
+    for a in attempts:
+        steps = [r.step for r in rows if r.attempt == a.attempt]
+        out.append(AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resumed_from_step,
+                               min(steps) if steps else None, max(steps) if steps else None))
+    return out
+
+
+def preflight_checks(summary: dict[str, Any]) -> list[Check]:
+    """The checks a preflight job ran (its ``preflight.json``), each with its key numbers or its error."""
+    out = []
+    for name, check in (summary.get("checks") or {}).items():
+        detail = str(check["error"]) if check.get("error") else _detail(name, check)
+        out.append(Check(name, bool(check.get("ok")), detail))
+    return out
+
+
+def _detail(name: str, check: dict[str, Any]) -> str:
+    if name == "verl_config":
+        return (f"verl accepted the configuration for {check.get('n_gpus')} GPU(s): train_batch_size "
+                f"{check.get('train_batch_size')}, rollout.n {check.get('rollout_n')}")
+    if name == "data":
+        splits = [f"{s}: {c.get('rows')} rows, prompt tokens ≤ {(c.get('prompt_tokens') or {}).get('max')}"
+                  for s, c in check.items() if isinstance(c, dict) and "rows" in c]
+        return "; ".join(splits)
+    if name == "reward":
+        return "; ".join(f"{s}: {c.get('scored')} ground truths scored, {c.get('not_one')} not 1.0"
+                         for s, c in check.items() if isinstance(c, dict) and "scored" in c)
+    if name == "generation":
+        return f"{len(check.get('samples') or [])} prompt(s) generated on CPU"
+    return ""
+
+
+def _notes(facts: RunFacts, status: RunOutcome, rows: list[StepRow], attempts: list[AttemptInfo],
+           checks: list[Check]) -> list[str]:
+    notes = []
+    if facts.mode == "preflight":
+        notes.append("No training steps: this was a preflight run (the cluster has no GPUs); "
+                     f"{sum(c.ok for c in checks)} of {len(checks)} checks passed.")
+    elif not attempts:
+        notes.append("No training steps: no job was submitted (the run ended before its submit).")
+    elif not rows:
+        notes.append("No training steps: verl logged no step (the job ended before its first step).")
+    if status is RunOutcome.FAILED and rows and rows[-1].step < facts.total_steps:
+        notes.append(f"The run failed at step {rows[-1].step} of {facts.total_steps}.")
+    return notes
+
+
+def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptInfo], rows: list[StepRow],
+                 generated_at: float, ended_at: float | None = None, preflight: dict[str, Any] | None = None,
+                 earlier: list[scaling.ScalingPoint] | None = None) -> Report:
+    """The report of one run (pure: every input is passed in).
+
+    ``rows``: every attempt's metric rows (unmerged); ``ended_at``: when the run's last file was
+    written (wall time runs from the first submit to it); ``earlier``: the profile's earlier
+    successful runs for the scaling check.
+    """
+    attempts = with_steps(attempts, rows)
+    merged = merge_rows(rows)
+    checks = preflight_checks(preflight) if preflight else []
+    report = Report(run=facts, status=status, steps_done=merged[-1].step if merged else 0, attempts=attempts,
+                    generated_at=generated_at, checks=checks, notes=_notes(facts, status, merged, attempts, checks))
+    report.score = series(merged, m.SCORE)
+    report.validation = {k: s for k in sorted({k for r in merged for k in r.metrics if k.startswith(m.VAL_CORE_PREFIX)})
+                         if (s := series(merged, k)) is not None}
+    report.response_length = series(merged, m.RESPONSE_LENGTH)
+    report.throughput_per_gpu = median_of(merged, m.THROUGHPUT_PER_GPU)
+    report.throughput_total = total_throughput(merged, facts.n_gpus)
+    report.time_per_step_s = median_of(merged, m.TIME_PER_STEP)
+    report.timing_s = timing_breakdown(merged)
+    report.mfu_actor = median_of(merged, m.MFU_ACTOR)
+    report.peak_memory_allocated_gb = max_of(merged, m.MAX_MEMORY_ALLOCATED)
+    report.peak_memory_reserved_gb = max_of(merged, m.MAX_MEMORY_RESERVED)
+    if attempts and ended_at is not None:
+        report.wall_time_s = max(0.0, ended_at - min(a.submitted_at for a in attempts))
+        # GPUs are held from the first submit to the last step; a preflight cluster has none.
+        if facts.mode == "train":
+            report.gpu_hours = report.wall_time_s * facts.n_gpus / 3600
+    _scaling(report, earlier or [])
+    return report
+
+
+def _scaling(report: Report, earlier: list[scaling.ScalingPoint]) -> None:
+    facts = report.run
+    if facts.mode == "train" and report.throughput_per_gpu:
+        # Stored for every training run; later runs compare only with the successful ones.
+        report.scaling_point = scaling.ScalingPoint(facts.run_key, facts.nnodes, facts.n_gpus,
+                                                    report.throughput_per_gpu)
+        report.comparisons = scaling.compare(report.scaling_point, earlier)
+    report.flags = scaling.flags(timing_s=report.timing_s, peak_memory_gb=report.peak_memory_allocated_gb,
+                                 gpu_memory_gb=facts.gpu_memory_gb, comparisons=report.comparisons)

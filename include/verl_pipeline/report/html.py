@@ -1,0 +1,129 @@
+"""``report.html``: one self-contained page (inline style, no scripts) showing a :class:`Report`.
+
+The plots are referenced by relative file name, so the page works from the report directory
+itself, from a copy of it, and when served by the UI plugin under any prefix.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from verl_pipeline.report.build import Report, Series
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
+th{background:#f4f4f4}.ok{color:#11772d}.bad{color:#b00020}.flag{background:#fff4e5;padding:.5em 1em;margin:.5em 0}
+img{max-width:100%;margin:.5em 0}
+"""
+
+
+def _num(value: float | None, unit: str = "", digits: int = 4) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{digits}g}{unit}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    hours, rest = divmod(int(seconds + 0.5), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours} h {minutes} m {secs} s" if hours else f"{minutes} m {secs} s"
+
+
+def _table(rows: list[tuple[str, str]], head: tuple[str, ...] = ()) -> str:
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>")
+    out += [f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows]
+    out.append("</table>")
+    return "".join(out)
+
+
+def _grid(head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows]
+    return "".join(out) + "</table>"
+
+
+def _series(s: Series | None) -> str:
+    if s is None:
+        return "—"
+    return f"final {s.final:.4g}, best {s.best:.4g} (step {s.best_step}), median {s.median:.4g}"
+
+
+def _summary(r: Report) -> str:
+    rows = [
+        ("status", r.status.value), ("mode", r.run.mode or "—"), ("profile", r.run.profile),
+        ("steps", f"{r.steps_done} / {r.run.total_steps}"),
+        ("cluster", f"{r.run.nnodes} node(s) x {r.run.n_gpus_per_node} GPU(s)"),
+        ("wall time", _duration(r.wall_time_s)), ("GPU-hours", _num(r.gpu_hours, digits=3)),
+        ("critic/score/mean", _series(r.score)),
+        *[(name, _series(s)) for name, s in r.validation.items()],
+        ("response_length/mean", _series(r.response_length)),
+        ("throughput per GPU (perf/throughput, median)", _num(r.throughput_per_gpu, " tokens/s")),
+        ("throughput, whole run (median)", _num(r.throughput_total, " tokens/s")),
+        ("time per step (perf/time_per_step, median)", _num(r.time_per_step_s, " s")),
+        ("MFU, actor (perf/mfu/actor, median)", _num(r.mfu_actor)),
+        ("peak GPU memory allocated / reserved", f"{_num(r.peak_memory_allocated_gb, ' GB')} / "
+                                                  f"{_num(r.peak_memory_reserved_gb, ' GB')}"),
+    ]
+    return _table(rows)
+
+
+def _attempts(r: Report) -> str:
+    if not r.attempts:
+        return "<p>No attempt was submitted.</p>"
+    rows = [(a.attempt, a.submission_id, a.resumed_from_step or "— (from scratch)",
+             "—" if a.first_step is None else f"{a.first_step} to {a.last_step}") for a in r.attempts]
+    extra = f"<p>Steps redone after resuming: {r.steps_redone}.</p>" if r.steps_redone else ""
+    return _grid(("attempt", "Ray job", "resumed from step", "steps logged"), rows) + extra
+
+
+def _timing(r: Report) -> str:
+    if not r.timing_s:
+        return ""
+    step = r.timing_s.get("step")
+    rows = [(f"timing_s/{k}", f"{v:.4g} s" + (f" ({v / step:.0%} of the step)" if step and k != "step" else ""))
+            for k, v in sorted(r.timing_s.items(), key=lambda kv: -kv[1])]
+    return "<h2>Time per step by phase (median)</h2>" + _table(rows)
+
+
+def _checks(r: Report) -> str:
+    if not r.checks:
+        return ""
+    rows = "".join(f"<tr><td>{escape(c.name)}</td><td class=\"{'ok' if c.ok else 'bad'}\">"
+                   f"{'passed' if c.ok else 'FAILED'}</td><td>{escape(c.detail)}</td></tr>" for c in r.checks)
+    return f"<h2>Preflight checks</h2><table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>"
+
+
+def _scaling(r: Report) -> str:
+    parts = ["<h2>Scaling check</h2>"]
+    if r.comparisons:
+        parts.append(_grid(("earlier run", "its nodes", "its tokens/s/GPU", "this run's nodes",
+                            "this run's tokens/s/GPU", "efficiency vs linear"),
+                           [(c.other_run_key, c.other_nnodes, f"{c.other_throughput_per_gpu:.4g}", c.nnodes,
+                             f"{c.throughput_per_gpu:.4g}", f"{c.efficiency:.0%}") for c in r.comparisons]))
+    elif r.scaling_point is not None:
+        parts.append("<p>No earlier successful run of this profile at another node count to compare with.</p>")
+    else:
+        parts.append("<p>Not checked: the run reported no training throughput.</p>")
+    parts += [f"<div class=\"flag\"><b>{escape(f.kind.value)}</b>: {escape(f.evidence)}<br>Remedy: "
+              f"{escape(f.remedy)}</div>" for f in r.flags]
+    if not r.flags and r.steps_done:
+        parts.append("<p>No flag: generation, memory and per-GPU throughput are within the limits.</p>")
+    return "".join(parts)
+
+
+def render_html(r: Report) -> str:
+    """The whole page; plots are ``<img src="<file>">`` of the files in ``r.plots``."""
+    title = f"Run report — {r.run.run_name}"
+    notes = "".join(f"<p><b>{escape(n)}</b></p>" for n in r.notes)
+    plots = "".join(f"<h3>{escape(t)}</h3><img src=\"{escape(name)}\" alt=\"{escape(t)}\">"
+                    for name, t in r.plots.items())
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
+            f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_timing(r)}{_scaling(r)}"
+            + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

@@ -1,0 +1,31 @@
+"""The verl 0.9.1 metric names the run report reads, each named once.
+
+From verl's ``trainer/ppo/metric_utils.py`` (``compute_data_metrics``, ``compute_timing_metrics``,
+``compute_throughout_metrics``), its trainers (``perf/mfu/*``, ``val-core/…``) and
+``workers/engine_workers.py`` (peak memory). ``perf/throughput`` is tokens per second **per GPU**
+(``perf/total_num_tokens / (perf/time_per_step * n_gpus)``, the GPUs of every resource pool).
+"""
+
+from __future__ import annotations
+
+STEP = "training/global_step"
+SCORE = "critic/score/mean"
+RESPONSE_LENGTH = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+#: Tokens (prompt + response) per second per GPU.
+THROUGHPUT_PER_GPU = "perf/throughput"
+#: Tokens (prompt + response) of the step's batch.
+TOTAL_TOKENS = "perf/total_num_tokens"
+TIME_PER_STEP = "perf/time_per_step"
+MFU_ACTOR = "perf/mfu/actor"
+MFU_CRITIC = "perf/mfu/critic"
+MAX_MEMORY_ALLOCATED = "perf/max_memory_allocated_gb"
+MAX_MEMORY_RESERVED = "perf/max_memory_reserved_gb"
+#: ``timing_s/<phase>``: seconds of each phase of a step (``marked_timer`` in verl's trainers).
+TIMING_PREFIX = "timing_s/"
+#: The whole step; every other ``timing_s/*`` is a part of it.
+TIMING_STEP = "timing_s/step"
+#: Rollout (generation), the phase the scaling rules watch.
+TIMING_GEN = "timing_s/gen"
+#: ``val-core/<data_source>/<var>/<metric>``: the validation metrics verl calls core (mean@N of reward or acc).
+VAL_CORE_PREFIX = "val-core/"

@@ -1,0 +1,187 @@
+"""The scaling check: is this setup scalable, and if not, what to change.
+
+A scalable RL setup keeps throughput near-linear in nodes (tokens per second **per GPU** stays flat
+as nodes are added), keeps its GPUs busy, and spends a small share of each step on anything but
+compute. The rules here are pure functions of what verl reported:
+
+- **Scaling efficiency** against linear: this run's per-GPU throughput against the profile's most
+  recent earlier successful run at each other node count (``perf/throughput`` is per GPU, so linear
+  scaling means the ratio of the larger run's to the smaller run's is 1.0).
+- **Flags**, each with its remedy: generation dominating the step; GPU memory near its limit;
+  per-GPU throughput falling as nodes grow.
+
+Earlier runs are read from their ``report.json`` (every report stores its :class:`ScalingPoint`),
+so the check needs nothing but the storage root.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Below this efficiency (per-GPU throughput at more nodes / at fewer nodes) scaling is not near-linear.
+MIN_EFFICIENCY = 0.9
+#: Generation "dominates" the step above this share of ``timing_s/step``.
+MAX_GEN_SHARE = 0.5
+#: Peak allocated memory above this share of the GPU's memory is "near the limit".
+MAX_MEMORY_SHARE = 0.9
+
+
+class FlagKind(str, Enum):
+    GENERATION_DOMINATES = "generation_dominates"
+    MEMORY_NEAR_LIMIT = "memory_near_limit"
+    SCALING_FALLS = "per_gpu_throughput_falls"
+
+
+REMEDIES = {
+    FlagKind.GENERATION_DOMINATES: (
+        "speed up rollout: raise actor_rollout_ref.rollout.tensor_model_parallel_size, "
+        "actor_rollout_ref.rollout.gpu_memory_utilization (more KV cache) and the rollout micro batch "
+        "(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)"
+    ),
+    FlagKind.MEMORY_NEAR_LIMIT: (
+        "offload: actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload=true "
+        "(and actor_rollout_ref.ref.fsdp_config.param_offload=true), or lower "
+        "actor_rollout_ref.rollout.gpu_memory_utilization"
+    ),
+    FlagKind.SCALING_FALLS: (
+        "check the inter-node network: NCCL over InfiniBand (the cluster profile's network.infiniband and "
+        "ib_hcas → NCCL_IB_HCA, NCCL_IB_DISABLE unset, NCCL_SOCKET_IFNAME), and run once with "
+        "nccl_debug to see which transport NCCL chose"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """One run's place on the scaling curve (stored in its report.json)."""
+
+    run_key: str
+    nnodes: int
+    n_gpus: int
+    #: Median ``perf/throughput`` over the run's steps: tokens/s per GPU.
+    throughput_per_gpu: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """This run against an earlier successful run of the profile at another node count."""
+
+    other_run_key: str
+    other_nnodes: int
+    other_throughput_per_gpu: float
+    nnodes: int
+    throughput_per_gpu: float
+    #: Per-GPU throughput of the run with more nodes / of the run with fewer (1.0 = linear).
+    efficiency: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: FlagKind
+    evidence: str
+    remedy: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "evidence": self.evidence, "remedy": self.remedy}
+
+
+def efficiency(small: ScalingPoint, large: ScalingPoint) -> float:
+    """Per-GPU throughput at more nodes over that at fewer: 1.0 is linear scaling."""
+    return large.throughput_per_gpu / small.throughput_per_gpu
+
+
+def compare(current: ScalingPoint, earlier: list[ScalingPoint]) -> list[Comparison]:
+    """``current`` against the latest of ``earlier`` (oldest first) at each other node count."""
+    latest: dict[int, ScalingPoint] = {}
+    for point in earlier:
+        if point.nnodes != current.nnodes and point.throughput_per_gpu > 0 and point.run_key != current.run_key:
+            latest[point.nnodes] = point
+    out = []
+    for nnodes in sorted(latest):
+        other = latest[nnodes]
+        small, large = (other, current) if other.nnodes < current.nnodes else (current, other)
+        out.append(Comparison(other.run_key, other.nnodes, other.throughput_per_gpu, current.nnodes,
+                              current.throughput_per_gpu, round(efficiency(small, large), 3)))
+    return out
+
+
+def generation_flag(timing_s: dict[str, float]) -> Flag | None:
+    """Generation (``timing_s/gen``) takes more than :data:`MAX_GEN_SHARE` of the step."""
+    step, gen = timing_s.get("step"), timing_s.get("gen")
+    if not step or gen is None or gen / step <= MAX_GEN_SHARE:
+        return None
+    return Flag(FlagKind.GENERATION_DOMINATES,
+                f"generation takes {gen / step:.0%} of a step ({gen:.3g} s of {step:.3g} s, median)",
+                REMEDIES[FlagKind.GENERATION_DOMINATES])
+
+
+def memory_flag(peak_gb: float | None, gpu_memory_gb: float | None) -> Flag | None:
+    """Peak allocated GPU memory above :data:`MAX_MEMORY_SHARE` of the GPU's (the cluster profile's)."""
+    if peak_gb is None or not gpu_memory_gb or peak_gb / gpu_memory_gb <= MAX_MEMORY_SHARE:
+        return None
+    return Flag(FlagKind.MEMORY_NEAR_LIMIT,
+                f"peak allocated GPU memory {peak_gb:.1f} GB of {gpu_memory_gb:g} GB ({peak_gb / gpu_memory_gb:.0%})",
+                REMEDIES[FlagKind.MEMORY_NEAR_LIMIT])
+
+
+def scaling_flag(comparisons: list[Comparison]) -> Flag | None:
+    """The worst comparison when its efficiency is below :data:`MIN_EFFICIENCY`."""
+    low = [c for c in comparisons if c.efficiency < MIN_EFFICIENCY]
+    if not low:
+        return None
+    worst = min(low, key=lambda c: c.efficiency)
+    fewer, more = sorted((worst.nnodes, worst.other_nnodes))
+    return Flag(FlagKind.SCALING_FALLS,
+                f"per-GPU throughput at {more} nodes is {worst.efficiency:.0%} of that at {fewer} "
+                f"(run {worst.other_run_key}): below {MIN_EFFICIENCY:.0%} of linear",
+                REMEDIES[FlagKind.SCALING_FALLS])
+
+
+def flags(*, timing_s: dict[str, float], peak_memory_gb: float | None, gpu_memory_gb: float | None,
+          comparisons: list[Comparison]) -> list[Flag]:
+    """Every flag the metrics raise, in a fixed order."""
+    found = [generation_flag(timing_s), memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons)]
+    return [f for f in found if f is not None]
+
+
+def point_from_report(data: dict[str, Any]) -> ScalingPoint | None:
+    """The scaling point an earlier ``report.json`` recorded, if it was a successful training run."""
+    point = data.get("scaling_point")
+    if data.get("status") != "succeeded" or data.get("mode") != "train" or not isinstance(point, dict):
+        return None
+    try:
+        return ScalingPoint(str(point["run_key"]), int(point["nnodes"]), int(point["n_gpus"]),
+                            float(point["throughput_per_gpu"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def earlier_points(storage_root: Path, profile: str, *, report_file: str, exclude_run_key: str) -> list[ScalingPoint]:
+    """Scaling points of the profile's earlier successful runs under ``storage_root``, oldest first.
+
+    ``report_file``: where a run directory keeps its report.json, relative to it.
+    """
+    found: list[tuple[float, ScalingPoint]] = []
+    for path in (storage_root / "runs").glob(f"*/{report_file}"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("Skipping unreadable run report %s: %s", path, e)
+            continue
+        point = point_from_report(data) if data.get("profile") == profile else None
+        if point is not None and point.run_key != exclude_run_key:
+            found.append((float(data.get("generated_at") or 0), point))
+    return [p for _, p in sorted(found, key=lambda item: item[0])]

@@ -1,0 +1,130 @@
+"""Build a run's report from its run directory: the one path the report task and the CLI call.
+
+Reads ``run_spec.json``, ``job.json``, ``attempts.jsonl``, every attempt's metrics file
+(:func:`verl_pipeline.jobs.attempts.metrics_files`) and ``preflight.json``; writes
+``report/report.json``, the plots and ``report/report.html``, each atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.constants import PREFLIGHT_SUMMARY_FILE
+from verl_pipeline.jobs.attempts import metrics_files, read_attempts
+from verl_pipeline.paths import atomic_path, write_json_atomic
+from verl_pipeline.report import scaling
+from verl_pipeline.report.build import (
+    AttemptInfo,
+    Report,
+    RunFacts,
+    RunOutcome,
+    StepRow,
+    build_report,
+    merge_rows,
+)
+
+log = logging.getLogger(__name__)
+
+REPORT_DIR = "report"
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    report_dir: Path
+    json: Path
+    html: Path
+    report: Report
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report task's XCom: where the report is, and its headline."""
+        r = self.report
+        return {"report_dir": str(self.report_dir), "html": str(self.html), "json": str(self.json),
+                "status": r.status.value, "mode": r.run.mode, "steps_done": r.steps_done,
+                "total_steps": r.run.total_steps, "flags": [f.kind.value for f in r.flags],
+                "plots": sorted(r.plots)}
+
+
+def report_dir(run_dir: Path) -> Path:
+    return run_dir / REPORT_DIR
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("Run report: cannot read %s: %s", path, e)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_rows(run_dir: Path) -> list[StepRow]:
+    """Every metric row of every attempt (lines cut by a kill are skipped)."""
+    from verl_pipeline.jobs.progress import parse_jsonl_row
+
+    rows = []
+    for attempt, path in metrics_files(run_dir).items():
+        for line in path.read_text(errors="replace").splitlines():
+            parsed = parse_jsonl_row(line)
+            if parsed is not None:
+                rows.append(StepRow(parsed[0], attempt, parsed[1]))
+    return rows
+
+
+def _ended_at(run_dir: Path) -> float | None:
+    """When the run last wrote what the report reads: its last metrics line, or its preflight summary."""
+    paths = [*metrics_files(run_dir).values(), run_dir / PREFLIGHT_SUMMARY_FILE]
+    times = [p.stat().st_mtime for p in paths if p.is_file()]
+    return max(times) if times else None
+
+
+def infer_status(run_dir: Path, facts: RunFacts, rows: list[StepRow], preflight: dict[str, Any] | None) -> RunOutcome:
+    """How the run ended when no one says (a CLI rebuild): its last report's word, else its files'."""
+    earlier = _read_json(report_dir(run_dir) / REPORT_JSON) or _read_json(run_dir / "manifest.json") or {}
+    if earlier.get("status") in {s.value for s in RunOutcome}:
+        return RunOutcome(earlier["status"])
+    if facts.mode == "preflight":
+        return RunOutcome.SUCCEEDED if preflight and preflight.get("ok") else RunOutcome.FAILED
+    reached = max((r.step for r in rows), default=0)
+    return RunOutcome.SUCCEEDED if facts.total_steps and reached >= facts.total_steps else RunOutcome.FAILED
+
+
+def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[str, Any] | None = None,
+                 plots: bool = True) -> ReportFiles:
+    """(Re)build the report of the run in ``run_dir``; ``spec``: the run's spec (else its run_spec.json)."""
+    spec = spec or _read_json(run_dir / "run_spec.json") or {}
+    job = _read_json(run_dir / "job.json") or {}
+    facts = RunFacts.from_spec_dict(run_dir.name, spec, mode=job.get("mode"))
+    rows = read_rows(run_dir)
+    preflight = _read_json(run_dir / PREFLIGHT_SUMMARY_FILE)
+    status = status or infer_status(run_dir, facts, rows, preflight)
+    attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step)
+                for a in read_attempts(run_dir)]
+    storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
+    earlier = scaling.earlier_points(storage_root, facts.profile, report_file=f"{REPORT_DIR}/{REPORT_JSON}",
+                                     exclude_run_key=facts.run_key)
+    report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
+                          ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
+                          earlier=earlier)
+    out = report_dir(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if plots:
+        from verl_pipeline.report.plots import draw
+
+        report.plots = draw(merge_rows(rows), report.attempts, out)
+    from verl_pipeline.report.html import render_html
+
+    with atomic_path(out / REPORT_HTML) as tmp:
+        tmp.write_text(render_html(report), encoding="utf-8")
+    write_json_atomic(out / REPORT_JSON, report.to_dict())
+    log.info("Run report of %s (%s, %d/%d steps, flags %s): %s", facts.run_key, status.value, report.steps_done,
+             facts.total_steps, [f.kind.value for f in report.flags] or "none", out / REPORT_HTML)
+    return ReportFiles(out, out / REPORT_JSON, out / REPORT_HTML, report)

@@ -1,0 +1,111 @@
+"""The report's content from verl's metric rows and the run's attempts (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.report.rows import verl_row
+from verl_pipeline.report.build import AttemptInfo, RunFacts, RunOutcome, build_report, merge_rows, preflight_checks
+from verl_pipeline.report.scaling import FlagKind, ScalingPoint
+
+FACTS = RunFacts(run_key="r2", run_name="verl_ppo/r2", profile="gsm8k", mode="train", nnodes=2, n_gpus_per_node=4,
+                 total_steps=6, gpu_memory_gb=80)
+
+
+def _attempts() -> list[AttemptInfo]:
+    return [AttemptInfo(1, "job-a1", 1000.0, 0), AttemptInfo(2, "job-a2", 1100.0, 2)]
+
+
+def test_a_resumed_run_counts_each_step_once_as_the_later_attempt_logged_it() -> None:
+    # Attempt 1 reached step 3, its checkpoint was step 2: attempt 2 redid step 3 and went on to 6.
+    rows = [verl_row(s, 1) for s in (1, 2, 3)] + [verl_row(s, 2, gen=1.0) for s in (3, 4, 5, 6)]
+    merged = merge_rows(rows)
+    assert [r.step for r in merged] == [1, 2, 3, 4, 5, 6]
+    assert merged[2].attempt == 2
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts(), rows=rows, generated_at=2000.0,
+                          ended_at=1000.0 + 3600)
+    assert report.steps_done == 6
+    assert [(a.attempt, a.resumed_from_step, a.first_step, a.last_step) for a in report.attempts] == [
+        (1, 0, 1, 3), (2, 2, 3, 6)]
+    assert report.steps_redone == 1
+    # One hour on 8 GPUs.
+    assert report.wall_time_s == 3600 and report.gpu_hours == pytest.approx(8.0)
+
+
+def test_scores_throughput_and_timing_use_verls_names_and_meanings() -> None:
+    rows = [verl_row(s, val=0.0) for s in range(1, 6)]
+    rows[2].metrics["val-core/openai/gsm8k/reward/mean@1"] = 0.7
+    rows[4].metrics["val-core/openai/gsm8k/reward/mean@1"] = 0.6
+    rows[3].metrics["critic/score/mean"] = 0.9  # the best step is not the last
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert report.score is not None
+    assert (report.score.final, report.score.best, report.score.best_step) == (pytest.approx(0.5), 0.9, 4)
+    val = report.validation["val-core/openai/gsm8k/reward/mean@1"]
+    assert (val.final, val.best, val.best_step) == (0.6, 0.7, 3)
+    assert report.response_length is not None and report.response_length.final == 105.0
+    # perf/throughput is per GPU; the run's total is verl's token count over its step time.
+    assert report.throughput_per_gpu == pytest.approx(64000 / (6 * 8))
+    assert report.throughput_total == pytest.approx(64000 / 6)
+    assert report.time_per_step_s == 6.0
+    assert report.timing_s == {"gen": 3.0, "old_log_prob": 0.5, "step": 6.0, "update_actor": 2.5}
+    assert report.mfu_actor is None and report.peak_memory_allocated_gb is None
+
+
+def test_median_keeps_the_first_steps_start_up_out_of_the_throughput() -> None:
+    rows = [verl_row(1, step_s=60.0)] + [verl_row(s) for s in range(2, 6)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert report.throughput_per_gpu == pytest.approx(64000 / 48)
+
+
+def test_mfu_and_peak_memory_when_verl_reports_them() -> None:
+    rows = [verl_row(s, **{"perf/mfu/actor": 0.3 + 0.01 * s, "perf/max_memory_allocated_gb": 60.0 + s,
+                           "perf/max_memory_reserved_gb": 70.0 + s}) for s in (1, 2, 3)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert report.mfu_actor == pytest.approx(0.32)
+    assert (report.peak_memory_allocated_gb, report.peak_memory_reserved_gb) == (63.0, 73.0)
+
+
+def test_report_json_stores_what_a_later_run_compares_with() -> None:
+    rows = [verl_row(s, gen=4.0) for s in (1, 2, 3)]
+    earlier = [ScalingPoint("r1", 1, 4, 64000 / 24)]  # one node: twice this run's per-GPU throughput
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=5.0,
+                          earlier=earlier)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["status"] == "succeeded" and data["profile"] == "gsm8k" and data["mode"] == "train"
+    assert data["scaling_point"] == {"run_key": "r2", "nnodes": 2, "n_gpus": 8, "throughput_per_gpu": 64000 / 48}
+    assert [c["efficiency"] for c in data["comparisons"]] == [0.5]
+    assert [f["kind"] for f in data["flags"]] == [FlagKind.GENERATION_DOMINATES.value, FlagKind.SCALING_FALLS.value]
+
+
+def test_a_preflight_run_has_no_steps_and_shows_its_checks() -> None:
+    summary = {"ok": True, "checks": {
+        "verl_config": {"ok": True, "n_gpus": 1, "train_batch_size": 8, "rollout_n": 2},
+        "data": {"ok": True, "train": {"rows": 64, "prompt_tokens": {"max": 90}}, "val": {"rows": 16}},
+        "reward": {"ok": True, "train": {"scored": 64, "not_one": 0}, "val": {"scored": 16, "not_one": 0}},
+        "generation": {"ok": True, "samples": [{}, {}]}}}
+    facts = RunFacts("p1", "verl_ppo/p1", "smoke", "preflight", 1, 1, 3)
+    report = build_report(facts, status=RunOutcome.SUCCEEDED, attempts=[AttemptInfo(1, "job", 10.0, 0)], rows=[],
+                          generated_at=20.0, ended_at=40.0, preflight=summary)
+    assert report.steps_done == 0 and report.gpu_hours is None and report.wall_time_s == 30.0
+    assert report.notes == ["No training steps: this was a preflight run (the cluster has no GPUs); 4 of 4 checks "
+                            "passed."]
+    assert [(c.name, c.ok) for c in report.checks] == [("verl_config", True), ("data", True), ("reward", True),
+                                                        ("generation", True)]
+    assert "64 ground truths scored, 0 not 1.0" in report.checks[2].detail
+    assert report.scaling_point is None and report.flags == []
+
+
+def test_a_failed_check_shows_its_error() -> None:
+    checks = preflight_checks({"checks": {"verl_config": {"ok": False, "error": "train_batch_size 7 not divisible"}}})
+    assert [(c.name, c.ok, c.detail) for c in checks] == [("verl_config", False, "train_batch_size 7 not divisible")]
+
+
+def test_a_failed_run_says_where_it_stopped_and_one_never_submitted_says_so() -> None:
+    rows = [verl_row(s) for s in (1, 2)]
+    failed = build_report(FACTS, status=RunOutcome.FAILED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert failed.notes == ["The run failed at step 2 of 6."]
+    never = build_report(FACTS, status=RunOutcome.FAILED, attempts=[], rows=[], generated_at=1.0)
+    assert never.steps_done == 0 and never.wall_time_s is None
+    assert never.notes == ["No training steps: no job was submitted (the run ended before its submit)."]

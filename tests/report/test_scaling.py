@@ -1,0 +1,84 @@
+"""The scaling check's rules, case by case (pure), and reading earlier runs' reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_pipeline.report import scaling
+from verl_pipeline.report.scaling import Comparison, FlagKind, ScalingPoint
+
+
+def _point(key: str, nnodes: int, per_gpu: float) -> ScalingPoint:
+    return ScalingPoint(key, nnodes, nnodes * 8, per_gpu)
+
+
+def test_efficiency_is_the_larger_runs_per_gpu_throughput_over_the_smallers() -> None:
+    assert scaling.efficiency(_point("a", 1, 1000), _point("b", 4, 950)) == pytest.approx(0.95)
+
+
+def test_compare_takes_the_latest_earlier_run_at_each_other_node_count() -> None:
+    current = _point("now", 2, 900)
+    earlier = [_point("old1", 1, 2000), _point("new1", 1, 1000), _point("same", 2, 5000), _point("four", 4, 810)]
+    out = scaling.compare(current, earlier)
+    assert [(c.other_run_key, c.other_nnodes, c.efficiency) for c in out] == [("new1", 1, 0.9), ("four", 4, 0.9)]
+
+
+def test_no_comparison_without_runs_at_other_node_counts() -> None:
+    assert scaling.compare(_point("now", 2, 900), [_point("same", 2, 1000)]) == []
+
+
+@pytest.mark.parametrize(("gen", "flagged"), [(3.1, True), (3.0, False), (1.0, False)])
+def test_generation_dominates_above_half_the_step(gen: float, flagged: bool) -> None:
+    flag = scaling.generation_flag({"step": 6.0, "gen": gen})
+    assert (flag is not None) is flagged
+    if flag:
+        assert flag.kind is FlagKind.GENERATION_DOMINATES and "52% of a step" in flag.evidence
+        assert "tensor_model_parallel_size" in flag.remedy and "gpu_memory_utilization" in flag.remedy
+        assert "micro_batch" in flag.remedy
+
+
+def test_no_generation_flag_without_verls_timing() -> None:
+    assert scaling.generation_flag({}) is None and scaling.generation_flag({"gen": 5.0}) is None
+
+
+@pytest.mark.parametrize(("peak", "gpu", "flagged"), [(73.0, 80, True), (72.0, 80, False), (79.0, None, False),
+                                                      (None, 80, False)])
+def test_memory_near_the_limit_above_ninety_percent_of_the_gpu(peak: float | None, gpu: float | None,
+                                                               flagged: bool) -> None:
+    flag = scaling.memory_flag(peak, gpu)
+    assert (flag is not None) is flagged
+    if flag:
+        assert flag.kind is FlagKind.MEMORY_NEAR_LIMIT and "offload" in flag.remedy
+
+
+def test_falling_per_gpu_throughput_flags_the_worst_comparison_with_the_network_remedy() -> None:
+    comparisons = [Comparison("one", 1, 1000, 4, 700, 0.7), Comparison("two", 2, 900, 4, 700, 0.85),
+                   Comparison("eight", 8, 650, 4, 700, 0.93)]
+    flag = scaling.scaling_flag(comparisons)
+    assert flag is not None and flag.kind is FlagKind.SCALING_FALLS
+    assert "at 4 nodes is 70% of that at 1 (run one)" in flag.evidence
+    assert "NCCL_IB_HCA" in flag.remedy and "infiniband" in flag.remedy
+    assert scaling.scaling_flag([Comparison("x", 1, 1000, 2, 950, 0.95)]) is None
+
+
+def test_earlier_points_reads_only_the_profiles_successful_training_reports(tmp_path: Path) -> None:
+    def report(key: str, **data: object) -> None:
+        path = tmp_path / "runs" / key / "report" / "report.json"
+        path.parent.mkdir(parents=True)
+        base = {"profile": "p", "status": "succeeded", "mode": "train", "generated_at": 10.0,
+                "scaling_point": {"run_key": key, "nnodes": 1, "n_gpus": 8, "throughput_per_gpu": 100.0}}
+        path.write_text(json.dumps({**base, **data}))
+
+    report("late", generated_at=30.0)
+    report("early", generated_at=20.0)
+    report("failed", status="failed")
+    report("preflight", mode="preflight", scaling_point=None)
+    report("other", profile="q")
+    report("me")
+    (tmp_path / "runs" / "broken" / "report").mkdir(parents=True)
+    (tmp_path / "runs" / "broken" / "report" / "report.json").write_text("{not json")
+    points = scaling.earlier_points(tmp_path, "p", report_file="report/report.json", exclude_run_key="me")
+    assert [p.run_key for p in points] == ["early", "late"]

@@ -1,0 +1,88 @@
+"""A run directory in, report.json + PNG plots + report.html out (real files, real matplotlib)."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+from tests.report.rows import verl_row
+from verl_pipeline.jobs.attempts import Attempt, metrics_file, record_attempt
+from verl_pipeline.report.build import RunOutcome
+from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG
+from verl_pipeline.report.write import write_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height from the PNG's IHDR chunk (which must come first)."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR", path
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def _run_dir(root: Path, key: str, *, nnodes: int = 1, mode: str = "train") -> Path:
+    run_dir = root / "runs" / key
+    run_dir.mkdir(parents=True)
+    spec = {"run_name": f"verl_ppo/{key}", "profile": "gsm8k", "nnodes": nnodes, "n_gpus_per_node": 8,
+            "total_training_steps": 6, "mode": "auto", "storage_root": str(root), "hardware": {"gpu_memory_gb": 80}}
+    (run_dir / "run_spec.json").write_text(json.dumps(spec))
+    (run_dir / "job.json").write_text(json.dumps({"mode": mode}))
+    return run_dir
+
+
+def _log(run_dir: Path, attempt: int, steps: range, *, resume_from: int, **row: float) -> None:
+    record_attempt(run_dir, Attempt(f"job-a{attempt}", attempt, 1000.0 + attempt, "http://d", resume_from,
+                                    str(metrics_file(run_dir, attempt))))
+    lines = [json.dumps({"step": s, "data": verl_row(s, attempt, **row).metrics}) for s in steps]
+    metrics_file(run_dir, attempt).write_text("\n".join(lines) + '\n{"step": 9, "da')  # the last line cut by a kill
+
+
+def test_a_resumed_training_run_gets_plots_html_and_json(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "r1")
+    _log(run_dir, 1, range(1, 4), resume_from=0)
+    _log(run_dir, 2, range(3, 7), resume_from=2)
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED)
+    out = files.to_dict()
+    assert out["report_dir"] == str(run_dir / "report") and out["html"] == str(run_dir / "report" / "report.html")
+    assert out["steps_done"] == 6 and out["status"] == "succeeded"
+    plots = [REWARD_PNG, RESPONSE_LENGTH_PNG, THROUGHPUT_PNG, TIMING_PNG]
+    assert out["plots"] == sorted(plots)
+    for name in plots:
+        width, height = _png_size(run_dir / "report" / name)
+        assert width > 100 and height > 100 and (run_dir / "report" / name).stat().st_size > 1000
+    html = (run_dir / "report" / "report.html").read_text()
+    assert set(re.findall(r'<img src="([^"]+)"', html)) == set(plots)  # relative names, same directory
+    assert "6 / 6" in html and "job-a2" in html and "Steps redone after resuming: 1." in html
+    data = json.loads((run_dir / "report" / "report.json").read_text())
+    assert data["steps_done"] == 6 and [a["resumed_from_step"] for a in data["attempts"]] == [0, 2]
+    assert data["scaling_point"]["nnodes"] == 1
+
+
+def test_a_later_run_at_more_nodes_is_compared_with_the_earlier_report(tmp_path: Path) -> None:
+    first = _run_dir(tmp_path, "one-node")
+    _log(first, 1, range(1, 7), resume_from=0)
+    write_report(first, status=RunOutcome.SUCCEEDED, plots=False)
+    second = _run_dir(tmp_path, "two-nodes", nnodes=2)
+    _log(second, 1, range(1, 7), resume_from=0, step_s=9.0, gen=2.0)  # slower steps: 67% of linear
+    files = write_report(second, status=RunOutcome.SUCCEEDED, plots=False)
+    (comparison,) = files.report.comparisons
+    assert comparison.other_run_key == "one-node" and comparison.efficiency == round(6 / 9, 3)
+    assert files.to_dict()["flags"] == ["per_gpu_throughput_falls"]
+    html = files.html.read_text()
+    assert "67%" in html and "NCCL_IB_HCA" in html
+
+
+def test_a_preflight_run_reports_no_steps_and_its_checks(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "pre", mode="preflight")
+    record_attempt(run_dir, Attempt("job-a1", 1, 1000.0, "http://d", 0, str(metrics_file(run_dir, 1))))
+    summary = {"ok": True, "checks": {"verl_config": {"ok": True, "n_gpus": 8}, "reward": {"ok": True}}}
+    (run_dir / "preflight.json").write_text(json.dumps(summary))
+    files = write_report(run_dir)  # no status given: the preflight summary says it passed
+    assert files.to_dict()["status"] == "succeeded" and files.to_dict()["plots"] == []
+    html = files.html.read_text()
+    assert "No training steps: this was a preflight run" in html and "Preflight checks" in html
+    assert "verl accepted the configuration for 8 GPU(s)" in html and "<img" not in html
