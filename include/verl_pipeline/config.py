@@ -24,6 +24,8 @@ from verl_pipeline.jobs.attempts import metrics_file
 from verl_pipeline.jobs.watchdog import SECTION as WATCH_SECTION
 from verl_pipeline.jobs.watchdog import WatchSettings
 from verl_pipeline.paths import configs_dir, pipeline_home, short_hash, slug
+from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
+from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.overrides import flatten
 
@@ -251,6 +253,8 @@ class RunSpec:
     pools: scaling.PoolSplit | None = None
     #: The hang watchdog of the wait step (the run profile's ``watch:`` section).
     watch: WatchSettings = field(default_factory=WatchSettings)
+    #: The Airflow connection of each tracker in ``trainer.logger`` (the run profile's ``trackers:`` section).
+    trackers: TrackerSettings = field(default_factory=TrackerSettings)
 
     # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
     @property
@@ -335,6 +339,7 @@ class RunSpec:
             "placement": self.placement.value,
             "pools": asdict(self.pools) if self.pools else None,
             "watch": self.watch.to_dict(),
+            "trackers": self.trackers.to_dict(),
         }
 
 
@@ -464,7 +469,9 @@ def build_run_spec(
         placement=placement,
         pools=pools,
         watch=WatchSettings.from_profile(prof.get(WATCH_SECTION), profile_name),
+        trackers=TrackerSettings.from_profile(prof.get(TRACKERS_SECTION), profile_name),
     )
+    logger_backends(verl_settings.get(LOGGER_KEY))  # an unknown tracker fails here, before any cluster
     check_shape(spec)
     check_storage(spec)
     return spec

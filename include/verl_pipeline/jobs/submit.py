@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ def submit_or_reattach(
     run_dir: Path | None = None,
     checkpoint_dir: Path | None = None,
     deadline: Deadline | None = None,
+    secret_env: Mapping[str, str] | None = None,
 ) -> Submission:
     """Reattach to a live (or succeeded) job of this run, else submit the next attempt.
 
@@ -60,6 +62,9 @@ def submit_or_reattach(
     ConfigError when it was written by another world size) and is told when its allocation ends: the
     earliest of ``deadline`` (e.g. the Airflow task's execution_timeout) and the end of the cluster
     recorded in ``run_dir`` (a Slurm job's EndTime), see :mod:`verl_pipeline.jobs.deadlines`.
+
+    ``secret_env`` (e.g. tracker credentials, :mod:`verl_pipeline.trackers`) joins the job's
+    ``runtime_env`` env_vars in the submit call only: ``job`` (written to the run files) never holds it.
     """
     prefix = submission_id(dag_id, run_id, task_id, 1)[: -len("-a1")]
     mine = []
@@ -89,6 +94,9 @@ def submit_or_reattach(
     if run_dir is not None:
         metrics_path = metrics_file(run_dir, attempt)
         runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    if secret_env:
+        runtime_env.setdefault("env_vars", {}).update(secret_env)
+        log.info("Ray job %s: tracker variables %s passed to the job", sub_id, sorted(secret_env))
     meta = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "mode": job.mode.value,
             "attempt": str(attempt), **(metadata or {})}
     log.info("Submitting Ray job %s (attempt %d, mode %s, resume from step %d)", sub_id, attempt, job.mode.value,

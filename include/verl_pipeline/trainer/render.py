@@ -9,6 +9,7 @@ from typing import Any
 from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import Mode
 from verl_pipeline.paths import package_dir
+from verl_pipeline.trackers import LOGGER_KEY, PIPELINE_BACKENDS, logger_backends
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
 
@@ -21,6 +22,8 @@ BASE_ENV = {
 }
 
 PREFLIGHT_COMMAND = ("python", "-m", "verl_pipeline.trainer.preflight")
+#: verl's ``trainer.project_name`` when the profile sets none (a tracker's project / MLflow experiment).
+DEFAULT_PROJECT = "verl_pipeline"
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ def job_settings(
 ) -> dict[str, Any]:
     """Every verl setting of the run: the profile's, then what the pipeline owns (paths, shape, logging)."""
     settings = dict(spec.verl)
-    project = settings.pop("trainer.project_name", None) or "verl_pipeline"
+    project, experiment = tracker_names(spec)
+    backends = logger_backends(settings.get(LOGGER_KEY))
     settings.update(
         {
             "data.train_files": train_files,
@@ -55,12 +59,12 @@ def job_settings(
             "trainer.n_gpus_per_node": spec.train_gpus_per_node,
             "trainer.total_training_steps": spec.total_training_steps,
             "trainer.project_name": project,
-            "trainer.experiment_name": spec.run_key,
+            "trainer.experiment_name": experiment,
             # Absolute and on shared storage so resume_mode=auto finds the latest checkpoint.
             "trainer.default_local_dir": str(spec.checkpoint_dir),
             "trainer.resume_mode": "auto",
-            # `file` writes one JSON line per step to $VERL_FILE_LOGGER_PATH: the pipeline reads metrics there.
-            "trainer.logger": ["console", "file"],
+            # The user's trackers, plus what the pipeline reads (trackers.PIPELINE_BACKENDS).
+            LOGGER_KEY: backends,
         }
     )
     if settings.get("trainer.save_freq") in (None, -1) or int(settings["trainer.save_freq"]) <= 0:
@@ -73,6 +77,12 @@ def job_settings(
         # verl's reward.reward_model section (enable, rollout engine).
         settings["reward.reward_model.model_path"] = reward_path
     return settings
+
+
+def tracker_names(spec: RunSpec) -> tuple[str, str]:
+    """verl's ``trainer.project_name`` and ``trainer.experiment_name`` of the run: the project and the
+    run name every tracker shows (for MLflow: the experiment and the run's name)."""
+    return str(spec.verl.get("trainer.project_name") or DEFAULT_PROJECT), spec.run_key
 
 
 def _pool_note(spec: RunSpec) -> str:
@@ -94,7 +104,9 @@ def pipeline_rules(spec: RunSpec, settings: dict[str, Any]) -> dict[str, str]:
         "trainer.resume_mode": "'auto' — a retried job resumes from the latest checkpoint",
         "trainer.save_freq": f"{settings['trainer.save_freq']!r} — retries resume from checkpoints, so a run "
                              "always saves (the profile's value, else once at the end)",
-        "trainer.logger": "['console', 'file'] — `file` writes $VERL_FILE_LOGGER_PATH, which the pipeline reads",
+        LOGGER_KEY: f"{settings[LOGGER_KEY]!r} — the run's trackers, plus {list(PIPELINE_BACKENDS)}: `file` writes "
+                    "$VERL_FILE_LOGGER_PATH (the run's metrics), `console` the job log's metric lines (progress, "
+                    "hang watchdog)",
     }
 
 
@@ -170,4 +182,5 @@ def split_entrypoint_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return [], argv
 
 
-__all__ = ["BASE_ENV", "RenderedJob", "job_settings", "render_job", "split_entrypoint_overrides", "with_settings"]
+__all__ = ["BASE_ENV", "DEFAULT_PROJECT", "RenderedJob", "job_settings", "render_job", "split_entrypoint_overrides",
+           "tracker_names", "with_settings"]
