@@ -28,6 +28,10 @@ the driver waits on its workers' next call, which never returns — a hang with 
 ``+fake.die_in_save_at_step`` + ``+fake.die_after_files``: the save of that step is killed (SIGKILL
 to the trainer itself) after writing that many of its files, as a node lost mid-save; a count past
 the last file kills it inside the tracker's write (the tracker is left empty).
+``+fake.real_fsdp=true``: each save's ``actor/`` is a real FSDP checkpoint of
+``actor_rollout_ref.model.path`` (torch FSDP2 on CPU, ``trainer.nnodes`` x ``trainer.n_gpus_per_node``
+ranks, saved by verl's ``FSDPCheckpointManager``, see ``tests/fakes/fsdp_checkpoint.py``), trained
+on from the checkpoint the run resumed or last saved; ~20 s per save, so only the tests that merge it ask.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +64,15 @@ def _killed() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def save_checkpoint(ckpt: Path, step: int, *, world: int, critic: bool, die_after: int | None = None) -> None:
-    """verl's files in verl's order; ``die_after``: SIGKILL after that many of them."""
+def save_checkpoint(ckpt: Path, step: int, *, world: int, critic: bool, die_after: int | None = None,
+                    real: Any = None) -> None:
+    """verl's files in verl's order; ``die_after``: SIGKILL after that many of them; ``real``: an
+    ``FsdpJob`` whose ranks write ``actor/`` and ``data.pt`` for real first."""
     folder = ckpt / f"global_step_{step}"
+    if real is not None:
+        from tests.fakes.fsdp_checkpoint import write_checkpoint
+
+        write_checkpoint(replace(real, step_dir=str(folder), global_step=step))
     files = []
     for role in ("actor", "critic") if critic else ("actor",):
         for rank in range(world):
@@ -69,6 +80,8 @@ def save_checkpoint(ckpt: Path, step: int, *, world: int, critic: bool, die_afte
                       for prefix in ("model", "optim", "extra_state")]
         files.append(folder / role / "fsdp_config.json")
     files.append(folder / "data.pt")
+    if real is not None:
+        files = [f for f in files if f.parent.name != "actor" and f.name != "data.pt"]
     for n, path in enumerate(files):
         if die_after is not None and n >= die_after:
             _killed()
@@ -142,6 +155,14 @@ def main(argv: list[str]) -> int:
         print(f"Resuming from {cfg['trainer.resume_from_path']}", flush=True)
     else:
         print("Training from scratch", flush=True)
+    real = None
+    if cfg.get("fake.real_fsdp"):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.fakes.fsdp_checkpoint import FsdpJob
+
+        resumed = ckpt / f"global_step_{start - 1}" / "actor"
+        real = FsdpJob(model_path=str(cfg["actor_rollout_ref.model.path"]), step_dir="", global_step=0,
+                       world_size=world, resume_dir=str(resumed) if start > 1 else None)
 
     logger_path = os.environ.get("VERL_FILE_LOGGER_PATH")
     fp = open(logger_path, "wb", buffering=0) if logger_path else None
@@ -171,7 +192,9 @@ def main(argv: list[str]) -> int:
                 if close:
                     print("Force saving checkpoint: ESI instance expiration approaching.", flush=True)
                 save_checkpoint(ckpt, step, world=world, critic=critic,
-                                die_after=die_after if step == die_at else None)
+                                die_after=die_after if step == die_at else None, real=real)
+                if real is not None:
+                    real = replace(real, resume_dir=str(ckpt / f"global_step_{step}" / "actor"))
             if hang_once is not None and step == hang_after and not hang_once.exists():
                 hang_once.touch()
                 print(f"step {step} done; the next step hangs (a collective waiting on a peer)", flush=True)
