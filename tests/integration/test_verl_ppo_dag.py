@@ -83,6 +83,13 @@ def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Pat
     assert summary["checks"]["verl_config"]["n_gpus"] == 1
     job = json.loads((Path(sub["run_dir"]) / "job.json").read_text())
     assert "trainer.total_training_steps=3" in job["overrides"]
+    # The run report (task report_run): no steps, the checks preflight ran, found through its XCom.
+    report = _xcom(dr, "report_run")
+    assert report["report_dir"] == str(Path(sub["run_dir"]) / "report") and report["steps_done"] == 0
+    html = Path(report["html"]).read_text()
+    assert "No training steps: this was a preflight run" in html and "Preflight checks" in html
+    checks = json.loads((Path(report["report_dir"]) / "report.json").read_text())["checks"]
+    assert {c["name"]: c["ok"] for c in checks} == pre["checks"]
 
     # Teardown: every process the local backend started is gone.
     assert teardown["stopped_processes"] > 0
@@ -112,6 +119,8 @@ def test_invalid_params_fail_before_any_cluster_starts(airflow_db: Path) -> None
     assert states["teardown_ray_cluster"] == "success"
     for task in ("preprocess_data", "prefetch_model", "submit_verl_job", "wait_for_verl_job"):
         assert states[task] == "upstream_failed"
+    # Nothing ran, so there is no run to report; the skipped report does not make the run a success.
+    assert states["report_run"] == "skipped"
     spec = build_run_spec({}, run_name=f"verl_ppo/{dr.run_id}")
     temp_dir = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.cluster_name)
     assert not temp_dir.exists()

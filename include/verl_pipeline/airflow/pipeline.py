@@ -1,8 +1,8 @@
 """The pipeline's tasks, wired once for every DAG that runs it (``verl_ppo`` and the retraining DAGs).
 
 provision → preprocess → plan models → prefetch (one mapped task per model) → submit → wait
-→ teardown, and after the wait, beside the teardown, the tasks that need only the run's files (e.g.
-publish). Teardown is the setup's Airflow teardown task and runs whatever happened (``ALL_DONE``):
+→ teardown, and after the wait, beside the teardown, the tasks that need only the run's files (the
+run report; publish). Teardown is the setup's Airflow teardown task and runs whatever happened (``ALL_DONE``):
 a provision that failed after starting Ray processes still gets them cleaned up, and no task that
 works on files keeps a GPU cluster up.
 """
@@ -41,6 +41,12 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) ->
     chain(provision, preprocess, plan_models, prefetch, submit, wait, teardown)
     if after_wait:
         chain(wait, *after_wait)
+    # The run report, for failed runs too. A teardown (of the run's setup) in Airflow's eyes only so
+    # that it never decides the DAG run's state: a report written for a failed run is no success.
+    report = op.ReportRunOperator(task_id=op.REPORT_TASK)
+    wait >> report
+    report.as_teardown(setups=provision)
+    report.trigger_rule = TriggerRule.ALL_DONE
     teardown.as_teardown(setups=provision)
     # A teardown normally runs only when its setup succeeded; a provision that failed (or was killed)
     # after starting Ray processes must still be cleaned up, so teardown runs whatever happened.

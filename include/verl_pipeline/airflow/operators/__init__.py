@@ -12,6 +12,7 @@ module              step
 ``models``          plan the run's models; prefetch each into the shared cache
 ``submit``          render, probe every node, submit the verl job (or reattach)
 ``wait``            defer to the trigger; act on the one decision of :mod:`verl_pipeline.jobs.outcome`
+``report``          the run report (report.json, plots, report.html), for failed runs too
 ``teardown``        stop the job, release the cluster — always; ``cleanup_failed_run`` for runs
                     that ended without their teardown task
 ==================  ===========================================================================
@@ -35,6 +36,7 @@ from verl_pipeline.airflow.operators.base import (
 from verl_pipeline.airflow.operators.models import PlanModelsOperator, PrefetchModelOperator
 from verl_pipeline.airflow.operators.preprocess import PreprocessDataOperator
 from verl_pipeline.airflow.operators.provision import ProvisionRayClusterOperator
+from verl_pipeline.airflow.operators.report import REPORT_TASK, ReportRunOperator
 from verl_pipeline.airflow.operators.submit import SubmitVerlJobOperator
 from verl_pipeline.airflow.operators.teardown import TeardownRayClusterOperator, cleanup_failed_run
 from verl_pipeline.airflow.operators.wait import WaitForVerlJobOperator
@@ -45,6 +47,7 @@ __all__ = [
     "PREFETCH_TASK",
     "PREPROCESS_TASK",
     "PROVISION_TASK",
+    "REPORT_TASK",
     "SUBMIT_TASK",
     "TEARDOWN_TASK",
     "WAIT_TASK",
@@ -53,6 +56,7 @@ __all__ = [
     "PrefetchModelOperator",
     "PreprocessDataOperator",
     "ProvisionRayClusterOperator",
+    "ReportRunOperator",
     "SubmitVerlJobOperator",
     "TeardownRayClusterOperator",
     "WaitForVerlJobOperator",
