@@ -9,6 +9,7 @@ Examples::
     verl-pipeline render --mode preflight         # exact entrypoint + runtime_env
     verl-pipeline submit && verl-pipeline logs --follow
     verl-pipeline cluster down
+    verl-pipeline report .work/home/runs/<run>   # (re)build a run's report.json, plots, report.html
 """
 
 from __future__ import annotations
@@ -334,6 +335,22 @@ def cmd_logs(args: argparse.Namespace) -> int:
         time.sleep(2)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """(Re)build a run's report with the function the report task calls."""
+    from verl_pipeline.report.build import RunOutcome
+    from verl_pipeline.report.write import write_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "run_spec.json").is_file() and not (run_dir / "attempts.jsonl").is_file():
+        raise PipelineError(f"{run_dir} is not a run directory (no run_spec.json or attempts.jsonl): pass "
+                            "<storage>/runs/<run_key>")
+    files = write_report(run_dir, status=RunOutcome(args.status) if args.status else None, plots=not args.no_plots)
+    out = files.to_dict()
+    _out(args, out, f"{out['html']} ({out['status']}, {out['steps_done']}/{out['total_steps']} steps, "
+                    f"flags: {', '.join(out['flags']) or 'none'})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -391,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--follow", "-f", action="store_true")
         _add_run_args(p)
         p.set_defaults(func=func)
+
+    p = sub.add_parser("report", help="(re)build a run's report (report.json, PNG plots, report.html)")
+    p.add_argument("run_dir", help="the run directory, <storage>/runs/<run_key>")
+    p.add_argument("--status", choices=["succeeded", "failed"], default=None,
+                   help="how the run ended (default: its last report's or manifest's word, else its files')")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib import)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_report)
     return parser
 
 
