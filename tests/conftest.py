@@ -87,3 +87,19 @@ def ray_processes(temp_dir: str) -> list[int]:
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def fsdp_checkpoint(tiny_model_path: Path) -> Path:
+    """A real verl FSDP checkpoint of the tiny model, made once per session (~20 s): ``checkpoints/``
+    holds ``global_step_2`` (world size 2, two AdamW steps from the tiny model, saved by verl's
+    ``FSDPCheckpointManager``) and verl's tracker; ``full_state.pt`` is the full state dict the ranks
+    trained. Copy it before changing anything (``shutil.copytree``)."""
+    from tests.fakes.fsdp_checkpoint import FsdpJob, write_checkpoint
+
+    root = _TMP / "fsdp-checkpoint"
+    if not (root / "checkpoints" / "latest_checkpointed_iteration.txt").is_file():
+        write_checkpoint(FsdpJob(model_path=str(tiny_model_path), step_dir=str(root / "checkpoints" / "global_step_2"),
+                                 global_step=2, world_size=2, full_state_path=str(root / "full_state.pt")))
+        (root / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    return root
