@@ -178,10 +178,16 @@ def main(argv: list[str]) -> int:
                 "training/epoch": 0,
                 "critic/score/mean": sum(r["score"] for r in results) / len(results),
                 "response_length/mean": sum(r["length"] for r in results) / len(results),
+                "response_length/max": max(r["length"] for r in results),
+                # verl's compute_throughout_metrics: the batch's tokens, per second and per GPU.
+                "perf/total_num_tokens": 2 * 64,
                 "perf/time_per_step": dt,
-                "perf/throughput": 2 * 64 / dt,
+                "perf/throughput": 2 * 64 / (dt * world),
+                # verl's marked_timer phases of a step (generation, old log-prob, actor update).
                 "timing_s/step": dt,
                 "timing_s/gen": dt * 0.6,
+                "timing_s/old_log_prob": dt * 0.1,
+                "timing_s/update_actor": dt * 0.25,
             }
             if fp:
                 fp.write(json.dumps({"step": step, "data": metrics}).encode() + b"\n")
