@@ -1,0 +1,210 @@
+"""The trained model as HuggingFace safetensors: verl's merger over the run's last complete checkpoint.
+
+``python -m verl.model_merger merge --backend fsdp --local_dir <global_step_N>/actor --target_dir …``
+(verl's own merger, run as a subprocess; every output line goes to the log with the job id) turns the
+FSDP shards ``model_world_size_{W}_rank_{r}.pt`` plus ``fsdp_config.json`` and ``huggingface/`` into a
+model transformers and vLLM load. The result is checked with :func:`verl_pipeline.models.verify.verify_model_dir`
+before it is moved into place, so a directory at the final path is always a merged, verified model.
+
+A run's export is ``<run_dir>/model/`` with its manifest ``<run_dir>/model.json`` beside it (run, step,
+checkpoint, data content hash, base model and revision, final reward, the merged files). An export
+of the same checkpoint that is already there is kept (idempotent retries).
+
+The same merge gives the weights a run continues from when its cluster size changed
+(``on_world_size_change: merge``, see :mod:`verl_pipeline.jobs.checkpoints`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.exceptions import ModelError
+from verl_pipeline.jobs.checkpoints import Checkpoint
+from verl_pipeline.paths import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+MERGER_MODULE = "verl.model_merger"
+#: The merged model of a run and its manifest, both in the run directory.
+EXPORT_DIR = "model"
+EXPORT_MANIFEST = "model.json"
+#: The metric a run's final reward is read from (verl's mean sequence score of the last step).
+REWARD_METRIC = "critic/score/mean"
+#: A merge that takes longer is stuck: the merger of a 7B model takes minutes, not hours.
+MERGE_TIMEOUT_S = 3 * 3600.0
+_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class ExportManifest:
+    """What the published model is: ``model.json`` next to the merged model."""
+
+    run_key: str
+    run_name: str
+    profile: str
+    step: int
+    checkpoint: str
+    world_size: int | None
+    model_dir: str
+    data_hash: str | None
+    base_model_source: str | None
+    base_model_revision: str | None
+    final_reward: float | None
+    files: dict[str, Any]
+    exported_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def merge_command(actor_dir: Path, target_dir: Path, *, python: str = sys.executable) -> list[str]:
+    """verl's FSDP merger as an argument list."""
+    return [python, "-m", MERGER_MODULE, "merge", "--backend", "fsdp", "--local_dir", str(actor_dir),
+            "--target_dir", str(target_dir)]
+
+
+def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_s: float = MERGE_TIMEOUT_S) -> dict[
+        str, Any]:
+    """Merge ``actor_dir`` (a ``global_step_N/actor`` folder) into ``target_dir`` and verify it.
+
+    Written to a sibling temporary directory and renamed, so ``target_dir`` is complete or absent.
+    Returns the verification's facts. ModelError naming the checkpoint and the merger's last lines
+    when it fails, or naming the file when the merged model does not verify.
+    """
+    from verl_pipeline.models.verify import verify_model_dir
+
+    for need in ("fsdp_config.json", "huggingface/config.json"):
+        if not (actor_dir / need).is_file():
+            raise ModelError(f"{actor_dir} has no {need}: not a verl FSDP checkpoint the merger can read "
+                             "(verl writes it with the shards on every save)")
+    tmp = target_dir.with_name(f".{target_dir.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    cmd = merge_command(actor_dir, tmp)
+    log.info("%s: merging %s with verl's merger: %s", job_id, actor_dir, " ".join(cmd))
+    started = time.monotonic()
+    tail: list[str] = []
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        # A merger that stops printing must still end: killed at the timeout, from another thread.
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip()
+                if line:
+                    log.info("%s: merger: %s", job_id, line)
+                    tail = [*tail, line][-_TAIL_LINES:]
+            code = proc.wait()
+        finally:
+            watchdog.cancel()
+    if code != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = f"killed after {timeout_s:.0f}s" if time.monotonic() - started >= timeout_s else f"exit {code}"
+        raise ModelError(f"verl's merger failed on {actor_dir} ({why}): " + " | ".join(tail[-5:]))
+    try:
+        facts = verify_model_dir(tmp)
+    except ModelError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for p in tmp.iterdir():  # the merger writes weights 0600; every Ray node's user must read them
+        os.chmod(p, p.stat().st_mode | 0o644)
+    if target_dir.exists():
+        shutil.rmtree(target_dir)
+    os.replace(tmp, target_dir)
+    log.info("%s: merged %s into %s in %.1fs (%d tensors)", job_id, actor_dir, target_dir,
+             time.monotonic() - started, facts.get("tensors", 0))
+    return facts
+
+
+def newest_complete(checkpoints: list[Checkpoint]) -> Checkpoint | None:
+    """The checkpoint to export: the newest complete one (an incomplete newer one is passed over)."""
+    complete = [c for c in checkpoints if c.complete]
+    return complete[-1] if complete else None
+
+
+def final_reward(metrics_files: list[Path]) -> float | None:
+    """``critic/score/mean`` of the highest step any attempt logged (files in attempt order)."""
+    best: tuple[int, float] | None = None
+    for path in metrics_files:
+        for line in path.read_text().splitlines() if path.is_file() else ():
+            try:
+                data = json.loads(line).get("data", {})
+            except (ValueError, AttributeError):
+                continue  # a line cut by a kill
+            if REWARD_METRIC in data:
+                step = int(data.get("training/global_step", 0))
+                if best is None or step >= best[0]:
+                    best = (step, float(data[REWARD_METRIC]))
+    return best[1] if best else None
+
+
+def read_export(run_dir: Path) -> ExportManifest | None:
+    """The run's export manifest, when its model was exported and is still there."""
+    try:
+        data = json.loads((run_dir / EXPORT_MANIFEST).read_text())
+        manifest = ExportManifest(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+    return manifest if (Path(manifest.model_dir) / "config.json").is_file() else None
+
+
+def export_run(
+    *,
+    run_dir: Path,
+    checkpoints: list[Checkpoint],
+    run_key: str,
+    run_name: str,
+    profile: str,
+    job_id: str,
+    data: dict[str, Any] | None = None,
+    actor_model: dict[str, Any] | None = None,
+) -> ExportManifest:
+    """Merge the run's newest complete checkpoint into ``<run_dir>/model``, verify it, write ``model.json``.
+
+    ``checkpoints``: the run's checkpoints (:func:`verl_pipeline.jobs.checkpoints.list_checkpoints`);
+    ``data``: the preprocess result (its ``key`` is the data content hash); ``actor_model``: the
+    prefetched base model (``source``, ``revision``). ModelError when no checkpoint is complete.
+    """
+    from verl_pipeline.jobs.attempts import metrics_files
+
+    chosen = newest_complete(checkpoints)
+    if chosen is None:
+        shown = ", ".join(f"global_step_{c.step}" for c in checkpoints) or "none"
+        raise ModelError(f"run {run_key} has no complete checkpoint to export (checkpoints: {shown})")
+    if checkpoints and checkpoints[-1].step != chosen.step:
+        log.warning("%s: newest checkpoint global_step_%d is incomplete (missing %s): exporting global_step_%d",
+                    job_id, checkpoints[-1].step, ", ".join(checkpoints[-1].missing[:3]), chosen.step)
+    target = run_dir / EXPORT_DIR
+    done = read_export(run_dir)
+    if done is not None and done.checkpoint == str(chosen.path):
+        log.info("%s: global_step_%d is already exported to %s: kept", job_id, chosen.step, target)
+        return done
+    facts = merge_checkpoint(chosen.path / "actor", target, job_id=job_id)
+    actor_model = actor_model or {}
+    manifest = ExportManifest(
+        run_key=run_key, run_name=run_name, profile=profile, step=chosen.step, checkpoint=str(chosen.path),
+        world_size=chosen.world_size, model_dir=str(target), data_hash=(data or {}).get("key"),
+        base_model_source=actor_model.get("source"), base_model_revision=actor_model.get("revision"),
+        final_reward=final_reward(list(metrics_files(run_dir).values())),
+        files={**facts, "names": sorted(p.name for p in target.iterdir() if p.is_file())},
+    )
+    write_json_atomic(run_dir / EXPORT_MANIFEST, manifest.to_dict())
+    log.info("%s: exported step %d of run %s to %s (final %s %s)", job_id, chosen.step, run_key, target,
+             REWARD_METRIC, manifest.final_reward)
+    return manifest
+
+
+__all__ = ["EXPORT_DIR", "EXPORT_MANIFEST", "ExportManifest", "export_run", "final_reward", "merge_checkpoint",
+           "merge_command", "newest_complete", "read_export"]
