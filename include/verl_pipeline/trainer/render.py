@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from verl_pipeline.config import RunSpec
-from verl_pipeline.constants import Mode
+from verl_pipeline.constants import PREFLIGHT_SUMMARY_FILE, Mode
 from verl_pipeline.paths import package_dir
 from verl_pipeline.trackers import LOGGER_KEY, PIPELINE_BACKENDS, logger_backends
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
@@ -141,7 +141,7 @@ def render_job(
     if mode is Mode.TRAIN:
         command: tuple[str, ...] = spec.trainer_command
     else:
-        command = (*PREFLIGHT_COMMAND, "--summary-path", str(spec.run_dir / "preflight.json"), "--")
+        command = (*PREFLIGHT_COMMAND, "--summary-path", str(spec.run_dir / PREFLIGHT_SUMMARY_FILE), "--")
     env = dict(BASE_ENV)
     if spec.hardware is not None:
         env.update(nccl_env(spec.hardware, debug=spec.nccl_debug))
