@@ -25,6 +25,8 @@ from verl_pipeline.jobs.checkpoints import list_checkpoints, tracker_step
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline
 from verl_pipeline.jobs.submit import Submission, submit_or_reattach
+from verl_pipeline.report.build import RunOutcome
+from verl_pipeline.report.write import write_report
 from verl_pipeline.trainer.render import render_job
 
 pytestmark = pytest.mark.integration
@@ -110,6 +112,12 @@ def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     assert _steps(spec, 2) == list(range(resumed + 1, TOTAL + 1))
     assert tracker_step(spec.checkpoint_dir) == TOTAL
     assert all(c.complete for c in list_checkpoints(spec.checkpoint_dir, critic=True))
+    # The run report reads the same record: both attempts, the resume, each step once.
+    report = write_report(spec.run_dir, status=RunOutcome.SUCCEEDED, plots=False).report
+    assert [(a.attempt, a.resumed_from_step, a.first_step, a.last_step) for a in report.attempts] == [
+        (1, 0, 1, 4), (2, resumed, resumed + 1, TOTAL)]
+    assert report.steps_done == TOTAL and report.steps_redone == 4 - resumed
+    assert report.throughput_per_gpu and report.timing_s["gen"] < report.timing_s["step"]
     where = "inside the tracker's write" if files == 99 else f"after {files} of step 4's files"
     _record(results_file, f"killed mid-save ({where})",
             {"recovery_s": first_step_s, "killed_after_step": 4, "resumed_from_step": resumed,
