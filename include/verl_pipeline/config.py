@@ -304,7 +304,9 @@ class RunSpec:
     @property
     def report_dir(self) -> Path:
         """The run report: ``report.json``, its plots and ``report.html``."""
-        return self.run_dir / "report"
+        from verl_pipeline.report.write import report_dir
+
+        return report_dir(self.run_dir)
 
     @property
     def n_gpus(self) -> int:
