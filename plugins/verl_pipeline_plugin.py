@@ -1,12 +1,21 @@
-"""Registers the verl pipeline's UI pieces with Airflow (the "Ray job" task button)."""
+"""Registers the verl pipeline's UI pieces with Airflow: the "Ray job" and "Run report" task buttons,
+the run reports app served by the API server (behind Airflow's auth) and a "Run report" tab on DAG runs."""
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from verl_pipeline.airflow.links import RayJobLink
+from verl_pipeline.airflow.links import RayJobLink, RunReportLink
+from verl_pipeline.airflow.report_app import URL_PREFIX, ReportApp, view_href
 
 
 class VerlPipelinePlugin(AirflowPlugin):
     name = "verl_pipeline"
-    operator_extra_links = [RayJobLink()]
+    operator_extra_links = [RayJobLink(), RunReportLink()]
+    fastapi_apps = [{"app": ReportApp(), "url_prefix": URL_PREFIX, "name": "verl pipeline run reports"}]
+    external_views = [{
+        "name": "Run report",
+        "href": view_href(),
+        "destination": "dag_run",
+        "url_route": "verl-run-report",
+    }]

@@ -3,17 +3,25 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
-from verl_pipeline.airflow.links import RayJobLink, ray_job_url
+from verl_pipeline.airflow.links import RayJobLink, RunReportLink, ray_job_url
 from verl_pipeline.airflow.operators import SubmitVerlJobOperator, WaitForVerlJobOperator
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_plugin_registers_the_ray_job_link() -> None:
+def test_plugin_registers_the_links_the_report_app_and_the_run_view() -> None:
+    from verl_pipeline.airflow.report_app import URL_PREFIX, ReportApp, view_href
+
     ns = runpy.run_path(str(REPO / "plugins" / "verl_pipeline_plugin.py"))
     plugin = ns["VerlPipelinePlugin"]
     assert plugin.name == "verl_pipeline"
-    assert [type(link) for link in plugin.operator_extra_links] == [RayJobLink]
+    assert [type(link) for link in plugin.operator_extra_links] == [RayJobLink, RunReportLink]
+    # Attached by the plugin to the wait task only (Airflow matches the operator's class and module).
+    assert RunReportLink().operators == [WaitForVerlJobOperator]
+    [app] = plugin.fastapi_apps
+    assert isinstance(app["app"], ReportApp) and app["url_prefix"] == URL_PREFIX
+    [view] = plugin.external_views
+    assert view["destination"] == "dag_run" and view["href"] == view_href() and view["url_route"]
 
 
 def test_operators_carry_the_link_and_it_points_at_the_job_page() -> None:
