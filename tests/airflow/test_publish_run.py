@@ -1,4 +1,5 @@
-"""PublishRunOperator: records every run's manifest; only a succeeded job moves ``latest``."""
+"""PublishRunOperator: records every run's manifest; only a succeeded job (whose trained model was
+exported) moves ``latest``."""
 
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ class _Dag:
     dag_id = "verl_retrain__smoke"
 
 
-def _ctx(run_id: str, waited: dict[str, Any] | None) -> dict[str, Any]:
+def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
+         exported: dict[str, Any] | None = None) -> dict[str, Any]:
     xcoms = {
         "preprocess_data": {"key": f"data-{run_id}", "train_path": "/d/t.parquet", "val_path": "/d/v.parquet"},
         "prefetch_model": {"actor": {"source": "builtin:tiny-qwen2", "revision": None, "path": "/m/tiny"}},
-        "submit_verl_job": {"submission_id": f"job-{run_id}", "mode": "preflight"},
+        "submit_verl_job": {"submission_id": f"job-{run_id}", "mode": mode},
         "wait_for_verl_job": waited,
+        "export_model": exported,
     }
     return {"ti": _TI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": _Dag()}
 
@@ -49,7 +52,7 @@ def test_success_promotes_failure_records_and_keeps_latest() -> None:
     assert runs.latest_run(_storage(), "smoke") == spec1.run_dir.resolve()
 
     # The job failed (wait pushed nothing): a failed manifest, the task fails, latest stays put.
-    with pytest.raises(AirflowFailException, match="did not succeed"):
+    with pytest.raises(AirflowFailException, match="its job did not succeed"):
         op.execute(_ctx("scheduled__pub-2", None))
     spec2 = build_run_spec({"profile": "smoke"}, run_name="verl_retrain__smoke/scheduled__pub-2")
     assert runs.read_manifest(spec2.run_dir).status is runs.RunStatus.FAILED
@@ -58,6 +61,20 @@ def test_success_promotes_failure_records_and_keeps_latest() -> None:
     third = op.execute(_ctx("scheduled__pub-3", {"status": "SUCCEEDED", "job_id": "job-3"}))
     assert third["previous"] == str(spec1.run_dir.resolve())
     assert (spec1.run_dir / runs.MANIFEST).is_file()  # the previous good run is still there
+
+
+def test_a_trained_run_moves_latest_only_once_its_model_was_exported() -> None:
+    op = PublishRunOperator(task_id="publish_run")
+    before = runs.latest_run(_storage(), "smoke")
+    # The job trained and succeeded, but export_model failed (it pushed nothing): latest stays.
+    with pytest.raises(AirflowFailException, match=r"not exported and verified .task export_model"):
+        op.execute(_ctx("scheduled__pub-noexport", {"status": "SUCCEEDED"}, mode="train"))
+    spec = build_run_spec({"profile": "smoke"}, run_name="verl_retrain__smoke/scheduled__pub-noexport")
+    assert runs.read_manifest(spec.run_dir).status is runs.RunStatus.FAILED
+    assert runs.latest_run(_storage(), "smoke") == before
+    done = op.execute(_ctx("scheduled__pub-exported", {"status": "SUCCEEDED"}, mode="train",
+                           exported={"model_dir": "/runs/x/model", "step": 2}))
+    assert runs.latest_run(_storage(), "smoke") == Path(done["run_dir"]).resolve()
 
 
 def test_invalid_spec_is_not_published() -> None:

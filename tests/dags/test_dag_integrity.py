@@ -43,7 +43,10 @@ def test_verl_ppo_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
     order = ["provision_ray_cluster", "preprocess_data", "plan_models", "prefetch_model", "submit_verl_job",
              "wait_for_verl_job", "teardown_ray_cluster"]
     # The run report runs after the wait, beside the teardown (tests/dags/test_report_task.py).
-    assert [t.task_id for t in dag.topological_sort() if t.task_id != "report_run"] == order
+    assert [t.task_id for t in dag.topological_sort() if t.task_id not in ("report_run", "export_model")] == order
+    # The trained model's export runs after the wait, beside the teardown (it reads files only).
+    assert dag.get_task("export_model").upstream_task_ids == {"wait_for_verl_job"}
+    assert "export_model" not in dag.get_task("teardown_ray_cluster").upstream_task_ids
     for up, down in itertools.pairwise(order):
         assert down in dag.get_task(up).downstream_task_ids
     teardown = dag.get_task("teardown_ray_cluster")

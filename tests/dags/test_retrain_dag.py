@@ -58,12 +58,18 @@ def test_task_order_publish_beside_teardown(dagbag) -> None:  # type: ignore[no-
     for up, down in itertools.pairwise(ORDER):
         assert down in dag.get_task(up).downstream_task_ids
     # Publishing reads the run's files: it never holds the cluster up, and teardown never waits for it.
-    assert "publish_run" in dag.get_task("wait_for_verl_job").downstream_task_ids
+    # publish_run moves latest only after the trained model was exported: wait -> export_model -> publish_run.
+    assert "export_model" in dag.get_task("wait_for_verl_job").downstream_task_ids
+    assert "publish_run" in dag.get_task("export_model").downstream_task_ids
     assert "publish_run" not in dag.get_task("teardown_ray_cluster").upstream_task_ids
+    assert "export_model" not in dag.get_task("teardown_ray_cluster").upstream_task_ids
     assert dag.get_task("teardown_ray_cluster").is_teardown
     assert str(dag.get_task("publish_run").trigger_rule) in ("all_done", "TriggerRule.ALL_DONE")
-    # The consumer must not produce its own trigger.
-    assert not any(t.outlets for t in dag.tasks)
+    # The consumer must not produce its own trigger: the only outlet is the trained model's alias.
+    from verl_pipeline.airflow.assets import TRAINED_MODEL_ALIAS
+
+    assert [(t.task_id, [o.name for o in t.outlets]) for t in dag.tasks if t.outlets] == [
+        ("export_model", [TRAINED_MODEL_ALIAS])]
     param = dag.params.get_param("profile")
     assert param.value == "smoke" and param.schema["enum"] == ["smoke"]
 

@@ -1,7 +1,9 @@
 """The pipeline's Airflow Assets, defined in ONE place (producers' outlets and consumers' schedules).
 
 The preprocessed-data Asset of a profile is updated by whatever DAG (re)builds that profile's
-training data; retraining DAGs are scheduled on it (data-aware scheduling).
+training data; retraining DAGs are scheduled on it (data-aware scheduling). The trained-model Asset
+of a profile is updated by the export task after a training run's model was merged and verified; a
+serving DAG can be scheduled on it.
 """
 
 from __future__ import annotations
@@ -37,3 +39,26 @@ def preprocessed_data_asset(profile: str) -> Any:
 
     return Asset(name=f"verl_preprocessed_data__{slug(profile, 80).replace('-', '_')}",
                  uri=preprocessed_data_uri(profile), group="verl-pipeline")
+
+
+def trained_model_uri(profile: str) -> str:
+    """``verl-pipeline://models/<profile>``: the URI of a profile's newest exported, verified model."""
+    return f"{ASSET_SCHEME}://models/{slug(profile, 80)}"
+
+
+#: The AssetAlias the export task declares as its outlet (the profile is known only at run time).
+TRAINED_MODEL_ALIAS = "verl_pipeline_trained_model"
+
+
+def trained_model_alias() -> Any:
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=TRAINED_MODEL_ALIAS, group="verl-pipeline")
+
+
+def trained_model_asset(profile: str) -> Any:
+    """The :class:`airflow.sdk.Asset` a serving DAG is scheduled on: a new model of ``profile`` (HF safetensors)."""
+    from airflow.sdk import Asset
+
+    return Asset(name=f"verl_trained_model__{slug(profile, 80).replace('-', '_')}",
+                 uri=trained_model_uri(profile), group="verl-pipeline")

@@ -39,8 +39,8 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) ->
                                       retry_delay=timedelta(seconds=5))
 
     chain(provision, preprocess, plan_models, prefetch, submit, wait, teardown)
-    if after_wait:
-        chain(wait, *after_wait)
+    # The trained model is exported (and published) before the after_wait tasks, e.g. publish_run.
+    chain(wait, op.ExportModelOperator(task_id=op.EXPORT_TASK), *after_wait)
     # The run report, for failed runs too. A teardown (of the run's setup) in Airflow's eyes only so
     # that it never decides the DAG run's state: a report written for a failed run is no success.
     report = op.ReportRunOperator(task_id=op.REPORT_TASK)

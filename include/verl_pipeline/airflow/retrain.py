@@ -17,9 +17,10 @@ rule, which the profile chooses (:func:`first_run_rule` states it in words, and 
 - a duration (``"6h"``, ``"90m"``, ``"1d12h"``): the latest past tick runs at once when it is at most
   that old; otherwise the first run is the next tick.
 
-The DAG is the ``verl_ppo`` pipeline pinned to that profile plus ``publish_run``: after the job
-succeeded it records the run's manifest and moves ``latest/<profile>`` to it (see
-:mod:`verl_pipeline.runs`); a failed run records a ``failed`` manifest and leaves ``latest`` alone.
+The DAG is the ``verl_ppo`` pipeline pinned to that profile plus ``publish_run``, after
+``export_model``: when the job succeeded and its trained model was exported and verified, it
+records the run's manifest and moves ``latest/<profile>`` to it (see :mod:`verl_pipeline.runs`); a
+failed run, or one whose export failed, records a ``failed`` manifest and leaves ``latest`` alone.
 Runs of one profile never overlap (``max_active_runs=1``) and missed intervals are not caught up.
 """
 
@@ -32,7 +33,15 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from verl_pipeline.airflow.operators import PREFETCH_TASK, PREPROCESS_TASK, SUBMIT_TASK, WAIT_TASK, spec_from_context
+from verl_pipeline.airflow.operators import (
+    EXPORT_TASK,
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    SUBMIT_TASK,
+    WAIT_TASK,
+    spec_from_context,
+)
+from verl_pipeline.airflow.operators.export import skip_reason
 from verl_pipeline.config import list_profiles, load_yaml_profile
 from verl_pipeline.durations import format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError, PipelineError
@@ -137,8 +146,23 @@ def retrain_schedules() -> list[RetrainSchedule]:
     return out
 
 
+def promotion_blocker(waited: Any, submitted: Any, exported: Any) -> str | None:
+    """Why ``latest/<profile>`` must not move to this run; None when it may.
+
+    It moves only to a run whose job succeeded and, when the job trained, whose model was exported
+    and verified (the export task's manifest names its ``model_dir``). A preflight run trains
+    nothing and has no model to export.
+    """
+    if not isinstance(waited, dict) or waited.get("status") != "SUCCEEDED":
+        return "its job did not succeed"
+    if skip_reason(submitted) is None and not (isinstance(exported, dict) and exported.get("model_dir")):
+        return f"its trained model was not exported and verified (task {EXPORT_TASK})"
+    return None
+
+
 class PublishRunOperator(BaseOperator):
-    """Record the run's manifest; on success move ``latest/<profile>`` to it. Runs whatever happened."""
+    """Record the run's manifest; move ``latest/<profile>`` to it when :func:`promotion_blocker` allows.
+    Runs whatever happened."""
 
     ui_color = "#d5f5e3"
 
@@ -152,8 +176,9 @@ class PublishRunOperator(BaseOperator):
         except PipelineError as e:
             # Nothing ran (the run's own params/profiles are invalid): no run directory to record.
             raise AirflowFailException(f"run not published, its spec is invalid: {e}") from e
-        waited = ti.xcom_pull(task_ids=WAIT_TASK)
-        ok = bool(waited) and waited.get("status") == "SUCCEEDED"
+        blocker = promotion_blocker(ti.xcom_pull(task_ids=WAIT_TASK), ti.xcom_pull(task_ids=SUBMIT_TASK),
+                                    ti.xcom_pull(task_ids=EXPORT_TASK))
+        ok = blocker is None
         manifest = runs.record_run(
             run_dir=spec.run_dir, run_key=spec.run_key, run_name=spec.run_name, profile=spec.profile,
             status=runs.RunStatus.SUCCEEDED if ok else runs.RunStatus.FAILED,
@@ -163,7 +188,8 @@ class PublishRunOperator(BaseOperator):
         )
         if not ok:
             kept = runs.latest_run(spec.storage_root, spec.profile)
-            raise AirflowFailException(f"run {spec.run_key} did not succeed: latest/{spec.profile} stays at {kept}")
+            raise AirflowFailException(f"run {spec.run_key} is not published ({blocker}): latest/{spec.profile} "
+                                       f"stays at {kept}")
         previous = runs.promote(spec.storage_root, spec.profile, spec.run_dir)
         self.log.info("latest/%s -> %s (previous good run kept: %s)", spec.profile, spec.run_dir, previous)
         return {"run_dir": str(spec.run_dir), "manifest": manifest.to_dict(),

@@ -12,6 +12,7 @@ module              step
 ``models``          plan the run's models; prefetch each into the shared cache
 ``submit``          render, probe every node, submit the verl job (or reattach)
 ``wait``            defer to the trigger; act on the one decision of :mod:`verl_pipeline.jobs.outcome`
+``export``          merge the trained model (verl's merger), verify it, publish ``models/<profile>``
 ``report``          the run report (report.json, plots, report.html), for failed runs too
 ``teardown``        stop the job, release the cluster — always; ``cleanup_failed_run`` for runs
                     that ended without their teardown task
@@ -33,6 +34,7 @@ from verl_pipeline.airflow.operators.base import (
     run_name,
     spec_from_context,
 )
+from verl_pipeline.airflow.operators.export import EXPORT_TASK, ExportModelOperator
 from verl_pipeline.airflow.operators.models import PlanModelsOperator, PrefetchModelOperator
 from verl_pipeline.airflow.operators.preprocess import PreprocessDataOperator
 from verl_pipeline.airflow.operators.provision import ProvisionRayClusterOperator
@@ -42,6 +44,7 @@ from verl_pipeline.airflow.operators.teardown import TeardownRayClusterOperator,
 from verl_pipeline.airflow.operators.wait import WaitForVerlJobOperator
 
 __all__ = [
+    "EXPORT_TASK",
     "HF_CONN_ID",
     "PLAN_MODELS_TASK",
     "PREFETCH_TASK",
@@ -51,6 +54,7 @@ __all__ = [
     "SUBMIT_TASK",
     "TEARDOWN_TASK",
     "WAIT_TASK",
+    "ExportModelOperator",
     "PipelineOperator",
     "PlanModelsOperator",
     "PrefetchModelOperator",

@@ -1,0 +1,90 @@
+"""Export the trained model after a successful training run, and publish it as the profile's model Asset.
+
+Runs after the wait, beside the teardown, on the run's files only: verl's merger over the newest
+complete checkpoint (:mod:`verl_pipeline.models.export`), the project's model verification, the
+manifest ``<run_dir>/model.json``, then an event on ``verl-pipeline://models/<profile>`` through the
+:func:`~verl_pipeline.airflow.assets.trained_model_alias` outlet. A preflight run trained nothing:
+the task is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowSkipException
+
+from verl_pipeline.airflow.operators.base import (
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    SUBMIT_TASK,
+    PipelineOperator,
+    spec_from_context,
+    task_error,
+)
+from verl_pipeline.constants import Mode
+from verl_pipeline.exceptions import PipelineError
+
+EXPORT_TASK = "export_model"
+
+
+def skip_reason(submitted: dict[str, Any] | None) -> str | None:
+    """Why there is no model to export (None: there is one). The submit task's XCom says what ran."""
+    if not submitted:
+        return "no job was submitted"
+    mode = submitted.get("mode")
+    if mode != Mode.TRAIN.value:
+        return f"the job ran in {mode} mode and trained no step: there is no checkpoint to export"
+    return None
+
+
+class ExportModelOperator(PipelineOperator):
+    """Merge the run's newest complete checkpoint into HuggingFace safetensors, verify it, publish it.
+
+    Returns the export manifest (``model_dir``, ``step``, ``final_reward``…) for XCom; the Asset event's
+    ``extra`` carries the same facts a serving DAG needs.
+    """
+
+    ui_color = "#fdebd0"
+
+    def __init__(self, **kwargs: Any) -> None:
+        from verl_pipeline.airflow.assets import trained_model_alias
+
+        kwargs.setdefault("outlets", [trained_model_alias()])
+        super().__init__(**kwargs)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline.jobs.checkpoints import list_checkpoints, save_contents
+        from verl_pipeline.models.export import export_run
+        from verl_pipeline.models.prefetch import models_by_role
+        from verl_pipeline.trainer.scaling import uses_critic
+
+        submitted = self._pull(context, SUBMIT_TASK)
+        reason = skip_reason(submitted)
+        if reason:
+            raise AirflowSkipException(f"no model exported: {reason}")
+        job_id = submitted.get("submission_id", "?")
+        try:
+            spec = spec_from_context(context)
+            settings = json.loads((spec.run_dir / "job.json").read_text()).get("settings", {})
+            checkpoints = list_checkpoints(spec.checkpoint_dir, contents=save_contents(settings),
+                                           critic=uses_critic(settings))
+            manifest = export_run(
+                run_dir=spec.run_dir, checkpoints=checkpoints, run_key=spec.run_key, run_name=spec.run_name,
+                profile=spec.profile, job_id=job_id, data=self._pull(context, PREPROCESS_TASK),
+                actor_model=models_by_role(self._pull(context, PREFETCH_TASK)).get("actor"))
+        except (OSError, ValueError) as e:
+            raise task_error(PipelineError(f"the model of job {job_id} could not be exported: {e}")) from e
+        except PipelineError as e:
+            raise task_error(e) from e
+        events = context.get("outlet_events")
+        if events is not None:
+            from verl_pipeline.airflow.assets import trained_model_alias, trained_model_asset
+
+            events[trained_model_alias()].add(
+                trained_model_asset(spec.profile),
+                extra={"model_dir": manifest.model_dir, "step": manifest.step, "run_key": manifest.run_key,
+                       "final_reward": manifest.final_reward, "data_hash": manifest.data_hash})
+        self.log.info("Job %s: model of step %d exported to %s and published as %s", job_id, manifest.step,
+                      manifest.model_dir, f"verl-pipeline://models/{spec.profile}")
+        return manifest.to_dict()
