@@ -121,8 +121,8 @@ def render_html(r: Report) -> str:
     """The whole page; plots are ``<img src="<file>">`` of the files in ``r.plots``."""
     title = f"Run report — {r.run.run_name}"
     notes = "".join(f"<p><b>{escape(n)}</b></p>" for n in r.notes)
-    plots = "".join(f"<h3>{escape(t)}</h3><img src=\"{escape(name)}\" alt=\"{escape(t)}\">"
-                    for name, t in r.plots.items())
+    # Each PNG carries its own title.
+    plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
             f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_timing(r)}{_scaling(r)}"
