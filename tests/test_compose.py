@@ -399,8 +399,8 @@ def test_every_path_a_run_writes_is_on_a_shared_mount(
 
     spec = build_run_spec({"profile": GPU_PROFILE}, run_name="verl_retrain__x/scheduled__1")
     assert str(spec.storage_root) == "/shared", spec.storage_root
-    written = [spec.data_root, spec.model_cache, spec.checkpoint_dir, spec.run_dir, spec.metrics_path(1), spec.report_dir,
-               runs.latest_link(spec.storage_root, spec.profile)]
+    written = [spec.data_root, spec.model_cache, spec.checkpoint_dir, spec.run_dir, spec.metrics_path(1),
+               spec.report_dir, runs.latest_link(spec.storage_root, spec.profile)]
     for name, svc in {**airflow_services, **ray_services}.items():
         mounted = [Path(t) for t, src in _mounts(svc).items() if src and t.startswith("/shared")]
         for path in written:
