@@ -54,8 +54,11 @@ compose-plugin:
 system-deps:
 	.ci/system-deps.sh
 
+# The integration tests run one after another in one worker, the others on the remaining workers.
+TEST_WORKERS ?= 2
+
 test: install compose-plugin lint
-	DOCKER_CONFIG=$(WORK)/docker $(BIN)/pytest -q -ra --durations=15 $(PYTEST_ARGS)
+	DOCKER_CONFIG=$(WORK)/docker $(BIN)/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(WORK)

@@ -36,6 +36,18 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 
+#: The xdist group of the tests that run one after another in one worker (``make test`` runs the rest
+#: on the other cores): the integration tests (a real Airflow stack, the fault clusters, Slurm) and
+#: the ``serial`` ones.
+SERIAL_GROUP = "serial"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the serial tests in one xdist group (xdist's loadgroup sends the largest group out first)."""
+    for item in items:
+        if item.get_closest_marker("integration") or item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+
 
 @pytest.fixture
 def gsm8k_dir() -> Path:

@@ -61,6 +61,9 @@ def test_jobs_api_refuses_requests_without_the_right_token(ray_cluster: ClusterH
     assert requests.get(url, headers={"Authorization": f"Bearer {ray_cluster.token()}"}, timeout=10).status_code == 200
 
 
+# The Ray client server starts a server per client on ports from 23000 up: two clusters' client
+# servers on one host at once get in each other's way.
+@pytest.mark.serial
 def test_a_driver_or_ray_client_without_the_token_is_refused(ray_cluster: ClusterHandle) -> None:
     t0 = time.monotonic()
     with_token = {"RAY_AUTH_MODE": "token", auth.TOKEN_PATH_VAR: str(ray_cluster.token_file)}
