@@ -88,7 +88,7 @@ def _timing(r: Report) -> str:
     step = r.timing_s.get("step")
     rows = [(f"timing_s/{k}", f"{v:.4g} s" + (f" ({v / step:.0%} of the step)" if step and k != "step" else ""))
             for k, v in sorted(r.timing_s.items(), key=lambda kv: -kv[1])]
-    return "<h2>Time per step by phase (median)</h2>" + _table(rows)
+    return "<h2>Time per step by phase</h2><p>Median over the steps that ran each phase.</p>" + _table(rows)
 
 
 def _checks(r: Report) -> str:
