@@ -16,8 +16,9 @@ tracker     connection          variables of the job
 ==========  ==================  =================================================================
 
 The connection ids can be changed in the run profile (``trackers: {mlflow: {conn_id: my_mlflow}}``).
-The variables join the job's ``runtime_env`` only in the submit call (:class:`TrackerEnv`): they
-are in no rendered job, run file, XCom or log line.
+The values join the job only in the submit call, through a 0600 file that Ray's
+``worker_process_setup_hook`` loads in every worker (:func:`with_secret_env`): they are in no
+rendered job, ``runtime_env``, run file (but that one), XCom or log line.
 """
 
 from __future__ import annotations
@@ -55,11 +56,12 @@ class Tracker(str, Enum):
 
 
 @functools.cache
-def supported_backends() -> tuple[str, ...]:
-    """``Tracking.supported_backend`` of the installed verl.
+def verl_tracking() -> Any:
+    """verl's own ``verl.utils.tracking`` module (``Tracking``, ``FileLogger`` …) of the installed verl.
 
-    verl's module is loaded from its file, not through ``import verl`` (whose ``__init__`` imports
-    torch and tensordict: ~10 s on a busy worker for a list of names).
+    Loaded from its file, not through ``import verl`` (whose ``__init__`` imports torch and
+    tensordict: ~10 s on a busy machine to read a list of names). Its backends import what they need
+    when a ``Tracking`` is created; ``console`` imports verl's logger package, and with it torch.
     """
     import importlib.util
     from pathlib import Path
@@ -73,7 +75,12 @@ def supported_backends() -> tuple[str, ...]:
     assert module_spec is not None and module_spec.loader is not None  # a file path always gives a spec
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    return tuple(str(b) for b in module.Tracking.supported_backend)
+    return module
+
+
+def supported_backends() -> tuple[str, ...]:
+    """``Tracking.supported_backend`` of the installed verl."""
+    return tuple(str(b) for b in verl_tracking().Tracking.supported_backend)
 
 
 def logger_backends(value: Any, *, key: str = LOGGER_KEY) -> list[str]:
@@ -214,51 +221,155 @@ def tracker_env(backends: list[str], settings: TrackerSettings, lookup: Callable
 
 
 def exposure_problem(env: TrackerEnv, auth_mode: str, *, dashboard_url: str) -> ConfigError | None:
-    """Refuse tracker credentials for a cluster whose Jobs API anyone can read (auth disabled):
-    the Jobs API returns a job's ``runtime_env``, the credentials included."""
+    """Refuse tracker credentials for a cluster whose Jobs API anyone can use (auth disabled): it runs
+    whatever it is sent as the cluster's user, who can read the job's credentials file."""
     if not env.secret or auth_mode != "disabled":
         return None
     return ConfigError("cluster.auth_mode", auth_mode,
                        f"the job's tracker credentials ({', '.join(sorted(env.secret))}) would be readable by "
-                       f"anyone who can reach the Jobs API at {dashboard_url} (it returns the job's runtime_env)",
+                       f"anyone who can reach the Jobs API at {dashboard_url}: without auth it runs their code as "
+                       "the user that reads the job's credentials file",
                        "run on a cluster with auth_mode: token, or leave the tracker out of trainer.logger")
 
 
-def mlflow_run_url(env: TrackerEnv, *, experiment_name: str, run_name: str, timeout_s: float = 10.0) -> str | None:
-    """The MLflow UI page of the newest run named ``run_name`` in the experiment ``experiment_name``
-    (verl's ``trainer.project_name`` and ``trainer.experiment_name``), found through MLflow's REST
-    API; None when the server has no such run or cannot be asked."""
+@dataclass(frozen=True)
+class MlflowRun:
+    """A run on an MLflow server: its ids and its page in MLflow's UI."""
+
+    experiment_id: str
+    run_id: str
+    url: str
+
+
+#: verl's Tracking attaches to this MLflow run instead of creating one (``mlflow.start_run(run_id=…)``).
+MLFLOW_RUN_VAR = "MLFLOW_RUN_ID"
+
+
+def mlflow_run(env: TrackerEnv, *, experiment_name: str, run_name: str, timeout_s: float = 10.0) -> MlflowRun | None:
+    """The MLflow run of a pipeline run, through MLflow's REST API: the newest run named ``run_name``
+    in the experiment ``experiment_name`` (verl's ``trainer.experiment_name`` and
+    ``trainer.project_name``), else a new one (and the experiment, when missing).
+
+    Passed to the job as ``MLFLOW_RUN_ID``, every attempt of the run (retries, resumes) logs to this
+    one run, and its page is known before the job starts. None (logged) when the server cannot be
+    asked: verl then creates the run itself, and no link is shown.
+    """
     import requests
 
-    uri = env.values.get("MLFLOW_TRACKING_URI", "")
+    uri = env.values.get("MLFLOW_TRACKING_URI", "").rstrip("/")
     if not uri.startswith(("http://", "https://")):
         return None  # a local store (sqlite:, file:) has no UI address
     user, password = env.values.get("MLFLOW_TRACKING_USERNAME"), env.values.get("MLFLOW_TRACKING_PASSWORD")
-    auth = (user or "", password or "") if user or password else None
-    api = f"{uri.rstrip('/')}/api/2.0/mlflow"
-    try:
-        r = requests.get(f"{api}/experiments/get-by-name", params={"experiment_name": experiment_name},
-                         auth=auth, timeout=timeout_s)
-        if r.status_code == 404:
+    session = requests.Session()
+    if user or password:
+        session.auth = (user or "", password or "")
+    api = f"{uri}/api/2.0/mlflow"
+
+    def call(method: str, path: str, **kwargs: Any) -> Any:
+        r = session.request(method, f"{api}/{path}", timeout=timeout_s, **kwargs)
+        if r.status_code == 404 or (r.status_code == 400 and "ALREADY_EXISTS" in r.text):
             return None
         r.raise_for_status()
-        experiment_id = str(r.json()["experiment"]["experiment_id"])
+        return r.json()
+
+    try:
+        found = call("GET", "experiments/get-by-name", params={"experiment_name": experiment_name})
+        if found is None:  # a first run of this project (a concurrent run may create it first)
+            call("POST", "experiments/create", json={"name": experiment_name})
+            found = call("GET", "experiments/get-by-name", params={"experiment_name": experiment_name})
+        experiment_id = str(found["experiment"]["experiment_id"])
         quoted = run_name.replace("\\", "\\\\").replace("'", "\\'")
-        r = requests.post(f"{api}/runs/search", auth=auth, timeout=timeout_s,
-                          json={"experiment_ids": [experiment_id], "filter": f"attributes.run_name = '{quoted}'",
-                                "order_by": ["attributes.start_time DESC"], "max_results": 1})
-        r.raise_for_status()
-        runs = r.json().get("runs") or []
-    except (requests.RequestException, KeyError, ValueError) as e:
-        log.warning("MLflow at %s: cannot look up run %s of experiment %s: %s", uri, run_name, experiment_name,
-                    type(e).__name__)
+        runs = (call("POST", "runs/search", json={
+            "experiment_ids": [experiment_id], "filter": f"attributes.run_name = '{quoted}'",
+            "order_by": ["attributes.start_time DESC"], "max_results": 1}) or {}).get("runs") or []
+        if runs:
+            run_id = str(runs[0]["info"]["run_id"])
+        else:
+            import time
+
+            created = call("POST", "runs/create", json={
+                "experiment_id": experiment_id, "run_name": run_name, "start_time": int(time.time() * 1000),
+                "tags": [{"key": "mlflow.runName", "value": run_name}]})
+            run_id = str(created["run"]["info"]["run_id"])
+    except (requests.RequestException, KeyError, TypeError, ValueError) as e:
+        log.warning("MLflow at %s: cannot find or create run %s of experiment %s (%s): verl will create it, and "
+                    "no link is shown", uri, run_name, experiment_name, type(e).__name__)
         return None
-    if not runs:
-        return None
-    run_id = str(runs[0]["info"]["run_id"])
-    return f"{uri.rstrip('/')}/#/experiments/{quote(experiment_id)}/runs/{quote(run_id)}"
+    finally:
+        session.close()
+    return MlflowRun(experiment_id, run_id, f"{uri}/#/experiments/{quote(experiment_id)}/runs/{quote(run_id)}")
 
 
-__all__ = ["LOGGER_KEY", "PIPELINE_BACKENDS", "SECTION", "Tracker", "TrackerEnv", "TrackerSettings",
-           "chosen_trackers", "connection_env", "exposure_problem", "logger_backends", "mlflow_run_url",
-           "supported_backends", "tracker_env"]
+#: The job's variable naming its tracker-credentials file (a path: safe in the runtime_env).
+ENV_FILE_VAR = "VERL_PIPELINE_TRACKER_ENV_FILE"
+#: Ray runs this in every worker process of the job before its tasks and actors (verl's TaskRunner,
+#: which creates verl's ``Tracking``): it loads the credentials file into the process environment.
+SETUP_HOOK = "verl_pipeline.trackers.load_env_file"
+#: The run directory's private folder (0700) of the credentials files (0600), one per attempt.
+SECRETS_DIR = "secrets"
+
+
+def with_secret_env(runtime_env: Mapping[str, Any], values: Mapping[str, str], *, directory: Any,
+                    name: str) -> dict[str, Any]:
+    """``runtime_env`` that gives every worker of the job ``values`` without carrying them.
+
+    Ray writes a job's ``runtime_env`` into its session logs (``runtime_env_agent.log``) and the
+    Jobs API returns it to anyone who can read the job: the values go to ``directory/name`` (0600,
+    in a 0700 directory, on the storage every node mounts), and the runtime_env carries its path
+    (``VERL_PIPELINE_TRACKER_ENV_FILE``) and Ray's ``worker_process_setup_hook`` that loads it.
+    """
+    import copy
+    import json
+    import os
+    from pathlib import Path
+
+    from verl_pipeline.cluster.auth import private_dir
+    from verl_pipeline.paths import atomic_path
+
+    path = private_dir(Path(directory)) / name
+    with atomic_path(path) as tmp:  # mkstemp: created 0600
+        tmp.write_text(json.dumps(dict(values)))
+        os.chmod(tmp, 0o600)
+    out = copy.deepcopy(dict(runtime_env))
+    out.setdefault("env_vars", {})[ENV_FILE_VAR] = str(path)
+    out["worker_process_setup_hook"] = SETUP_HOOK
+    return out
+
+
+def load_env_file() -> None:
+    """Ray's ``worker_process_setup_hook`` of a job with tracker credentials: the variables of the
+    file ``$VERL_PIPELINE_TRACKER_ENV_FILE`` names join this process's environment."""
+    import json
+    import os
+
+    path = os.environ.get(ENV_FILE_VAR)
+    if not path:
+        return
+    with open(path, encoding="utf-8") as f:
+        values = json.load(f)
+    os.environ.update({str(k): str(v) for k, v in values.items()})
+
+
+__all__ = [
+    "ENV_FILE_VAR",
+    "LOGGER_KEY",
+    "MLFLOW_RUN_VAR",
+    "PIPELINE_BACKENDS",
+    "SECRETS_DIR",
+    "SECTION",
+    "SETUP_HOOK",
+    "MlflowRun",
+    "Tracker",
+    "TrackerEnv",
+    "TrackerSettings",
+    "chosen_trackers",
+    "connection_env",
+    "exposure_problem",
+    "load_env_file",
+    "logger_backends",
+    "mlflow_run",
+    "supported_backends",
+    "tracker_env",
+    "verl_tracking",
+    "with_secret_env",
+]

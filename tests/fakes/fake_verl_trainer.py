@@ -17,7 +17,13 @@ It behaves like verl's trainer where the pipeline depends on it:
   a save would fit (``MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP``, ``trainer.esi_redundant_time``),
   printing verl's "Force saving checkpoint" line;
 - logs verl's metric names per step as JSON lines ``{"step": N, "data": {...}}`` to
-  ``$VERL_FILE_LOGGER_PATH`` (opened with "wb", like verl's FileLogger);
+  ``$VERL_FILE_LOGGER_PATH`` and to every other backend of ``trainer.logger`` (``mlflow``, ``wandb`` …)
+  through verl's own ``Tracking`` (its module loaded by :func:`verl_pipeline.trackers.verl_tracking`,
+  without the torch import of ``import verl``), created with verl's arguments (project, experiment,
+  backends, the config as a nested dict) in a Ray actor on the driver's node, as verl creates it in
+  its TaskRunner actor: a worker process, where the job's ``worker_process_setup_hook`` has loaded
+  the tracker credentials; ``console`` lines are printed in the format of verl's ``LocalLogger``
+  (``step:N - key:value - …``) by the driver, as verl's console logger imports torch;
 - exits non-zero with a traceback on failure.
 Extra knobs for tests (not verl keys): ``+fake.step_seconds``, ``+fake.fail_at_step`` (raise a
 ValueError in the driver, a user error), ``+fake.bad_key`` (a config error before training), and
@@ -164,8 +170,24 @@ def main(argv: list[str]) -> int:
         real = FsdpJob(model_path=str(cfg["actor_rollout_ref.model.path"]), step_dir="", global_step=0,
                        world_size=world, resume_dir=str(resumed) if start > 1 else None)
 
-    logger_path = os.environ.get("VERL_FILE_LOGGER_PATH")
-    fp = open(logger_path, "wb", buffering=0) if logger_path else None
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote
+    class TrackingRunner:
+        """Owns verl's Tracking, like verl's TaskRunner."""
+
+        def __init__(self, flat: dict[str, Any]) -> None:
+            self.tracking = _tracking(flat)
+
+        def log(self, data: dict[str, Any], step: int) -> None:
+            self.tracking.log(data=data, step=step)
+
+        def finish(self) -> None:
+            self.tracking.finish()
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    tracking = TrackingRunner.options(num_cpus=0, scheduling_strategy=here).remote(cfg)
+    console = "console" in _backends(cfg)
     try:
         for step in range(start, total + 1):
             t0 = time.time()
@@ -189,9 +211,9 @@ def main(argv: list[str]) -> int:
                 "timing_s/old_log_prob": dt * 0.1,
                 "timing_s/update_actor": dt * 0.25,
             }
-            if fp:
-                fp.write(json.dumps({"step": step, "data": metrics}).encode() + b"\n")
-            print(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in metrics.items()), flush=True)
+            ray.get(tracking.log.remote(metrics, step))  # the line is written before the step goes on
+            if console:
+                print(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in metrics.items()), flush=True)
             max_steps_duration = max(max_steps_duration, dt)
             close = bool(esi(max_steps_duration=max_steps_duration, redundant_time=redundant)) if esi else False
             if save_freq > 0 and (step % save_freq == 0 or step == total or close):
@@ -211,9 +233,41 @@ def main(argv: list[str]) -> int:
                 while not gate_file.exists() and time.monotonic() < gate_deadline:
                     time.sleep(0.1)
     finally:
-        if fp:
-            fp.close()
+        try:
+            ray.get(tracking.finish.remote())
+        except ray.exceptions.RayError:
+            pass  # the actor went with its node: the error that ended the run is the one to report
     return 0
+
+
+def _backends(cfg: dict[str, Any]) -> list[str]:
+    """``trainer.logger``; without one (a test's own overrides), console, and file when its path is set."""
+    value = cfg.get("trainer.logger")
+    if value is None:
+        return ["console", "file"] if os.environ.get("VERL_FILE_LOGGER_PATH") else ["console"]
+    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """The overrides as the nested config verl hands its Tracking (``OmegaConf.to_container(config)``)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _tracking(cfg: dict[str, Any]) -> Any:
+    """verl's ``Tracking`` for the run, as verl's trainer creates it (console printed by the caller)."""
+    from verl_pipeline.trackers import verl_tracking
+
+    backends = [b for b in _backends(cfg) if b != "console"]
+    return verl_tracking().Tracking(project_name=str(cfg.get("trainer.project_name", "verl_pipeline")),
+                                    experiment_name=str(cfg.get("trainer.experiment_name", "fake")),
+                                    default_backend=backends, config=_nested(cfg))
 
 
 if __name__ == "__main__":

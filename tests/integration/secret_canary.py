@@ -24,8 +24,10 @@ from typing import Any
 #: Metadata tables a run writes (the ``connection`` table holds the canaries on purpose).
 RUN_TABLES = ("xcom", "trigger", "task_instance", "task_instance_history", "rendered_task_instance_fields",
               "dag_run", "log", "asset_event", "job")
-#: Files that hold a secret by design: the token files themselves.
+#: Files that hold a secret by design: the token files themselves, and a run's private folder of
+#: tracker credentials (``<run dir>/secrets/``, 0700, files 0600: verl_pipeline.trackers.with_secret_env).
 _TOKEN_FILE_NAME = "ray_auth_token"
+_SECRETS_DIR_NAME = "secrets"
 _MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
@@ -96,7 +98,7 @@ def scan_files(roots: Iterable[Path], secrets_by_name: Mapping[str, str]) -> lis
         root = Path(root)
         files = [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
         for path in files:
-            if path.name == _TOKEN_FILE_NAME:
+            if path.name == _TOKEN_FILE_NAME or path.parent.name == _SECRETS_DIR_NAME:
                 continue
             try:
                 with open(path, "rb") as f:

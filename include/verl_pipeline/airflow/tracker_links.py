@@ -1,26 +1,28 @@
 """The run's trackers inside Airflow: credentials from connections, and a button to the tracker's run.
 
-:func:`job_tracker_env` is what the submit steps pass to the job (``submit_or_reattach(secret_env=…)``);
 :func:`check_tracker_connections` runs in the provision task, so a missing connection fails the run
-before any cluster starts; :func:`persist_tracker_links` stores the tracker's run page once the run
-exists (verl creates it when its trainer starts), for :class:`MlflowRunLink`.
+before any cluster starts. :func:`job_trackers` is what a submit passes to the job
+(``submit_or_reattach(secret_env=trackers.env.values)``) and the run's tracker pages, which
+:func:`persist_tracker_links` stores for the task's :class:`MlflowRunLink` button.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
 from verl_pipeline.trackers import (
     LOGGER_KEY,
+    MLFLOW_RUN_VAR,
     Tracker,
     TrackerEnv,
     chosen_trackers,
     exposure_problem,
     logger_backends,
-    mlflow_run_url,
+    mlflow_run,
     tracker_env,
 )
 
@@ -74,30 +76,42 @@ def check_tracker_connections(spec: RunSpec) -> None:
         log.info("Trackers of run %s: %s", spec.run_name, env.shown())
 
 
-def job_tracker_env(spec: RunSpec, handle: Any) -> dict[str, str]:
-    """The tracker variables for a job on ``handle``'s cluster (refused on an auth-disabled Jobs API)."""
+@dataclass(frozen=True)
+class JobTrackers:
+    """What a job's trackers need (``env``, credentials included: pass it to the submit call only) and
+    the pages of their runs by link name."""
+
+    env: TrackerEnv
+    links: dict[str, str]
+
+
+def job_trackers(spec: RunSpec, handle: Any) -> JobTrackers:
+    """The tracker variables for a job of ``spec`` on ``handle``'s cluster (refused on an auth-disabled
+    Jobs API), with the run's MLflow run (found or created, :func:`~verl_pipeline.trackers.mlflow_run`)
+    as ``MLFLOW_RUN_ID`` so every attempt logs to it."""
+    from verl_pipeline.trainer.render import tracker_names
+
     env = run_tracker_env(spec)
     problem = exposure_problem(env, handle.auth_mode, dashboard_url=handle.dashboard_url)
     if problem is not None:
         raise problem
-    return env.values
+    links: dict[str, str] = {}
+    if Tracker.MLFLOW in chosen_trackers(logger_backends(spec.verl.get(LOGGER_KEY))):
+        project, experiment = tracker_names(spec)
+        run = mlflow_run(env, experiment_name=project, run_name=experiment)
+        if run is not None:
+            env = env.merged(TrackerEnv({MLFLOW_RUN_VAR: run.run_id}))
+            links[MlflowRunLink.name] = run.url
+            log.info("MLflow run of %s: %s", spec.run_name, run.url)
+    return JobTrackers(env, links)
 
 
-def persist_tracker_links(context: Any, spec: RunSpec) -> str | None:
-    """Look up the run's MLflow run (experiment = ``trainer.project_name``, run = ``trainer.experiment_name``)
-    and store its page for :class:`MlflowRunLink`; the URL, or None when the run uses no MLflow or
-    the server does not know the run yet."""
-    from verl_pipeline.trainer.render import tracker_names
-
-    if Tracker.MLFLOW not in chosen_trackers(logger_backends(spec.verl.get(LOGGER_KEY))):
-        return None
-    project, experiment = tracker_names(spec)
-    url = mlflow_run_url(run_tracker_env(spec), experiment_name=project, run_name=experiment)
+def persist_tracker_links(context: Any, links: dict[str, str]) -> None:
+    """Store the tracker pages (``tracker_links`` of the submit task's result) for this task's buttons."""
+    url = links.get(MlflowRunLink.name)
     if url:
         MlflowRunLink().persist(context, url)
-        log.info("MLflow run of %s: %s", spec.run_name, url)
-    return url
 
 
-__all__ = ["MlflowRunLink", "check_tracker_connections", "find_connection", "job_tracker_env",
+__all__ = ["JobTrackers", "MlflowRunLink", "check_tracker_connections", "find_connection", "job_trackers",
            "persist_tracker_links", "run_tracker_env"]

@@ -63,8 +63,9 @@ def submit_or_reattach(
     earliest of ``deadline`` (e.g. the Airflow task's execution_timeout) and the end of the cluster
     recorded in ``run_dir`` (a Slurm job's EndTime), see :mod:`verl_pipeline.jobs.deadlines`.
 
-    ``secret_env`` (e.g. tracker credentials, :mod:`verl_pipeline.trackers`) joins the job's
-    ``runtime_env`` env_vars in the submit call only: ``job`` (written to the run files) never holds it.
+    ``secret_env`` (tracker credentials, :mod:`verl_pipeline.trackers`) reaches the job's workers
+    through a 0600 file in ``run_dir/secrets`` (:func:`~verl_pipeline.trackers.with_secret_env`): neither
+    ``job`` (written to the run files) nor the submitted ``runtime_env`` holds the values.
     """
     prefix = submission_id(dag_id, run_id, task_id, 1)[: -len("-a1")]
     mine = []
@@ -95,8 +96,12 @@ def submit_or_reattach(
         metrics_path = metrics_file(run_dir, attempt)
         runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     if secret_env:
-        runtime_env.setdefault("env_vars", {}).update(secret_env)
-        log.info("Ray job %s: tracker variables %s passed to the job", sub_id, sorted(secret_env))
+        from verl_pipeline.trackers import SECRETS_DIR, with_secret_env
+
+        if run_dir is None:
+            raise ValueError("secret_env needs the run_dir, where its private file is written")
+        runtime_env = with_secret_env(runtime_env, secret_env, directory=run_dir / SECRETS_DIR, name=f"{sub_id}.json")
+        log.info("Ray job %s: tracker variables %s passed to the job by a private file", sub_id, sorted(secret_env))
     meta = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "mode": job.mode.value,
             "attempt": str(attempt), **(metadata or {})}
     log.info("Submitting Ray job %s (attempt %d, mode %s, resume from step %d)", sub_id, attempt, job.mode.value,

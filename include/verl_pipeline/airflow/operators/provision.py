@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_pipeline.airflow.operators.base import PipelineOperator, connection, spec_from_context, task_error
+from verl_pipeline.airflow.tracker_links import check_tracker_connections
 from verl_pipeline.exceptions import PipelineError
 
 
@@ -32,6 +33,7 @@ class ProvisionRayClusterOperator(PipelineOperator):
                 self.log.info("derived %s: %s", key, rule)
             if self.validate_with_verl:
                 steps.validate_spec_with_verl(spec)
+            check_tracker_connections(spec)  # a tracker without its connection fails before any cluster
             endpoint = None
             conn_id = self.conn_id or spec.cluster.get("conn_id")
             if spec.cluster.get("backend") == "address" and conn_id and not spec.cluster.get("dashboard_url"):

@@ -17,7 +17,7 @@ from verl_pipeline.airflow.operators.base import (
     spec_from_context,
     task_error,
 )
-from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_tracker_env, persist_tracker_links
+from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.exceptions import PipelineError
 
 
@@ -77,7 +77,7 @@ class SubmitVerlJobOperator(PipelineOperator):
             handle = ClusterHandle.from_dict(cluster)
             hook = self.hook(handle)
             token = hook.token()
-            trackers = job_tracker_env(spec, handle)  # credentials: into the submit call, nowhere else
+            trackers = job_trackers(spec, handle)  # credentials: into the submit call, nowhere else
             prepared = steps.prepare_job(
                 spec, handle, data=data, models=models, token=token,
                 id_prefix=submission_prefix(context["dag"].dag_id, context["run_id"], self.task_id))
@@ -87,13 +87,12 @@ class SubmitVerlJobOperator(PipelineOperator):
             sub = submit_or_reattach(
                 hook.client, job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
                 task_id=self.task_id, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
-                deadline=self._wait_deadline(context), secret_env=trackers,
+                deadline=self._wait_deadline(context), secret_env=trackers.env.values,
             )
         except PipelineError as e:
             raise task_error(e) from e
         self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action, sub.attempt)
         RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
-        if sub.action != "submitted":  # a job that already ran may have its tracker run
-            persist_tracker_links(context, spec)
+        persist_tracker_links(context, trackers.links)
         return {**sub.to_dict(), "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
-                "environment": prepared.environment}
+                "environment": prepared.environment, "tracker_links": trackers.links}
