@@ -58,7 +58,7 @@ def _summary(r: Report) -> str:
     rows = [
         ("status", r.status.value), ("mode", r.run.mode or "—"), ("profile", r.run.profile),
         ("steps", f"{r.steps_done} / {r.run.total_steps}"),
-        ("cluster", f"{r.run.nnodes} node(s) x {r.run.n_gpus_per_node} GPU(s)"),
+        ("training shape", f"{r.run.nnodes} node(s) x {r.run.n_gpus_per_node} GPU(s)"),
         ("wall time", _duration(r.wall_time_s)), ("GPU-hours", _num(r.gpu_hours, digits=3)),
         ("critic/score/mean", _series(r.score)),
         *[(name, _series(s)) for name, s in r.validation.items()],
@@ -70,6 +70,8 @@ def _summary(r: Report) -> str:
         ("peak GPU memory allocated / reserved", f"{_num(r.peak_memory_allocated_gb, ' GB')} / "
                                                   f"{_num(r.peak_memory_reserved_gb, ' GB')}"),
     ]
+    if not r.steps_done:  # a run without training steps: only what it has
+        rows = [(k, v) for k, v in rows if v.strip("— /")]
     return _table(rows)
 
 

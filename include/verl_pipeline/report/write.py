@@ -125,6 +125,6 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     with atomic_path(out / REPORT_HTML) as tmp:
         tmp.write_text(render_html(report), encoding="utf-8")
     write_json_atomic(out / REPORT_JSON, report.to_dict())
-    log.info("Run report of %s (%s, %d/%d steps, flags %s): %s", facts.run_key, status.value, report.steps_done,
-             facts.total_steps, [f.kind.value for f in report.flags] or "none", out / REPORT_HTML)
+    log.info("Run report of %s (%s %s run, %d/%d steps, flags %s): %s", facts.run_key, status.value, facts.mode,
+             report.steps_done, facts.total_steps, [f.kind.value for f in report.flags] or "none", out / REPORT_HTML)
     return ReportFiles(out, out / REPORT_JSON, out / REPORT_HTML, report)
