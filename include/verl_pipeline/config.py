@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement
+from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.attempts import metrics_file
 from verl_pipeline.jobs.watchdog import SECTION as WATCH_SECTION
@@ -255,6 +255,8 @@ class RunSpec:
     watch: WatchSettings = field(default_factory=WatchSettings)
     #: The Airflow connection of each tracker in ``trainer.logger`` (the run profile's ``trackers:`` section).
     trackers: TrackerSettings = field(default_factory=TrackerSettings)
+    #: What a retry does on a cluster of another world size (the run profile's ``on_world_size_change``).
+    on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL
 
     # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
     @property
@@ -342,7 +344,17 @@ class RunSpec:
             "pools": asdict(self.pools) if self.pools else None,
             "watch": self.watch.to_dict(),
             "trackers": self.trackers.to_dict(),
+            "on_world_size_change": self.on_world_size_change.value,
         }
+
+
+def _world_size_change(value: Any, profile: str) -> WorldSizeChange:
+    try:
+        return WorldSizeChange(value) if value is not None else WorldSizeChange.FAIL
+    except ValueError:
+        raise ConfigError(f"profiles/{profile}.on_world_size_change", value, "unknown choice",
+                          "fail (refuse a retry on another world size) or merge (continue from the merged "
+                          "weights, optimizer state lost)") from None
 
 
 def build_run_spec(
@@ -472,6 +484,7 @@ def build_run_spec(
         pools=pools,
         watch=WatchSettings.from_profile(prof.get(WATCH_SECTION), profile_name),
         trackers=TrackerSettings.from_profile(prof.get(TRACKERS_SECTION), profile_name),
+        on_world_size_change=_world_size_change(prof.get("on_world_size_change"), profile_name),
     )
     logger_backends(verl_settings.get(LOGGER_KEY))  # an unknown tracker fails here, before any cluster
     check_shape(spec)

@@ -26,6 +26,17 @@ class Mode(str, Enum):
     PREFLIGHT = "preflight"
 
 
+class WorldSizeChange(str, Enum):
+    """The run profile's ``on_world_size_change``: what a retry does when its training pool's world size
+    differs from the one that wrote the checkpoint to resume (verl loads shards only at that size)."""
+
+    #: Refuse before submitting, naming both sizes and the choices (the default).
+    FAIL = "fail"
+    #: Merge the checkpoint's actor with verl's merger and continue from those weights as a new
+    #: segment of the run; the optimizer state is lost.
+    MERGE = "merge"
+
+
 class BackendKind(str, Enum):
     """Where the Ray cluster comes from."""
 

@@ -32,6 +32,11 @@ class Attempt:
     #: Last checkpointed step when this attempt was submitted (0: none, starts from scratch).
     resume_from_step: int
     metrics_path: str | None
+    #: The run segment this attempt trains (1, or 2, 3, … after a merge on a changed world size; see
+    #: :mod:`verl_pipeline.jobs.checkpoints`) and the run step it starts from: verl's step ``s`` logged
+    #: by this attempt is run step ``segment_start_step + s``.
+    segment: int = 1
+    segment_start_step: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

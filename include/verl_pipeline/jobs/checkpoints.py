@@ -8,7 +8,16 @@ each submit the pipeline reads the checkpoint directory instead and decides, in 
 - the newest complete checkpoint is the one the tracker names → ``auto`` (what verl would do);
 - it is an older one (the newest is incomplete, the tracker is unreadable) → ``resume_path`` to it;
 - checkpoints exist but none is complete → ``disable`` (start over, said in the log);
-- the checkpoint to resume was written by another world size → :class:`ConfigError` naming both.
+- the checkpoint to resume was written by another world size → :class:`ConfigError` naming both, or,
+  when the run profile says ``on_world_size_change: merge``, a plan to merge it (``merge=True``).
+
+A merge starts a new **segment** of the run (:class:`Segment`, recorded in ``segments.json`` of the
+run's checkpoint directory): verl's merger turns the checkpoint's actor shards into HuggingFace
+weights, and the segment trains from them (``actor_rollout_ref.model.path``) with verl's
+``resume_mode=disable`` in its own ``segment_<k>/`` checkpoint directory, for the steps the run has
+left. The optimizer state, the learning-rate schedule's position and the critic's training are not
+carried over (the critic starts again from its initial weights). Step ``s`` of segment ``k`` is run
+step ``start_step + s``; later retries resume inside the newest segment.
 
 A checkpoint is complete when every rank's files for the configured ``checkpoint.save_contents``
 (verl's FSDP names ``{model,optim,extra_state}_world_size_{W}_rank_{r}.pt``) are there for the actor,
@@ -18,6 +27,7 @@ and for the critic when the run uses one, plus the dataloader's ``data.pt``. A f
 
 from __future__ import annotations
 
+import json
 import re
 import zipfile
 from dataclasses import dataclass
@@ -25,6 +35,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.constants import WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.attempts import TRACKER_FILE
 
@@ -37,6 +48,8 @@ DEFAULT_SAVE_CONTENTS = ("model", "optimizer", "extra")
 #: Strategies whose checkpoints use the layout above; Megatron's distributed checkpoints are not inspected.
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
 DATALOADER_FILE = "data.pt"
+#: The run's segments after a merge on a changed world size, in its checkpoint directory.
+SEGMENTS_FILE = "segments.json"
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
@@ -73,6 +86,8 @@ class ResumePlan:
     #: Newer checkpoints passed over because they are incomplete: ``global_step_N (missing …)``.
     skipped: tuple[str, ...] = ()
     world_size: int | None = None
+    #: The checkpoint at ``path`` is of another world size and is to be merged into a new segment.
+    merge: bool = False
 
     def settings(self) -> dict[str, Any]:
         """The verl keys that carry the plan."""
@@ -158,12 +173,14 @@ def _describe(c: Checkpoint) -> str:
     return f"global_step_{c.step} (missing {shown})"
 
 
-def plan_resume(checkpoints: list[Checkpoint], tracker: int | None, *, world_size: int) -> ResumePlan:
-    """The decision: resume the newest complete checkpoint, refuse one of another world size.
+def plan_resume(checkpoints: list[Checkpoint], tracker: int | None, *, world_size: int,
+                on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL) -> ResumePlan:
+    """The decision: resume the newest complete checkpoint; one of another world size is refused or merged.
 
     ``world_size`` is the training pool of the attempt about to be submitted
-    (``trainer.nnodes * trainer.n_gpus_per_node``). Raises :class:`ConfigError` when the checkpoint to
-    resume was written by another world size: verl loads shards only at the size that wrote them.
+    (``trainer.nnodes * trainer.n_gpus_per_node``). When the checkpoint to resume was written by
+    another world size (verl loads shards only at the size that wrote them): ``fail`` raises
+    :class:`ConfigError` naming both sizes; ``merge`` returns a plan with ``merge=True``.
     """
     complete = [c for c in checkpoints if c.complete]
     newest = complete[-1] if complete else None
@@ -173,14 +190,21 @@ def plan_resume(checkpoints: list[Checkpoint], tracker: int | None, *, world_siz
             return ResumePlan(ResumeMode.AUTO, 0, None, "no checkpoint yet: training from scratch")
         return ResumePlan(ResumeMode.DISABLE, 0, None, "no complete checkpoint: training from scratch "
                           f"(the tracker names {tracker})", skipped)
+    if newest.world_size != world_size and on_world_size_change is WorldSizeChange.MERGE:
+        return ResumePlan(ResumeMode.DISABLE, newest.step, str(newest.path),
+                          f"global_step_{newest.step} was written by world size {newest.world_size} and this attempt "
+                          f"runs on world size {world_size}: merging it with verl's merger and continuing from those "
+                          "weights as a new segment (on_world_size_change: merge; the optimizer state is lost)",
+                          skipped, newest.world_size, merge=True)
     if newest.world_size != world_size:
         raise ConfigError(
             "trainer.nnodes x trainer.n_gpus_per_node", world_size,
             f"checkpoint {newest.path} was written by world size {newest.world_size} "
             f"(model_world_size_{newest.world_size}_rank_*.pt) and verl loads shards only at the world size that "
             f"wrote them; this attempt would run on world size {world_size}",
-            f"a cluster whose training pool has {newest.world_size} GPUs again (nnodes x n_gpus_per_node), or a "
-            "new DAG run, which starts from scratch in its own checkpoint directory")
+            f"a cluster whose training pool has {newest.world_size} GPUs again (nnodes x n_gpus_per_node), "
+            "on_world_size_change: merge in the run profile (continue from the merged weights, optimizer state "
+            "lost), or a new DAG run, which starts from scratch in its own checkpoint directory")
     if tracker == newest.step:
         return ResumePlan(ResumeMode.AUTO, newest.step, str(newest.path),
                           f"the tracker names global_step_{newest.step}, which is complete", skipped,
@@ -201,7 +225,8 @@ def train_world_size(settings: dict[str, Any]) -> int:
     return int(settings.get("trainer.nnodes", 1)) * int(settings.get("trainer.n_gpus_per_node", 1))
 
 
-def plan_for_job(checkpoint_dir: Path, settings: dict[str, Any]) -> ResumePlan | None:
+def plan_for_job(checkpoint_dir: Path, settings: dict[str, Any],
+                 on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL) -> ResumePlan | None:
     """:func:`plan_resume` for a rendered job's settings; None when its checkpoints are not FSDP shards."""
     from verl_pipeline.trainer.scaling import uses_critic
 
@@ -209,8 +234,73 @@ def plan_for_job(checkpoint_dir: Path, settings: dict[str, Any]) -> ResumePlan |
     if strategy not in FSDP_STRATEGIES:
         return None
     found = list_checkpoints(checkpoint_dir, contents=save_contents(settings), critic=uses_critic(settings))
-    return plan_resume(found, tracker_step(checkpoint_dir), world_size=train_world_size(settings))
+    return plan_resume(found, tracker_step(checkpoint_dir), world_size=train_world_size(settings),
+                       on_world_size_change=on_world_size_change)
 
 
-__all__ = ["Checkpoint", "ResumeMode", "ResumePlan", "inspect_checkpoint", "intact", "list_checkpoints",
-           "plan_for_job", "plan_resume", "tracker_step", "train_world_size"]
+@dataclass(frozen=True)
+class Segment:
+    """A part of the run trained from merged weights after the world size changed (index 2, 3, …)."""
+
+    index: int
+    #: Run steps done before it: its verl step ``s`` is run step ``start_step + s``.
+    start_step: int
+    #: Its own ``trainer.default_local_dir``.
+    checkpoint_dir: str
+    #: The merged HuggingFace weights its actor starts from.
+    model_path: str
+    world_size: int
+    #: The checkpoint that was merged.
+    merged_from: str
+
+    def settings(self, total_steps: int) -> dict[str, Any]:
+        """The verl keys that make an attempt train this segment (before its resume keys)."""
+        return {"trainer.default_local_dir": self.checkpoint_dir, "actor_rollout_ref.model.path": self.model_path,
+                "trainer.total_training_steps": total_steps - self.start_step}
+
+
+def read_segments(checkpoint_dir: Path) -> list[Segment]:
+    """The run's segments after the first, oldest first (``segments.json``; empty when it never merged)."""
+    try:
+        rows = json.loads((checkpoint_dir / SEGMENTS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [Segment(**row) for row in rows]
+
+
+def record_segment(checkpoint_dir: Path, segment: Segment) -> None:
+    from dataclasses import asdict
+
+    from verl_pipeline.paths import write_json_atomic
+
+    rows = [asdict(s) for s in read_segments(checkpoint_dir) if s.index != segment.index]
+    write_json_atomic(checkpoint_dir / SEGMENTS_FILE, [*rows, asdict(segment)])
+
+
+def current_segment(checkpoint_dir: Path) -> tuple[Path, int, int]:
+    """Where the run's newest checkpoints are: (verl's checkpoint dir, the segment's start step, its index)."""
+    segments = read_segments(checkpoint_dir)
+    if not segments:
+        return checkpoint_dir, 0, 1
+    last = segments[-1]
+    return Path(last.checkpoint_dir), last.start_step, last.index
+
+
+def new_segment(checkpoint_dir: Path, plan: ResumePlan, *, world_size: int, job_id: str) -> Segment:
+    """Merge ``plan``'s checkpoint (``plan.merge``) into the next segment's starting weights and record it."""
+    from verl_pipeline.models.export import merge_checkpoint
+
+    if not plan.merge or plan.path is None:
+        raise ValueError("new_segment needs a merge plan")
+    _, start, index = current_segment(checkpoint_dir)
+    folder = checkpoint_dir / f"segment_{index + 1}"
+    merged = folder / f"merged_from_step_{start + plan.step}"
+    merge_checkpoint(Path(plan.path) / "actor", merged, job_id=job_id)
+    segment = Segment(index + 1, start + plan.step, str(folder / "checkpoints"), str(merged), world_size, plan.path)
+    record_segment(checkpoint_dir, segment)
+    return segment
+
+
+__all__ = ["Checkpoint", "ResumeMode", "ResumePlan", "Segment", "current_segment", "inspect_checkpoint", "intact",
+           "list_checkpoints", "new_segment", "plan_for_job", "plan_resume", "read_segments", "record_segment",
+           "tracker_step", "train_world_size"]

@@ -22,7 +22,7 @@ import copy
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -110,8 +110,7 @@ def with_deadline(job: RenderedJob, deadline: Deadline | None, *, job_id: str) -
     else:
         log.info("Ray job %s: the allocation ends at %s; verl saves a checkpoint before it", job_id,
                  deadline.describe())
-    return RenderedJob(mode=job.mode, entrypoint=job.entrypoint, overrides=job.overrides, runtime_env=env,
-                       settings=job.settings, derived=job.derived)
+    return replace(job, runtime_env=env)
 
 
 __all__ = ["DEADLINE_ENV", "Deadline", "cluster_deadline", "earliest", "slurm_end_time", "slurm_rest_end_time",

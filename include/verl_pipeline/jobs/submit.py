@@ -86,8 +86,9 @@ def submit_or_reattach(
     attempt = max([n for n, _ in mine] + [a.attempt for a in recorded] + [0]) + 1
     sub_id = submission_id(dag_id, run_id, task_id, attempt)
     resume_from = latest_checkpoint_step(checkpoint_dir) if checkpoint_dir else 0
+    segment, segment_start = 1, 0
     if checkpoint_dir is not None and job.mode is Mode.TRAIN:
-        job, resume_from = _resume_complete(job, checkpoint_dir, sub_id)
+        job, resume_from, segment, segment_start = _resume_complete(job, checkpoint_dir, sub_id)
     if job.mode is Mode.TRAIN:
         job = with_deadline(job, earliest([deadline, _cluster_deadline(run_dir)]), job_id=sub_id)
     runtime_env = copy.deepcopy(job.runtime_env)
@@ -109,7 +110,7 @@ def submit_or_reattach(
     client.submit(entrypoint=job.entrypoint, submission_id=sub_id, runtime_env=runtime_env, metadata=meta)
     if run_dir is not None:
         record_attempt(run_dir, Attempt(sub_id, attempt, now(), client.dashboard_url, resume_from,
-                                        str(metrics_path) if metrics_path else None))
+                                        str(metrics_path) if metrics_path else None, segment, segment_start))
     return Submission(sub_id, "submitted", attempt, JobState.PENDING.value)
 
 
@@ -125,25 +126,52 @@ def _cluster_deadline(run_dir: Path | None) -> Deadline | None:
     return cluster_deadline(ClusterHandle.from_dict(json.loads(path.read_text())))
 
 
-def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int]:
-    """The job resuming from the run's newest complete checkpoint (ConfigError on another world size)."""
-    from verl_pipeline.jobs.checkpoints import ResumeMode, plan_for_job
+def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int, int, int]:
+    """The job resuming from the run's newest complete checkpoint: (job, run step it resumes from, segment,
+    the segment's start step). Another world size: ConfigError, or with ``on_world_size_change: merge`` a
+    new segment trained from the merged weights (see :mod:`verl_pipeline.jobs.checkpoints`)."""
+    from verl_pipeline.jobs.checkpoints import (
+        ResumeMode,
+        current_segment,
+        new_segment,
+        plan_for_job,
+        read_segments,
+        train_world_size,
+    )
     from verl_pipeline.trainer.render import with_settings
 
-    plan = plan_for_job(checkpoint_dir, job.settings)
+    ckpt, start, segment = current_segment(checkpoint_dir)
+    plan = plan_for_job(ckpt, job.settings, job.on_world_size_change)
     if plan is None:
         log.info("Ray job %s: %s checkpoints are not inspected; verl's resume_mode=%s decides", sub_id,
                  job.settings.get("actor_rollout_ref.actor.strategy"), job.settings.get("trainer.resume_mode"))
-        return job, latest_checkpoint_step(checkpoint_dir)
+        return job, latest_checkpoint_step(checkpoint_dir), 1, 0
     for skipped in plan.skipped:
         log.warning("Ray job %s: checkpoint %s is incomplete: not resuming from it", sub_id, skipped)
-    if plan.mode is ResumeMode.AUTO:
+    rules: dict[str, str] = {}
+    updates: dict[str, Any] = {}
+    if plan.merge:
+        log.warning("Ray job %s: %s", sub_id, plan.reason)
+        seg = new_segment(checkpoint_dir, plan, world_size=train_world_size(job.settings), job_id=sub_id)
+        ckpt, start, segment = Path(seg.checkpoint_dir), seg.start_step, seg.index
+        plan = plan_for_job(ckpt, job.settings) or plan
+        log.warning("Ray job %s starts segment %d at run step %d from the merged weights %s (no optimizer state)",
+                    sub_id, segment, start, seg.model_path)
+    if segment > 1:
+        seg = next(s for s in reversed(read_segments(checkpoint_dir)) if s.index == segment)
+        total = int(job.settings.get("trainer.total_training_steps", 0))
+        updates.update(seg.settings(total))
+        rules["trainer.default_local_dir"] = (f"segment {segment} of the run, from run step {start} "
+                                              f"(merged weights of {seg.merged_from}; on_world_size_change: merge)")
+    if plan.mode is ResumeMode.AUTO and not updates:
         log.info("Ray job %s resumes with resume_mode=auto from step %d (%s)", sub_id, plan.step, plan.reason)
-        return job, plan.step
-    log.warning("Ray job %s: %s -> trainer.resume_mode=%s%s", sub_id, plan.reason, plan.mode.value,
-                f" from {plan.path}" if plan.path else "")
-    rule = f"{plan.mode.value!r} — {plan.reason} (checked before the submit)"
-    return with_settings(job, plan.settings(), {"trainer.resume_mode": rule}), plan.step
+        return job, plan.step, segment, start
+    if plan.mode is not ResumeMode.AUTO:
+        log.warning("Ray job %s: %s -> trainer.resume_mode=%s%s", sub_id, plan.reason, plan.mode.value,
+                    f" from {plan.path}" if plan.path else "")
+        rules["trainer.resume_mode"] = f"{plan.mode.value!r} — {plan.reason} (checked before the submit)"
+    updates.update(plan.settings())
+    return with_settings(job, updates, rules), start + plan.step, segment, start
 
 
 def preflight_summary(logs: str) -> dict[str, Any] | None:

@@ -170,12 +170,15 @@ def export_run(
     job_id: str,
     data: dict[str, Any] | None = None,
     actor_model: dict[str, Any] | None = None,
+    start_step: int = 0,
 ) -> ExportManifest:
     """Merge the run's newest complete checkpoint into ``<run_dir>/model``, verify it, write ``model.json``.
 
     ``checkpoints``: the run's checkpoints (:func:`verl_pipeline.jobs.checkpoints.list_checkpoints`);
     ``data``: the preprocess result (its ``key`` is the data content hash); ``actor_model``: the
-    prefetched base model (``source``, ``revision``). ModelError when no checkpoint is complete.
+    prefetched base model (``source``, ``revision``); ``start_step``: the run step the checkpoints' segment
+    starts from (:func:`verl_pipeline.jobs.checkpoints.current_segment`), so ``step`` is the run's step.
+    ModelError when no checkpoint is complete.
     """
     from verl_pipeline.jobs.attempts import metrics_files
 
@@ -194,14 +197,15 @@ def export_run(
     facts = merge_checkpoint(chosen.path / "actor", target, job_id=job_id)
     actor_model = actor_model or {}
     manifest = ExportManifest(
-        run_key=run_key, run_name=run_name, profile=profile, step=chosen.step, checkpoint=str(chosen.path),
+        run_key=run_key, run_name=run_name, profile=profile, step=start_step + chosen.step,
+        checkpoint=str(chosen.path),
         world_size=chosen.world_size, model_dir=str(target), data_hash=(data or {}).get("key"),
         base_model_source=actor_model.get("source"), base_model_revision=actor_model.get("revision"),
         final_reward=final_reward(list(metrics_files(run_dir).values())),
         files={**facts, "names": sorted(p.name for p in target.iterdir() if p.is_file())},
     )
     write_json_atomic(run_dir / EXPORT_MANIFEST, manifest.to_dict())
-    log.info("%s: exported step %d of run %s to %s (final %s %s)", job_id, chosen.step, run_key, target,
+    log.info("%s: exported step %d of run %s to %s (final %s %s)", job_id, manifest.step, run_key, target,
              REWARD_METRIC, manifest.final_reward)
     return manifest
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from verl_pipeline.config import RunSpec
-from verl_pipeline.constants import PREFLIGHT_SUMMARY_FILE, Mode
+from verl_pipeline.constants import PREFLIGHT_SUMMARY_FILE, Mode, WorldSizeChange
 from verl_pipeline.paths import package_dir
 from verl_pipeline.trackers import LOGGER_KEY, PIPELINE_BACKENDS, logger_backends
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
@@ -34,10 +34,13 @@ class RenderedJob:
     runtime_env: dict[str, Any]
     settings: dict[str, Any]
     derived: dict[str, str]
+    #: What a retry on another world size does (the run profile's ``on_world_size_change``).
+    on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["mode"] = self.mode.value
+        d["on_world_size_change"] = self.on_world_size_change.value
         return d
 
 
@@ -161,6 +164,7 @@ def render_job(
         settings=settings,
         derived={**spec.derived, **pipeline_rules(spec, settings),
                  **({"data.filter_overlong_prompts": filter_rule} if filter_rule else {})},
+        on_world_size_change=spec.on_world_size_change,
     )
 
 

@@ -54,7 +54,7 @@ class ExportModelOperator(PipelineOperator):
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from verl_pipeline.jobs.checkpoints import list_checkpoints, save_contents
+        from verl_pipeline.jobs.checkpoints import current_segment, list_checkpoints, save_contents
         from verl_pipeline.models.export import export_run
         from verl_pipeline.models.prefetch import models_by_role
         from verl_pipeline.trainer.scaling import uses_critic
@@ -67,12 +67,13 @@ class ExportModelOperator(PipelineOperator):
         try:
             spec = spec_from_context(context)
             settings = json.loads((spec.run_dir / "job.json").read_text()).get("settings", {})
-            checkpoints = list_checkpoints(spec.checkpoint_dir, contents=save_contents(settings),
-                                           critic=uses_critic(settings))
+            # After a merge on a changed world size the newest checkpoints are the newest segment's.
+            ckpt, start, _ = current_segment(spec.checkpoint_dir)
+            checkpoints = list_checkpoints(ckpt, contents=save_contents(settings), critic=uses_critic(settings))
             manifest = export_run(
                 run_dir=spec.run_dir, checkpoints=checkpoints, run_key=spec.run_key, run_name=spec.run_name,
                 profile=spec.profile, job_id=job_id, data=self._pull(context, PREPROCESS_TASK),
-                actor_model=models_by_role(self._pull(context, PREFETCH_TASK)).get("actor"))
+                actor_model=models_by_role(self._pull(context, PREFETCH_TASK)).get("actor"), start_step=start)
         except (OSError, ValueError) as e:
             raise task_error(PipelineError(f"the model of job {job_id} could not be exported: {e}")) from e
         except PipelineError as e:
