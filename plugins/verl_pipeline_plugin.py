@@ -1,4 +1,4 @@
-"""Registers the verl pipeline's UI pieces with Airflow: the "Ray job" and "Run report" task buttons,
+"""Registers the verl pipeline's UI pieces with Airflow: the "Ray job", "Run report" and "MLflow run" task buttons,
 the run reports app served by the API server (behind Airflow's auth) and a "Run report" tab on DAG runs."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ from airflow.plugins_manager import AirflowPlugin
 
 from verl_pipeline.airflow.links import RayJobLink, RunReportLink
 from verl_pipeline.airflow.report_app import URL_PREFIX, ReportApp, view_href
+from verl_pipeline.airflow.tracker_links import MlflowRunLink
 
 
 class VerlPipelinePlugin(AirflowPlugin):
     name = "verl_pipeline"
-    operator_extra_links = [RayJobLink(), RunReportLink()]
+    operator_extra_links = [RayJobLink(), RunReportLink(), MlflowRunLink()]
     fastapi_apps = [{"app": ReportApp(), "url_prefix": URL_PREFIX, "name": "verl pipeline run reports"}]
     external_views = [{
         "name": "Run report",

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from verl_pipeline.airflow.links import RayJobLink, RunReportLink, ray_job_url
 from verl_pipeline.airflow.operators import SubmitVerlJobOperator, WaitForVerlJobOperator
+from verl_pipeline.airflow.tracker_links import MlflowRunLink
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,7 +16,7 @@ def test_plugin_registers_the_links_the_report_app_and_the_run_view() -> None:
     ns = runpy.run_path(str(REPO / "plugins" / "verl_pipeline_plugin.py"))
     plugin = ns["VerlPipelinePlugin"]
     assert plugin.name == "verl_pipeline"
-    assert [type(link) for link in plugin.operator_extra_links] == [RayJobLink, RunReportLink]
+    assert [type(link) for link in plugin.operator_extra_links] == [RayJobLink, RunReportLink, MlflowRunLink]
     # Attached by the plugin to the wait task only (Airflow matches the operator's class and module).
     assert RunReportLink().operators == [WaitForVerlJobOperator]
     [app] = plugin.fastapi_apps
