@@ -139,3 +139,48 @@ def test_spec_records_the_connection_ids_not_their_values() -> None:
     spec = build_run_spec({}, run_name="verl_ppo/manual__ids")
     assert json.dumps(spec.to_dict())  # JSON-able: it is written to run_spec.json
     assert spec.to_dict()["trackers"] == {}
+
+
+def test_credentials_travel_by_a_private_file_that_the_setup_hook_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import stat
+
+    from verl_pipeline.trackers import ENV_FILE_VAR, SETUP_HOOK, load_env_file, with_secret_env
+
+    base = {"env_vars": {"VERL_FILE_LOGGER_PATH": "/r/metrics-a1.jsonl"}, "py_modules": ["/pkg"]}
+    values = {"MLFLOW_TRACKING_URI": "http://m:5000", "MLFLOW_TRACKING_PASSWORD": "vpcanary-pw"}
+    env = with_secret_env(base, values, directory=tmp_path / "run" / "secrets", name="job-a1.json")
+    path = Path(env["env_vars"][ENV_FILE_VAR])
+    assert "vpcanary-pw" not in json.dumps(env) and base["env_vars"] == {"VERL_FILE_LOGGER_PATH": "/r/metrics-a1.jsonl"}
+    assert env["worker_process_setup_hook"] == SETUP_HOOK and env["py_modules"] == ["/pkg"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    # Ray imports the hook by its dotted name in each worker: it must be this function.
+    module, _, func = SETUP_HOOK.rpartition(".")
+    assert getattr(__import__(module, fromlist=[func]), func) is load_env_file
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    monkeypatch.setenv(ENV_FILE_VAR, str(path))
+    load_env_file()
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "vpcanary-pw"
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+
+
+def test_a_tracker_without_its_connection_fails_the_provision_task_before_any_cluster(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from verl_pipeline.airflow.operators import ProvisionRayClusterOperator
+
+    class Dag:
+        dag_id = "verl_ppo"
+
+    monkeypatch.delenv("AIRFLOW_CONN_WANDB_DEFAULT", raising=False)
+    ctx = {"params": {"verl_overrides": ["trainer.logger=[console,wandb]"]}, "run_id": "manual__no_conn",
+           "dag": Dag()}
+    with pytest.raises(AirflowFailException) as e:
+        ProvisionRayClusterOperator(task_id="provision_ray_cluster", validate_with_verl=False).execute(ctx)
+    msg = str(e.value)
+    assert msg.startswith("ConfigError: trackers.wandb.conn_id='wandb_default': no such Airflow connection")
+    assert "\n" not in msg
+    spec = build_run_spec(ctx["params"], run_name="verl_ppo/manual__no_conn")
+    assert not (spec.run_dir / "cluster.json").exists()  # nothing was provisioned
