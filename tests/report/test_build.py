@@ -94,6 +94,7 @@ def test_a_preflight_run_has_no_steps_and_shows_its_checks() -> None:
     assert [(c.name, c.ok) for c in report.checks] == [("verl_config", True), ("data", True), ("reward", True),
                                                         ("generation", True)]
     assert "64 ground truths scored, 0 not 1.0" in report.checks[2].detail
+    assert report.checks[1].detail == "train: 64 rows, prompt tokens ≤ 90; val: 16 rows"
     assert report.scaling_point is None and report.flags == []
 
 

@@ -211,7 +211,8 @@ def _detail(name: str, check: dict[str, Any]) -> str:
         return (f"verl accepted the configuration for {check.get('n_gpus')} GPU(s): train_batch_size "
                 f"{check.get('train_batch_size')}, rollout.n {check.get('rollout_n')}")
     if name == "data":
-        splits = [f"{s}: {c.get('rows')} rows, prompt tokens ≤ {(c.get('prompt_tokens') or {}).get('max')}"
+        splits = [f"{s}: {c.get('rows')} rows" + (f", prompt tokens ≤ {c['prompt_tokens']['max']}"
+                                                   if "max" in (c.get("prompt_tokens") or {}) else "")
                   for s, c in check.items() if isinstance(c, dict) and "rows" in c]
         return "; ".join(splits)
     if name == "reward":
