@@ -171,6 +171,9 @@ def test_user_failures_are_not_retried(
     rd = run_dir(fault_env)
     assert rd is not None
     assert len(read_attempts(rd)) == 1
+    # A failed run gets its report too, saying it failed.
+    assert states["report_run"] == "success"
+    assert json.loads((rd / "report" / "report.json").read_text())["status"] == "failed"
     _no_leftovers(rd)
 
 

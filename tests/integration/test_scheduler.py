@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 DAG = "verl_ppo"
 RETRAIN = "verl_retrain__smoke"
 TASKS = ["provision_ray_cluster", "preprocess_data", "plan_models", "prefetch_model", "submit_verl_job",
-         "wait_for_verl_job", "teardown_ray_cluster"]
+         "wait_for_verl_job", "teardown_ray_cluster", "report_run"]
 
 
 def _xcom(api: httpx.Client, dag_id: str, run_id: str, task_id: str) -> Any:
@@ -155,6 +155,9 @@ def test_verl_ppo_succeeds_under_the_real_scheduler_and_triggerer(
     assert waited["preflight"]["all_ground_truths_score_1"] is True
     teardown = _xcom(api, DAG, run_id, "teardown_ray_cluster")
     assert teardown, "teardown returned nothing"
+    # The run's report, also for a preflight run: no steps, and the checks preflight ran.
+    rep = _xcom(api, DAG, run_id, "report_run")
+    assert rep["steps_done"] == 0 and Path(rep["html"]).is_file()
     # The run's embedded Ray cluster is gone (agents may outlive the raylet by seconds).
     cluster = _xcom(api, DAG, run_id, "provision_ray_cluster")
     deadline = time.monotonic() + 30
