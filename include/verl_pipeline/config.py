@@ -257,6 +257,8 @@ class RunSpec:
     trackers: TrackerSettings = field(default_factory=TrackerSettings)
     #: What a retry does on a cluster of another world size (the run profile's ``on_world_size_change``).
     on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL
+    #: Merge and publish the trained model after a successful training run (the run profile's ``export``).
+    export_model: bool = True
 
     # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
     @property
@@ -345,6 +347,7 @@ class RunSpec:
             "watch": self.watch.to_dict(),
             "trackers": self.trackers.to_dict(),
             "on_world_size_change": self.on_world_size_change.value,
+            "export_model": self.export_model,
         }
 
 
@@ -355,6 +358,13 @@ def _world_size_change(value: Any, profile: str) -> WorldSizeChange:
         raise ConfigError(f"profiles/{profile}.on_world_size_change", value, "unknown choice",
                           "fail (refuse a retry on another world size) or merge (continue from the merged "
                           "weights, optimizer state lost)") from None
+
+
+def _export_model(value: Any, profile: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"profiles/{profile}.export", value, "must be true or false",
+                          "export: true (merge and publish the trained model) or export: false")
+    return value
 
 
 def build_run_spec(
@@ -485,6 +495,7 @@ def build_run_spec(
         watch=WatchSettings.from_profile(prof.get(WATCH_SECTION), profile_name),
         trackers=TrackerSettings.from_profile(prof.get(TRACKERS_SECTION), profile_name),
         on_world_size_change=_world_size_change(prof.get("on_world_size_change"), profile_name),
+        export_model=_export_model(prof.get("export", True), profile_name),
     )
     logger_backends(verl_settings.get(LOGGER_KEY))  # an unknown tracker fails here, before any cluster
     check_shape(spec)

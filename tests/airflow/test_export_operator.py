@@ -13,6 +13,7 @@ from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from verl_pipeline.airflow.assets import TRAINED_MODEL_ALIAS, trained_model_alias, trained_model_uri
 from verl_pipeline.airflow.operators import EXPORT_TASK, ExportModelOperator
+from verl_pipeline.airflow.operators.export import skip_reason
 from verl_pipeline.config import build_run_spec
 from verl_pipeline.models.export import EXPORT_MANIFEST, ExportManifest
 
@@ -51,6 +52,18 @@ def test_preflight_run_is_skipped_with_the_reason() -> None:
     assert events[trained_model_alias()].asset_alias_events == []
 
 
+@pytest.mark.parametrize(("submitted", "kwargs", "reason"), [
+    (None, {}, "no job was submitted"),
+    ({"mode": "preflight"}, {}, "ran in preflight mode"),
+    ({"mode": "train"}, {"export": False}, "export: false"),
+    ({"mode": "train"}, {"strategy": "megatron"}, "only FSDP checkpoints are exported"),
+    ({"mode": "train"}, {"strategy": "fsdp2"}, None),
+])
+def test_skip_reason_case_by_case(submitted: dict[str, Any] | None, kwargs: dict[str, Any], reason: str | None) -> None:
+    got = skip_reason(submitted, **kwargs)
+    assert got == reason if reason is None else reason in str(got)
+
+
 def test_trained_run_publishes_its_exported_model_on_the_profile_asset(
     fsdp_checkpoint: Path, tiny_model_path: Path,
 ) -> None:
@@ -73,3 +86,21 @@ def test_trained_run_publishes_its_exported_model_on_the_profile_asset(
     (event,) = events[trained_model_alias()].asset_alias_events
     assert event.dest_asset_key.uri == "verl-pipeline://models/smoke"
     assert event.extra["model_dir"] == result["model_dir"] and event.extra["final_reward"] == 0.5
+
+
+def test_the_profile_switch_is_checked_before_any_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from verl_pipeline.exceptions import ConfigError
+    from verl_pipeline.paths import configs_dir
+
+    cfg = tmp_path / "configs"
+    shutil.copytree(configs_dir(), cfg)
+    prof = yaml.safe_load((cfg / "profiles" / "smoke.yaml").read_text())
+    (cfg / "profiles" / "no-export.yaml").write_text(yaml.safe_dump({**prof, "export": False}))
+    (cfg / "profiles" / "bad-export.yaml").write_text(yaml.safe_dump({**prof, "export": "no"}))
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    assert build_run_spec({"profile": "smoke"}, run_name="d/r").export_model is True
+    assert build_run_spec({"profile": "no-export"}, run_name="d/r").export_model is False
+    with pytest.raises(ConfigError, match=r"^profiles/bad-export.export='no': must be true or false"):
+        build_run_spec({"profile": "bad-export"}, run_name="d/r")

@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from verl_pipeline import runs
-from verl_pipeline.airflow.retrain import PublishRunOperator
+from verl_pipeline.airflow.retrain import PublishRunOperator, promotion_blocker
 from verl_pipeline.config import build_run_spec
 
 
@@ -75,6 +75,15 @@ def test_a_trained_run_moves_latest_only_once_its_model_was_exported() -> None:
     done = op.execute(_ctx("scheduled__pub-exported", {"status": "SUCCEEDED"}, mode="train",
                            exported={"model_dir": "/runs/x/model", "step": 2}))
     assert runs.latest_run(_storage(), "smoke") == Path(done["run_dir"]).resolve()
+
+
+
+def test_promotion_waits_for_the_export_only_when_there_was_one_to_make() -> None:
+    assert promotion_blocker(None, None, None) == "its job did not succeed"
+    ok = {"status": "SUCCEEDED"}
+    assert "not exported" in str(promotion_blocker(ok, None, None))
+    assert promotion_blocker(ok, {"model_dir": "/r/model"}, None) is None
+    assert promotion_blocker(ok, None, "the run profile says export: false") is None
 
 
 def test_invalid_spec_is_not_published() -> None:

@@ -41,7 +41,7 @@ from verl_pipeline.airflow.operators import (
     WAIT_TASK,
     spec_from_context,
 )
-from verl_pipeline.airflow.operators.export import skip_reason
+from verl_pipeline.airflow.operators.export import run_skip_reason
 from verl_pipeline.config import list_profiles, load_yaml_profile
 from verl_pipeline.durations import format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError, PipelineError
@@ -146,16 +146,16 @@ def retrain_schedules() -> list[RetrainSchedule]:
     return out
 
 
-def promotion_blocker(waited: Any, submitted: Any, exported: Any) -> str | None:
+def promotion_blocker(waited: Any, exported: Any, export_skipped: str | None) -> str | None:
     """Why ``latest/<profile>`` must not move to this run; None when it may.
 
-    It moves only to a run whose job succeeded and, when the job trained, whose model was exported
-    and verified (the export task's manifest names its ``model_dir``). A preflight run trains
-    nothing and has no model to export.
+    It moves only to a run whose job succeeded and, unless the export had nothing to do
+    (``export_skipped``: :func:`~verl_pipeline.airflow.operators.export.run_skip_reason`, e.g. a
+    preflight run), whose model was exported and verified (the export's manifest names its ``model_dir``).
     """
     if not isinstance(waited, dict) or waited.get("status") != "SUCCEEDED":
         return "its job did not succeed"
-    if skip_reason(submitted) is None and not (isinstance(exported, dict) and exported.get("model_dir")):
+    if export_skipped is None and not (isinstance(exported, dict) and exported.get("model_dir")):
         return f"its trained model was not exported and verified (task {EXPORT_TASK})"
     return None
 
@@ -176,8 +176,8 @@ class PublishRunOperator(BaseOperator):
         except PipelineError as e:
             # Nothing ran (the run's own params/profiles are invalid): no run directory to record.
             raise AirflowFailException(f"run not published, its spec is invalid: {e}") from e
-        blocker = promotion_blocker(ti.xcom_pull(task_ids=WAIT_TASK), ti.xcom_pull(task_ids=SUBMIT_TASK),
-                                    ti.xcom_pull(task_ids=EXPORT_TASK))
+        blocker = promotion_blocker(ti.xcom_pull(task_ids=WAIT_TASK), ti.xcom_pull(task_ids=EXPORT_TASK),
+                                    run_skip_reason(spec, ti.xcom_pull(task_ids=SUBMIT_TASK)))
         ok = blocker is None
         manifest = runs.record_run(
             run_dir=spec.run_dir, run_key=spec.run_key, run_name=spec.run_name, profile=spec.profile,

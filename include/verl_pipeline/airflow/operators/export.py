@@ -3,8 +3,9 @@
 Runs after the wait, beside the teardown, on the run's files only: verl's merger over the newest
 complete checkpoint (:mod:`verl_pipeline.models.export`), the project's model verification, the
 manifest ``<run_dir>/model.json``, then an event on ``verl-pipeline://models/<profile>`` through the
-:func:`~verl_pipeline.airflow.assets.trained_model_alias` outlet. A preflight run trained nothing:
-the task is skipped, saying so.
+:func:`~verl_pipeline.airflow.assets.trained_model_alias` outlet. The task is skipped, saying why,
+when the run trained nothing (preflight), when its profile says ``export: false``, or when its
+checkpoints are not FSDP's (Megatron).
 """
 
 from __future__ import annotations
@@ -22,20 +23,40 @@ from verl_pipeline.airflow.operators.base import (
     spec_from_context,
     task_error,
 )
+from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import PipelineError
 
 EXPORT_TASK = "export_model"
 
 
-def skip_reason(submitted: dict[str, Any] | None) -> str | None:
-    """Why there is no model to export (None: there is one). The submit task's XCom says what ran."""
+def skip_reason(submitted: dict[str, Any] | None, *, export: bool = True, strategy: str = "fsdp") -> str | None:
+    """Why there is no model to export (None: there is one). The submit task's XCom says what ran;
+    ``export`` is the run profile's switch; ``strategy`` the actor's ``actor_rollout_ref.actor.strategy``."""
+    from verl_pipeline.jobs.checkpoints import FSDP_STRATEGIES
+
     if not submitted:
         return "no job was submitted"
     mode = submitted.get("mode")
     if mode != Mode.TRAIN.value:
         return f"the job ran in {mode} mode and trained no step: there is no checkpoint to export"
+    if not export:
+        return "the run profile says export: false"
+    if strategy not in FSDP_STRATEGIES:
+        return f"actor strategy {strategy!r}: only FSDP checkpoints are exported (verl's merger --backend fsdp)"
     return None
+
+
+def run_skip_reason(spec: RunSpec, submitted: dict[str, Any] | None) -> str | None:
+    """:func:`skip_reason` for a run: its profile's ``export`` and its rendered job's actor strategy."""
+    if skip_reason(submitted) is not None:
+        return skip_reason(submitted)
+    try:
+        settings = json.loads((spec.run_dir / "job.json").read_text()).get("settings", {})
+    except (OSError, ValueError):
+        settings = {}
+    return skip_reason(submitted, export=spec.export_model,
+                       strategy=str(settings.get("actor_rollout_ref.actor.strategy", "fsdp")))
 
 
 class ExportModelOperator(PipelineOperator):
@@ -66,6 +87,9 @@ class ExportModelOperator(PipelineOperator):
         job_id = submitted.get("submission_id", "?")
         try:
             spec = spec_from_context(context)
+            reason = run_skip_reason(spec, submitted)
+            if reason:
+                raise AirflowSkipException(f"no model exported: {reason}")
             settings = json.loads((spec.run_dir / "job.json").read_text()).get("settings", {})
             # After a merge on a changed world size the newest checkpoints are the newest segment's.
             ckpt, start, _ = current_segment(spec.checkpoint_dir)
