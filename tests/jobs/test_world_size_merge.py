@@ -77,3 +77,16 @@ def test_a_merge_starts_a_recorded_segment_from_weights_equal_to_the_trained_sta
     merged = AutoModelForCausalLM.from_pretrained(seg.model_path).state_dict()
     trained = torch.load(fsdp_checkpoint / "full_state.pt")
     assert all(torch.equal(merged[k], v.to(torch.bfloat16)) for k, v in trained.items())
+
+
+def test_an_attempt_of_a_segment_logs_run_steps_after_its_start(tmp_path: Path) -> None:
+    import json
+
+    from verl_pipeline.jobs.attempts import Attempt, run_steps
+
+    metrics = tmp_path / "metrics-a2.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "data": {"training/global_step": s}}) + "\n" for s in (1, 2)))
+    first = Attempt("j-a1", 1, 0.0, "", 0, str(metrics))
+    segment = Attempt("j-a2", 2, 0.0, "", 4, str(metrics), segment=2, segment_start_step=4)
+    assert run_steps(first) == [1, 2] and run_steps(segment) == [5, 6]
+    assert run_steps(Attempt("j-a3", 3, 0.0, "", 0, None)) == []

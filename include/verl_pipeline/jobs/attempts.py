@@ -111,5 +111,12 @@ def metric_steps(metrics_path: Path) -> list[int]:
     return steps
 
 
+def run_steps(attempt: Attempt) -> list[int]:
+    """The run steps ``attempt`` logged: verl's steps offset by its segment's start (see ``segment``)."""
+    if not attempt.metrics_path:
+        return []
+    return [attempt.segment_start_step + s for s in metric_steps(Path(attempt.metrics_path))]
+
+
 def now() -> float:
     return round(time.time(), 3)
