@@ -283,17 +283,33 @@ def cmd_submit(args: argparse.Namespace) -> int:
     prepared = steps.prepare_job(spec, handle, data=data, models=models,
                                  id_prefix=submission_prefix(CLI_DAG_ID, spec.run_name, CLI_TASK_ID))
     mode, env = prepared.mode, prepared.environment
+    secret_env, tracker_links = _trackers(spec, handle)
     # As the DAG's submit task does: attempts numbered and recorded in the run directory, so a
     # re-submit after a failure resumes from the run's checkpoints.
     sub = submit_or_reattach(handle.client(), prepared.job, dag_id=CLI_DAG_ID, run_id=spec.run_name,
-                             task_id=CLI_TASK_ID, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir)
+                             task_id=CLI_TASK_ID, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
+                             secret_env=secret_env)
     lines = [f"environment probe: {len(env['nodes'])} node(s) in {env['seconds']}s, "
              + ("nothing missing" if env["ok"] else "a GPU training run would miss:")]
     lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
     lines.append(f"{sub.action}: {sub.submission_id} ({mode.value}) on {handle.dashboard_url}")
-    _out(args, {**sub.to_dict(), "mode": mode.value, "dashboard_url": handle.dashboard_url, "environment": env},
-         "\n".join(lines))
+    lines += [f"{name}: {url}" for name, url in tracker_links.items()]
+    _out(args, {**sub.to_dict(), "mode": mode.value, "dashboard_url": handle.dashboard_url, "environment": env,
+                "tracker_links": tracker_links}, "\n".join(lines))
     return 0
+
+
+def _trackers(spec: RunSpec, handle: Any) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """What the submit task passes for the run's trackers, from the same Airflow connections
+    (``AIRFLOW_CONN_*`` variables or Airflow's database): Airflow is imported only when a tracker needs it."""
+    from verl_pipeline.trackers import LOGGER_KEY, chosen_trackers, logger_backends
+
+    if not chosen_trackers(logger_backends(spec.verl.get(LOGGER_KEY))):
+        return None, {}
+    from verl_pipeline.airflow.tracker_links import job_trackers
+
+    trackers = job_trackers(spec, handle)
+    return trackers.env.values, trackers.links
 
 
 def _job_id(args: argparse.Namespace, spec: RunSpec, client: Any) -> str:
