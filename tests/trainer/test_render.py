@@ -100,7 +100,7 @@ def test_cli_render_prints_entrypoint_runtime_env_and_rules(capsys: pytest.Captu
     from verl_pipeline.cli import main
 
     rc = main(["render", "--model-profile", "qwen2.5-32b-grpo", "--cluster-profile", "h100-ib", "--nnodes", "4",
-               "--n-gpus-per-node", "8", "--set", "trainer.test_freq=5"])
+               "--n-gpus-per-node", "8", "--set", "trainer.test_freq=5", "--set", "trainer.logger=[console,wandb]"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "verl 0.9.1: composed ppo_trainer.yaml and passed validate_config" in out
@@ -109,6 +109,7 @@ def test_cli_render_prints_entrypoint_runtime_env_and_rules(capsys: pytest.Captu
     words = shlex.split(out.split("entrypoint:\n", 1)[1].split("\nruntime_env:", 1)[0])
     assert words[:3] == ["python", "-m", "verl.trainer.main_ppo"]
     assert "trainer.test_freq=5" in words and "actor_rollout_ref.rollout.tensor_model_parallel_size=4" in words
+    assert "trainer.logger=[console,wandb,file]" in words  # the user's tracker kept, verl's file logger added
     assert '"NCCL_IB_HCA"' in out
     assert "placeholder" in out  # the 32B weights are not here; render says so instead of downloading
 
