@@ -94,7 +94,8 @@ def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_
     log.info("%s: merging %s with verl's merger: %s", job_id, actor_dir, " ".join(cmd))
     started = time.monotonic()
     tail: list[str] = []
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    # verl's merger works on CPU (map_location="cpu"): it must not take a GPU of the worker's host.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
         # A merger that stops printing must still end: killed at the timeout, from another thread.
         watchdog = threading.Timer(timeout_s, proc.kill)
