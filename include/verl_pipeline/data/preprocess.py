@@ -131,8 +131,10 @@ class _Run:
         self.recipe = recipe
         self.schema = row_schema(recipe)
         self.tmp_dir = tmp_dir
-        self.reward = RewardCheck(recipe)
+        # The tokenizer first: RewardCheck imports verl (hence transformers) in a thread, and importing
+        # transformers from two threads at once fails ("cannot import name 'PreTrainedTokenizer'").
         self.lengths = PromptLengths(tokenizer, recipe.system_prompt) if tokenizer and max_len else None
+        self.reward = RewardCheck(recipe)
         self.max_len = max_len
         self.dedup = bool(options.get("dedup", True))
         self.seen = SeenHashes()
