@@ -33,6 +33,7 @@ from verl_pipeline.airflow.operators.base import (
     spec_from_context,
     task_error,
 )
+from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.config import RunSpec
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
@@ -58,7 +59,7 @@ class WaitForVerlJobOperator(PipelineOperator):
     """
 
     template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id", "data_task_id", "model_task_id")
-    operator_extra_links = (RayJobLink(),)
+    operator_extra_links = (RayJobLink(), MlflowRunLink())
 
     def __init__(
         self,
@@ -93,6 +94,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         sub = self._pull(context, self.submit_task_id)
         if not sub:
             raise AirflowException("no submitted job to wait for: did the submit task fail?")
+        persist_tracker_links(context, sub.get("tracker_links") or {})
         try:
             spec = spec_from_context(context)
         except PipelineError as e:
@@ -176,10 +178,12 @@ class WaitForVerlJobOperator(PipelineOperator):
             raise AirflowException("cannot resubmit: data or model results of this run are missing")
         try:
             handle = steps.ensure_cluster(spec, handle, token=self.hook(handle).token())
+            # The retry's job gets the tracker credentials too (a file only its workers read).
+            trackers = job_trackers(spec, handle)
             job = steps.render(spec, data=data, models=models, mode=Mode(sub["mode"]))
             new = submit_or_reattach(self.hook(handle).client, job, dag_id=context["dag"].dag_id,
                                      run_id=context["run_id"], task_id=self.submit_task_id, run_dir=spec.run_dir,
-                                     checkpoint_dir=spec.checkpoint_dir,
+                                     checkpoint_dir=spec.checkpoint_dir, secret_env=trackers.env.values,
                                      deadline=task_deadline(context["ti"].start_date, self.execution_timeout))
         except PipelineError as e:
             raise task_error(e) from e
