@@ -226,6 +226,8 @@ class AirflowStack:
             "trainer": {"nnodes": 1, "n_gpus_per_node": 1, "total_training_steps": STACK_TOTAL_STEPS},
             "mode": "train",
             "trainer_command": [sys.executable, str(REPO / "tests" / "fakes" / "fake_verl_trainer.py")],
+            # The stand-in's cheap checkpoint files are no FSDP state verl's merger could read.
+            "export": False,
             "verl": {"trainer": {"save_freq": 2},
                      "+fake": {"step_seconds": 0.5, "gate_file": str(self.gate),
                                "gate_after_step": STACK_GATE_AFTER_STEP}},

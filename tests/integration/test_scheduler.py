@@ -138,7 +138,8 @@ def test_verl_ppo_succeeds_under_the_real_scheduler_and_triggerer(
         time.sleep(1)
     states = _task_states(api, DAG, run_id)
     assert run["state"] == "success", states
-    assert states == {t: "success" for t in TASKS}
+    # Nothing trained in preflight: no model to export.
+    assert states == {**{t: "success" for t in TASKS}, "export_model": "skipped"}
 
     # The wait task handed over to the triggerer process (its classpath imported there) and resumed.
     assert "deferred" in seen_wait, seen_wait

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -265,13 +264,13 @@ class WaitForVerlJobOperator(PipelineOperator):
         return health.detail if health.infrastructure else None
 
     def _training_record(self, spec: RunSpec, job_id: str) -> TrainingRecord:
-        from verl_pipeline.jobs.attempts import metric_steps, read_attempts
+        from verl_pipeline.jobs.attempts import read_attempts, run_steps
 
         mine = next((a for a in read_attempts(spec.run_dir) if a.submission_id == job_id), None)
         if mine is None or not mine.metrics_path:
             raise AirflowException(f"no attempt record for {job_id} in {spec.run_dir}: cannot check its progress")
-        return TrainingRecord(spec.total_training_steps, metric_steps(Path(mine.metrics_path)),
-                              mine.resume_from_step, mine.metrics_path)
+        # Run steps: a segment trained from merged weights (another world size) counts verl's from 1.
+        return TrainingRecord(spec.total_training_steps, run_steps(mine), mine.resume_from_step, mine.metrics_path)
 
     # -- the result ---------------------------------------------------------------------------------
     def _result(self, spec: RunSpec, hook: Any, job_id: str, sub: dict[str, Any],
@@ -307,13 +306,12 @@ class WaitForVerlJobOperator(PipelineOperator):
 
     def _training(self, spec: RunSpec, job_id: str, record: TrainingRecord | None) -> dict[str, Any]:
         """How the run's attempts went (the steps of this one were read, and checked, for the decision)."""
-        from verl_pipeline.jobs.attempts import metric_steps, read_attempts
+        from verl_pipeline.jobs.attempts import read_attempts, run_steps
 
         attempts = read_attempts(spec.run_dir)
         mine = next(a for a in attempts if a.submission_id == job_id)
-        logged = list(record.steps_logged) if record else metric_steps(Path(str(mine.metrics_path)))
-        previous = [s for a in attempts if a.attempt < mine.attempt and a.metrics_path
-                    for s in metric_steps(Path(a.metrics_path))]
+        logged = list(record.steps_logged) if record else run_steps(mine)
+        previous = [s for a in attempts if a.attempt < mine.attempt for s in run_steps(a)]
         out = {"attempts": len(attempts), "attempt": mine.attempt, "resumed_from_step": mine.resume_from_step,
                "first_step": min(logged), "last_step": max(logged),
                "steps_redone": max(0, max(previous, default=0) - mine.resume_from_step)}
