@@ -86,3 +86,20 @@ def test_a_preflight_run_reports_no_steps_and_its_checks(tmp_path: Path) -> None
     html = files.html.read_text()
     assert "No training steps: this was a preflight run" in html and "Preflight checks" in html
     assert "verl accepted the configuration for 8 GPU(s)" in html and "<img" not in html
+
+
+def test_a_new_segment_after_a_merge_is_reported_at_its_run_steps_and_marked(tmp_path: Path) -> None:
+    """After a merge on a changed world size, attempt 2 trains segment 2 from run step 4: verl logs its
+    steps from 1, the report places them at run steps 5 and 6 and marks the segment."""
+    run_dir = _run_dir(tmp_path, "seg")
+    _log(run_dir, 1, range(1, 5), resume_from=0)
+    record_attempt(run_dir, Attempt("job-a2", 2, 1002.0, "http://d", 4, str(metrics_file(run_dir, 2)),
+                                    segment=2, segment_start_step=4))
+    metrics_file(run_dir, 2).write_text("".join(
+        json.dumps({"step": s, "data": verl_row(s, 2).metrics}) + "\n" for s in (1, 2)))
+    out = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False).to_dict()
+    assert out["steps_done"] == 6
+    data = json.loads((run_dir / "report" / "report.json").read_text())
+    second = data["attempts"][1]
+    assert (second["first_step"], second["last_step"], second["segment"]) == (5, 6, 2)
+    assert "2: merged weights, optimizer state lost" in (run_dir / "report" / "report.html").read_text()

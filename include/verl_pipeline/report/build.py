@@ -43,6 +43,9 @@ class AttemptInfo:
     resumed_from_step: int
     first_step: int | None = None
     last_step: int | None = None
+    #: The run segment the attempt trained (2, 3, … after a merge on a changed world size: from merged
+    #: weights, without the optimizer state).
+    segment: int = 1
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,7 @@ def with_steps(attempts: list[AttemptInfo], rows: list[StepRow]) -> list[Attempt
     for a in attempts:
         steps = [r.step for r in rows if r.attempt == a.attempt]
         out.append(AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resumed_from_step,
-                               min(steps) if steps else None, max(steps) if steps else None))
+                               min(steps) if steps else None, max(steps) if steps else None, a.segment))
     return out
 
 

@@ -79,9 +79,11 @@ def _attempts(r: Report) -> str:
     if not r.attempts:
         return "<p>No attempt was submitted.</p>"
     rows = [(a.attempt, a.submission_id, a.resumed_from_step or "— (from scratch)",
-             "—" if a.first_step is None else f"{a.first_step} to {a.last_step}") for a in r.attempts]
+             "—" if a.first_step is None else f"{a.first_step} to {a.last_step}",
+             a.segment if a.segment == 1 else f"{a.segment}: merged weights, optimizer state lost")
+            for a in r.attempts]
     extra = f"<p>Steps redone after resuming: {r.steps_redone}.</p>" if r.steps_redone else ""
-    return _grid(("attempt", "Ray job", "resumed from step", "steps logged"), rows) + extra
+    return _grid(("attempt", "Ray job", "resumed from step", "steps logged", "segment"), rows) + extra
 
 
 def _timing(r: Report) -> str:

@@ -43,7 +43,8 @@ def _attempt_marks(ax: Any, attempts: list[AttemptInfo]) -> None:
     for a in attempts[1:]:
         if a.first_step is not None:
             ax.axvline(a.first_step - 0.5, color="dimgrey", linestyle="--", linewidth=1, zorder=5)
-            ax.annotate(f"attempt {a.attempt}\n(from step {a.resumed_from_step})", (a.first_step - 0.5, 1),
+            what = f"segment {a.segment}, merged" if a.segment > 1 else f"from step {a.resumed_from_step}"
+            ax.annotate(f"attempt {a.attempt}\n({what})", (a.first_step - 0.5, 1),
                         xycoords=("data", "axes fraction"), fontsize=7, va="top", ha="left", color="dimgrey",
                         zorder=6, bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0})
 

@@ -67,15 +67,17 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_rows(run_dir: Path) -> list[StepRow]:
-    """Every metric row of every attempt (lines cut by a kill are skipped)."""
+    """Every metric row of every attempt (lines cut by a kill are skipped), at its run step: an attempt
+    of a new segment (a merge on a changed world size) logs verl's steps from 1."""
     from verl_pipeline.jobs.progress import parse_jsonl_row
 
+    offsets = {a.attempt: a.segment_start_step for a in read_attempts(run_dir)}
     rows = []
     for attempt, path in metrics_files(run_dir).items():
         for line in path.read_text(errors="replace").splitlines():
             parsed = parse_jsonl_row(line)
             if parsed is not None:
-                rows.append(StepRow(parsed[0], attempt, parsed[1]))
+                rows.append(StepRow(offsets.get(attempt, 0) + parsed[0], attempt, parsed[1]))
     return rows
 
 
@@ -106,7 +108,7 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     rows = read_rows(run_dir)
     preflight = _read_json(run_dir / PREFLIGHT_SUMMARY_FILE)
     status = status or infer_status(run_dir, facts, rows, preflight)
-    attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step)
+    attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment)
                 for a in read_attempts(run_dir)]
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
     earlier = scaling.earlier_points(storage_root, facts.profile, report_file=f"{REPORT_DIR}/{REPORT_JSON}",
