@@ -42,6 +42,7 @@ GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 SERIAL_GROUP = "serial"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put the serial tests in one xdist group (xdist's loadgroup sends the largest group out first)."""
     for item in items:
