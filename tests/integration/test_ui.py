@@ -1,7 +1,10 @@
 """The Airflow UI in a real browser (Debian's Chromium driven by Playwright, no downloaded browser).
 
 Logs in, opens ``verl_ppo``'s trigger form, checks the Params and their descriptions, changes one,
-triggers, and follows the run to its end. Screenshots go to test-artifacts/.
+triggers, and follows the run to its end. Then the run reports: the run's "Run report" tab, and the
+"Run report" button of a training run's wait task (the stand-in trainer, started beside the form's
+run so it has plots by then) opening its report; the same address from a fresh browser without a
+session is refused. Screenshots go to test-artifacts/ (the report's also to docs/images/).
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ from typing import Any
 
 import pytest
 
-from tests.integration.airflow_stack import ADMIN_USER, AirflowStack
+from tests.integration.airflow_stack import ADMIN_USER, STACK_TRAIN_PROFILE, AirflowStack
+from verl_pipeline.airflow.operators import REPORT_TASK, WAIT_TASK
 from verl_pipeline.airflow.params import build_params
+from verl_pipeline.airflow.report_app import report_path
 
 # Above the sum of the waits below; pytest-timeout also counts the session's Airflow stack start.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
+#: The README's picture of a run report (refreshed by every run of this test).
+README_REPORT_PICTURE = REPO / "docs" / "images" / "run-report.png"
 DAG = "verl_ppo"
 # A verl key preflight composes and checks, harmless for the run.
 OVERRIDE = "actor_rollout_ref.actor.optim.lr=2e-6"
@@ -47,21 +54,28 @@ def _chromium() -> str:
 
 
 @pytest.fixture
-def page(airflow_stack: AirflowStack) -> Iterator[Any]:
+def browser(airflow_stack: AirflowStack) -> Iterator[tuple[Any, str]]:
+    """Playwright and Debian's Chromium binary."""
     executable = _chromium()
     sync_api = pytest.importorskip("playwright.sync_api")
-    profile_dir = tempfile.mkdtemp(prefix="vp-chromium-")
     with sync_api.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            profile_dir, executable_path=executable, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000}, timeout=180_000,  # a cold start on a busy machine
-        )
-        ctx.set_default_timeout(60_000)
-        try:
-            yield ctx.new_page()
-        finally:
-            ctx.close()
-            shutil.rmtree(profile_dir, ignore_errors=True)
+        yield p, executable
+
+
+@pytest.fixture
+def page(browser: tuple[Any, str]) -> Iterator[Any]:
+    p, executable = browser
+    profile_dir = tempfile.mkdtemp(prefix="vp-chromium-")
+    ctx = p.chromium.launch_persistent_context(
+        profile_dir, executable_path=executable, headless=True, args=CHROMIUM_ARGS,
+        viewport={"width": 1400, "height": 1000}, timeout=180_000,  # a cold start on a busy machine
+    )
+    ctx.set_default_timeout(60_000)
+    try:
+        yield ctx.new_page()
+    finally:
+        ctx.close()
+        shutil.rmtree(profile_dir, ignore_errors=True)
 
 
 def _label(dialog: Any, name: str) -> str:
@@ -70,12 +84,20 @@ def _label(dialog: Any, name: str) -> str:
     return " ".join(label.first.inner_text().split())
 
 
-def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack, page: Any) -> None:
+def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack, page: Any,
+                                                    browser: tuple[Any, str]) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     api = airflow_stack.client()
     airflow_stack.wait_for_dag(api, DAG)
     api.patch(f"/api/v2/dags/{DAG}", json={"is_paused": False}).raise_for_status()
     before = {r["dag_run_id"] for r in api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["dag_runs"]}
+    # A short training run (the stand-in trainer, gate open) beside the form's preflight run: its report
+    # has plots by the time the form's run is followed to its end.
+    airflow_stack.open_gate()
+    r = api.post(f"/api/v2/dags/{DAG}/dagRuns",
+                 json={"logical_date": None, "conf": {"profile": STACK_TRAIN_PROFILE}})
+    assert r.status_code == 200, r.text
+    train_run_id = r.json()["dag_run_id"]
 
     # Log in (SimpleAuthManager's form) and land on the DAG's page.
     page.goto(f"{airflow_stack.base_url}/dags/{DAG}")
@@ -138,3 +160,77 @@ def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack,
     page.screenshot(path=str(ARTIFACTS / "ui-finished-run.png"), full_page=True)
     assert (ARTIFACTS / "ui-trigger-form.png").stat().st_size > 10_000
     assert (ARTIFACTS / "ui-finished-run.png").stat().st_size > 10_000
+
+    t0 = time.monotonic()
+    try:
+        _wait_for_report(api, train_run_id, timeout_s=600)
+    finally:
+        airflow_stack.close_gate()
+    _check_run_reports(airflow_stack, page, browser, run_id=run_id, train_run_id=train_run_id)
+    print(f"run report checks: {time.monotonic() - t0:.1f} s")
+
+
+def _task_state(api: Any, run_id: str, task_id: str) -> str | None:
+    from urllib.parse import quote
+
+    r = api.get(f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}")
+    return r.json().get("state") if r.status_code == 200 else None
+
+
+def _wait_for_report(api: Any, run_id: str, timeout_s: float) -> None:
+    """Until the run's training succeeded and its report task wrote the report (the tasks after it,
+    such as the model export, do not matter here)."""
+    deadline = time.monotonic() + timeout_s
+    while (report := _task_state(api, run_id, REPORT_TASK)) not in ("success", "failed", "upstream_failed"):
+        assert time.monotonic() < deadline, f"run {run_id}: {REPORT_TASK} still {report} after {timeout_s}s"
+        time.sleep(2)
+    assert (report, _task_state(api, run_id, WAIT_TASK)) == ("success", "success"), run_id
+
+
+def _check_run_reports(stack: AirflowStack, page: Any, browser: tuple[Any, str], *, run_id: str,
+                       train_run_id: str) -> None:
+    """The form's run shows its report in its "Run report" tab; the training run's wait task has a
+    "Run report" button (beside "Ray job") that opens the report with its plots; without a session the
+    same addresses are refused."""
+    from urllib.parse import quote
+
+    # The DAG run's tab: the report page of the (preflight) run in the UI's frame.
+    page.goto(f"{stack.base_url}/dags/{DAG}/runs/{quote(run_id, safe='')}")
+    page.get_by_text("Run report", exact=True).first.click()
+    iframe = page.locator("iframe[title='Run report']")
+    iframe.wait_for()
+    assert iframe.get_attribute("src") == report_path(DAG, run_id).lstrip("/"), iframe.get_attribute("src")
+    page.frame_locator("iframe[title='Run report']").get_by_role(
+        "heading", name=re.compile(r"^Run report")).wait_for()
+    page.screenshot(path=str(ARTIFACTS / "ui-run-report-tab.png"), full_page=True)
+
+    # The training run's wait task (its Details tab lists the task's buttons): "Ray job" and "Run
+    # report", which opens the report in the UI's window.
+    page.goto(f"{stack.base_url}/dags/{DAG}/runs/{quote(train_run_id, safe='')}/tasks/{WAIT_TASK}/details")
+    report_link = page.get_by_role("link", name="Run report")
+    report_link.wait_for()
+    assert page.get_by_role("link", name="Ray job").count() == 1
+    url = stack.base_url + report_path(DAG, train_run_id)
+    assert report_link.get_attribute("href") == url
+    report_link.click()
+    page.wait_for_url(url)
+    page.get_by_role("heading", name=re.compile(r"^Run report")).wait_for()
+    images = page.locator("img")
+    assert images.count() >= 3, page.content()[:2000]  # reward, response length, throughput, timing
+    page.wait_for_function("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
+    plot = images.first.get_attribute("src")
+    page.screenshot(path=str(ARTIFACTS / "ui-run-report.png"), full_page=True)
+    assert (ARTIFACTS / "ui-run-report.png").stat().st_size > 20_000
+    README_REPORT_PICTURE.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ARTIFACTS / "ui-run-report.png", README_REPORT_PICTURE)
+
+    # A fresh browser, no session: the page and its plot are refused.
+    p, executable = browser
+    fresh = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS, timeout=180_000)
+    try:
+        anonymous = fresh.new_context()
+        response = anonymous.new_page().goto(url)
+        assert response is not None and response.status == 401, response and response.status
+        assert anonymous.request.get(url + str(plot)).status == 401
+    finally:
+        fresh.close()
