@@ -11,6 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
+from tests.airflow.context import FakeDag, FakeTI
 from verl_pipeline.airflow.assets import TRAINED_MODEL_ALIAS, trained_model_alias, trained_model_uri
 from verl_pipeline.airflow.operators import EXPORT_TASK, ExportModelOperator
 from verl_pipeline.airflow.operators.export import skip_reason
@@ -18,23 +19,11 @@ from verl_pipeline.config import build_run_spec
 from verl_pipeline.models.export import EXPORT_MANIFEST, ExportManifest
 
 
-class _TI:
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms.get(task_ids)
-
-
-class _Dag:
-    dag_id = "verl_ppo"
-
-
 def _ctx(run_id: str, mode: str, events: OutletEventAccessors) -> dict[str, Any]:
     xcoms = {"submit_verl_job": {"submission_id": f"job-{run_id}", "mode": mode},
              "preprocess_data": {"key": "datahash"},
              "prefetch_model": {"actor": {"source": "builtin:tiny-qwen2", "revision": "tiny-qwen2-v2"}}}
-    return {"ti": _TI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": _Dag(),
+    return {"ti": FakeTI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": FakeDag(),
             "outlet_events": events}
 
 

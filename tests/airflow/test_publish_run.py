@@ -10,21 +10,10 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from tests.airflow.context import FakeDag, FakeTI
 from verl_pipeline import runs
 from verl_pipeline.airflow.retrain import PublishRunOperator, promotion_blocker
 from verl_pipeline.config import build_run_spec
-
-
-class _TI:
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms.get(task_ids)
-
-
-class _Dag:
-    dag_id = "verl_retrain__smoke"
 
 
 def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
@@ -36,7 +25,8 @@ def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
         "wait_for_verl_job": waited,
         "export_model": exported,
     }
-    return {"ti": _TI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": _Dag()}
+    return {"ti": FakeTI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id,
+            "dag": FakeDag("verl_retrain__smoke")}
 
 
 def _storage() -> Path:

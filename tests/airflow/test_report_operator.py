@@ -10,28 +10,15 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
+from tests.airflow.context import FakeDag, FakeTI
 from verl_pipeline.airflow.operators import REPORT_TASK, ReportRunOperator
 from verl_pipeline.airflow.operators.base import run_name
 from verl_pipeline.config import build_run_spec
 from verl_pipeline.jobs.attempts import Attempt, metrics_file, record_attempt
 
 
-class _TI:
-    """What the report task uses of a task instance: XCom by task id."""
-
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms.get(task_ids)
-
-
-class _Dag:
-    dag_id = "verl_ppo"
-
-
 def _context(xcoms: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"ti": _TI(xcoms), "params": params or {}, "run_id": f"manual__report_{time.time_ns()}", "dag": _Dag()}
+    return {"ti": FakeTI(xcoms), "params": params or {}, "run_id": f"manual__report_{time.time_ns()}", "dag": FakeDag()}
 
 
 def _two_steps(ctx: dict[str, Any]) -> Path:

@@ -17,9 +17,29 @@ from verl_pipeline.paths import slug
 ASSET_SCHEME = "verl-pipeline"
 
 
+#: The Airflow asset group of every pipeline asset.
+ASSET_GROUP = "verl-pipeline"
+
+
+def _uri(kind: str, profile: str) -> str:
+    return f"{ASSET_SCHEME}://{kind}/{slug(profile, 80)}"
+
+
+def _asset(name_prefix: str, uri: str, profile: str) -> Any:
+    from airflow.sdk import Asset
+
+    return Asset(name=f"{name_prefix}__{slug(profile, 80).replace('-', '_')}", uri=uri, group=ASSET_GROUP)
+
+
+def _alias(name: str) -> Any:
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=name, group=ASSET_GROUP)
+
+
 def preprocessed_data_uri(profile: str) -> str:
     """``verl-pipeline://preprocessed-data/<profile>``: the URI of a profile's preprocessed data."""
-    return f"{ASSET_SCHEME}://preprocessed-data/{slug(profile, 80)}"
+    return _uri("preprocessed-data", profile)
 
 
 #: The AssetAlias a producing task declares as its outlet: the profile (and so the Asset) is only
@@ -28,22 +48,17 @@ PREPROCESSED_DATA_ALIAS = "verl_pipeline_preprocessed_data"
 
 
 def preprocessed_data_alias() -> Any:
-    from airflow.sdk import AssetAlias
-
-    return AssetAlias(name=PREPROCESSED_DATA_ALIAS, group="verl-pipeline")
+    return _alias(PREPROCESSED_DATA_ALIAS)
 
 
 def preprocessed_data_asset(profile: str) -> Any:
     """The :class:`airflow.sdk.Asset` for a profile's preprocessed (verl parquet) data."""
-    from airflow.sdk import Asset
-
-    return Asset(name=f"verl_preprocessed_data__{slug(profile, 80).replace('-', '_')}",
-                 uri=preprocessed_data_uri(profile), group="verl-pipeline")
+    return _asset("verl_preprocessed_data", preprocessed_data_uri(profile), profile)
 
 
 def trained_model_uri(profile: str) -> str:
     """``verl-pipeline://models/<profile>``: the URI of a profile's newest exported, verified model."""
-    return f"{ASSET_SCHEME}://models/{slug(profile, 80)}"
+    return _uri("models", profile)
 
 
 #: The AssetAlias the export task declares as its outlet (the profile is known only at run time).
@@ -51,14 +66,9 @@ TRAINED_MODEL_ALIAS = "verl_pipeline_trained_model"
 
 
 def trained_model_alias() -> Any:
-    from airflow.sdk import AssetAlias
-
-    return AssetAlias(name=TRAINED_MODEL_ALIAS, group="verl-pipeline")
+    return _alias(TRAINED_MODEL_ALIAS)
 
 
 def trained_model_asset(profile: str) -> Any:
     """The :class:`airflow.sdk.Asset` a serving DAG is scheduled on: a new model of ``profile`` (HF safetensors)."""
-    from airflow.sdk import Asset
-
-    return Asset(name=f"verl_trained_model__{slug(profile, 80).replace('-', '_')}",
-                 uri=trained_model_uri(profile), group="verl-pipeline")
+    return _asset("verl_trained_model", trained_model_uri(profile), profile)
