@@ -97,3 +97,16 @@ def test_latest_survives_moving_the_storage_root(tmp_path: Path) -> None:
     root.rename(moved)
     assert runs.latest_run(moved, "smoke") == (moved / "runs" / "r1").resolve()
     assert (moved / "runs" / "r1" / "checkpoints" / "global_step_5").is_dir()
+
+
+def test_manifest_counts_the_newest_segments_checkpoint_in_run_steps(tmp_path: Path) -> None:
+    """After a merge on a changed world size, segment 2 starts at run step 40 and verl saved its step 6."""
+    from verl_pipeline.jobs.checkpoints import Segment, record_segment
+
+    ckpt = tmp_path / "ckpt" / "seg"
+    segment_dir = ckpt / "segment_2" / "checkpoints"
+    (segment_dir / "global_step_6").mkdir(parents=True)
+    record_segment(ckpt, Segment(2, 40, str(segment_dir), str(tmp_path / "merged"), 1, str(ckpt / "global_step_40")))
+    assert runs.latest_checkpoint_step(ckpt) == 40
+    (segment_dir / "latest_checkpointed_iteration.txt").write_text("6")
+    assert runs.latest_checkpoint_step(ckpt) == 46

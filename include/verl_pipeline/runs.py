@@ -77,12 +77,15 @@ class RunManifest:
 
 
 def latest_checkpoint_step(checkpoint_dir: Path) -> int | None:
-    """The step verl recorded in ``latest_checkpointed_iteration.txt``, or None when it saved none."""
-    tracker = checkpoint_dir / "latest_checkpointed_iteration.txt"
-    try:
-        return int(tracker.read_text().strip())
-    except (OSError, ValueError):
-        return None
+    """The run step of the newest checkpoint verl's tracker names, in the newest segment (after a merge
+    on a changed world size, the segment's verl steps count from its start); None when it saved none."""
+    from verl_pipeline.jobs.checkpoints import current_segment, tracker_step
+
+    ckpt, start, _ = current_segment(checkpoint_dir)
+    step = tracker_step(ckpt)
+    if step is None:
+        return start or None  # a segment that saved nothing yet starts from the checkpoint it merged
+    return start + step
 
 
 def _relative_link(link: Path, target: Path) -> None:
