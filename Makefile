@@ -54,7 +54,8 @@ compose-plugin:
 system-deps:
 	.ci/system-deps.sh
 
-# The integration tests run one after another in one worker, the others on the remaining workers.
+# Each xdist group (tests/conftest.py: the Airflow stack, Slurm, the other integration tests) runs its
+# tests one after another in one worker; the groups and the other tests run side by side.
 TEST_WORKERS ?= 2
 
 test: install compose-plugin lint

@@ -36,18 +36,28 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 
-#: The xdist group of the tests that run one after another in one worker (``make test`` runs the rest
-#: on the other cores): the integration tests (a real Airflow stack, the fault clusters, Slurm) and
-#: the ``serial`` ones.
-SERIAL_GROUP = "serial"
+#: The xdist groups: each runs its tests one after another in one worker, while ``make test`` runs
+#: the groups and the other tests side by side. The tests of the session's Airflow stack; those
+#: of the throwaway Slurm; and the other integration tests (fault clusters, DAG runs) with the
+#: ``serial`` ones (a machine-wide resource such as the Ray client's server ports).
+STACK_GROUP, SLURM_GROUP, SERIAL_GROUP = "stack", "slurm", "serial"
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The group of a test, None for the tests any worker may run at any time."""
+    if "airflow_stack" in getattr(item, "fixturenames", ()):
+        return STACK_GROUP
+    if item.get_closest_marker("integration") or item.get_closest_marker("serial"):
+        return SLURM_GROUP if "slurm" in item.path.name else SERIAL_GROUP
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put the serial tests in one xdist group (xdist's loadgroup sends the largest group out first)."""
     for item in items:
-        if item.get_closest_marker("integration") or item.get_closest_marker("serial"):
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

@@ -177,6 +177,19 @@ def kill_node(rank: int) -> Callable[[Path], None]:
     return _kill
 
 
+def record_result(results_file: Path, scenario: str, value: dict[str, Any]) -> None:
+    """Add one scenario's figures to ``results_file``. Tests of other xdist groups write it too: the
+    file is replaced atomically, and one that cannot be read starts afresh (the figures are a bench's)."""
+    from verl_pipeline.paths import write_json_atomic
+
+    try:
+        data = json.loads(results_file.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[scenario] = value
+    write_json_atomic(results_file, data)
+
+
 @pytest.fixture
 def results_file() -> Iterator[Path]:
     """Recovery times go to .work/fault-recovery.json (picked up by docs/benchmarks.md by hand)."""

@@ -7,15 +7,13 @@ is killed deterministically: the trainer SIGKILLs itself after writing some of t
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.fakes.fake_verl_trainer import save_checkpoint
-from tests.faults.conftest import metric_lines
+from tests.faults.conftest import metric_lines, record_result
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.config import RunSpec, build_run_spec
 from verl_pipeline.constants import JobState, Mode
@@ -45,11 +43,6 @@ def _submit(client: RayJobsClient, spec: RunSpec, deadline: Deadline | None = No
     return submit_or_reattach(client, job, dag_id="faults", run_id=spec.run_name.split("/")[1], task_id="train",
                               run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=deadline)
 
-
-def _record(results_file: Path, scenario: str, value: dict[str, Any]) -> None:
-    data = json.loads(results_file.read_text()) if results_file.exists() else {}
-    data[scenario] = value
-    results_file.write_text(json.dumps(data, indent=2))
 
 
 def _first_step_after(spec: RunSpec, attempt: int, since: float, timeout_s: float = 60) -> float:
@@ -119,7 +112,7 @@ def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     assert report.steps_done == TOTAL and report.steps_redone == 4 - resumed
     assert report.throughput_per_gpu and report.timing_s["gen"] < report.timing_s["step"]
     where = "inside the tracker's write" if files == 99 else f"after {files} of step 4's files"
-    _record(results_file, f"killed mid-save ({where})",
+    record_result(results_file, f"killed mid-save ({where})",
             {"recovery_s": first_step_s, "killed_after_step": 4, "resumed_from_step": resumed,
              "steps_redone": 4 - resumed, "resume_mode": mode,
              "note": "the job's failure seen -> the resubmitted attempt's first step (no Airflow)"})
@@ -173,7 +166,7 @@ def test_allocation_deadline_saves_before_the_end_and_the_retry_loses_at_most_on
     assert _wait(client, second.submission_id) is JobState.SUCCEEDED
     assert logged - resumed <= 1 and resumed >= 3 - 1
     assert _steps(spec, 2) == list(range(resumed + 1, 9))
-    _record(results_file, "allocation deadline (verl's should_save_ckpt_esi, trainer.use_v1=false)",
+    record_result(results_file, "allocation deadline (verl's should_save_ckpt_esi, trainer.use_v1=false)",
             {"recovery_s": first_step_s, "killed_after_step": logged, "resumed_from_step": resumed,
              "steps_redone": logged - resumed, "save_freq": 100,
              "note": f"without the deadline: {logged} steps lost (no save before step 100)"})

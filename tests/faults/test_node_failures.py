@@ -31,6 +31,7 @@ from tests.faults.conftest import (
     kill_node,
     load_dag,
     metric_lines,
+    record_result,
     run_dir,
 )
 from verl_pipeline.durations import parse_duration
@@ -75,11 +76,6 @@ def _checkpoints_intact(home: Path) -> list[int]:
     return steps
 
 
-def _record(results_file: Path, scenario: str, value: dict[str, Any]) -> None:
-    data = json.loads(results_file.read_text()) if results_file.exists() else {}
-    data[scenario] = value
-    results_file.write_text(json.dumps(data, indent=2))
-
 
 def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) -> None:
     dag = load_dag()
@@ -106,7 +102,7 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
     assert 0 <= redone <= SAVE_FREQ
     assert _checkpoints_intact(fault_env) == list(range(SAVE_FREQ, TOTAL_STEPS + 1, SAVE_FREQ))
     _no_leftovers(rd)
-    _record(results_file, scenario, {"recovery_s": killer.recovery_s, "killed_after_step": max(first),
+    record_result(results_file, scenario, {"recovery_s": killer.recovery_s, "killed_after_step": max(first),
                                      "resumed_from_step": resumed, "steps_redone": redone})
 
 
@@ -147,7 +143,7 @@ def test_a_hang_with_every_node_alive_is_stopped_and_resumed(fault_env: Path, re
     assert attempts[0].submission_id not in out.out.split("Training of ")[-1]
     _no_leftovers(rd)
     hung_s = attempts[1].submitted_at - attempts[0].submitted_at
-    _record(results_file, "hang with every node alive", {
+    record_result(results_file, "hang with every node alive", {
         "stall_timeout_s": parse_duration(HANG_STALL_TIMEOUT), "attempt_gap_s": round(hung_s, 1),
         "hung_after_step": HANG_AFTER_STEP, "resumed_from_step": resumed, "steps_redone": redone})
 
@@ -232,5 +228,5 @@ def test_killed_waiter_reattaches_and_exactly_one_job_runs(fault_env: Path, resu
     steps = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
     assert steps == list(range(1, TOTAL_STEPS + 1))  # one job, never restarted
     _no_leftovers(rd)
-    _record(results_file, "waiting process killed", {"recovery_s": reattached_s, "steps_redone": 0,
+    record_result(results_file, "waiting process killed", {"recovery_s": reattached_s, "steps_redone": 0,
                                                       "note": "job kept training; retry reattached"})
