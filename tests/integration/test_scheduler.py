@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pprint
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,19 +41,38 @@ def _xcom(api: httpx.Client, dag_id: str, run_id: str, task_id: str) -> Any:
 
 
 def _task_states(api: httpx.Client, dag_id: str, run_id: str) -> dict[str, Any]:
-    """Each task's state; a failed task comes with the tail of its log, so a red CI says why."""
     tis = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    states: dict[str, Any] = {ti["task_id"]: ti["state"] for ti in tis}
-    for ti in tis:
-        if ti["state"] not in ("failed", "up_for_retry"):
-            continue
-        try:
-            r = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/"
-                        f"{ti['try_number']}", params={"full_content": "true"}, headers={"Accept": "text/plain"})
-            states[f"{ti['task_id']} log"] = r.text[-3000:]
-        except httpx.HTTPError as e:
-            states[f"{ti['task_id']} log"] = f"(log not readable: {e})"
-    return states
+    return {ti["task_id"]: ti["state"] for ti in tis}
+
+
+def _errors_logged(stack: AirflowStack, dag_id: str, run_id: str, limit: int = 12000) -> str:
+    """The errors and warnings every task try (and its trigger) of the run logged, from the stack's
+    own log files: the exception that failed a task, and what the pipeline warned before."""
+    run_logs = stack.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+    out: list[str] = []
+    for path in sorted(run_logs.rglob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict) or rec.get("level") not in ("error", "warning", "critical"):
+                continue
+            if rec.get("logger") == "task.stderr":
+                continue  # Ray's INFO lines on stderr
+            detail = " | ".join(f"{d.get('exc_type')}: {d.get('exc_value')}"
+                                for d in rec.get("error_detail") or [] if isinstance(d, dict))
+            line = f"{path.relative_to(run_logs)}: {rec.get('event')}"[:1500]
+            out.append(line + (f" [{detail[:2500]}]" if detail else ""))
+    text = "\n".join(out)
+    return text[-limit:] if text else f"(no errors logged under {run_logs})"
+
+
+def _why(stack: AirflowStack, api: httpx.Client, dag_id: str, run_id: str) -> str:
+    """Why a run is not what the test expects, for an assertion message (as text: pytest shortens a
+    dict's repr there to one line, which hid the failed task in a red CI)."""
+    return (f"run {run_id} of {dag_id}: {pprint.pformat(_task_states(api, dag_id, run_id), width=120)}\n"
+            f"errors logged:\n{_errors_logged(stack, dag_id, run_id)}")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +105,7 @@ def started(airflow_stack: AirflowStack, api: httpx.Client, canaries: dict[str, 
         time.sleep(1)
     assert [r["run_type"] for r in runs] == ["scheduled"], runs
     cron_run = airflow_stack.wait_for_run(api, RETRAIN, runs[0]["dag_run_id"], timeout_s=600)
-    assert cron_run["state"] == "success", _task_states(api, RETRAIN, runs[0]["dag_run_id"])
+    assert cron_run["state"] == "success", _why(airflow_stack, api, RETRAIN, runs[0]["dag_run_id"])
     r = api.patch(f"/api/v2/dags/{DAG}", json={"is_paused": False})
     assert r.status_code == 200 and r.json()["is_paused"] is False, r.text
     r = api.post(f"/api/v2/dags/{DAG}/dagRuns",
@@ -134,10 +154,10 @@ def test_verl_ppo_succeeds_under_the_real_scheduler_and_triggerer(
         run = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}").json()
         if run["state"] in ("success", "failed"):
             break
-        assert time.monotonic() < deadline, f"run still {run['state']}: {_task_states(api, DAG, run_id)}"
+        assert time.monotonic() < deadline, f"run still {run['state']}: {_why(airflow_stack, api, DAG, run_id)}"
         time.sleep(1)
     states = _task_states(api, DAG, run_id)
-    assert run["state"] == "success", states
+    assert run["state"] == "success", _why(airflow_stack, api, DAG, run_id)
     # Nothing trained in preflight: no model to export.
     assert states == {**{t: "success" for t in TASKS}, "export_model": "skipped"}
 
@@ -192,7 +212,7 @@ def test_data_update_triggers_retraining_which_publishes_latest(
     assert all(r["run_type"] in ("asset_triggered", "scheduled") for r in retrain_runs), retrain_runs
     finished = [airflow_stack.wait_for_run(api, RETRAIN, r["dag_run_id"], timeout_s=600) for r in retrain_runs]
     for r in finished:
-        assert r["state"] == "success", _task_states(api, RETRAIN, r["dag_run_id"])
+        assert r["state"] == "success", _why(airflow_stack, api, RETRAIN, r["dag_run_id"])
     ordered = sorted(finished, key=lambda r: r["queued_at"])
     storage = Path(airflow_stack.env()["VERL_PIPELINE_HOME"])
     published = [_xcom(api, RETRAIN, r["dag_run_id"], "publish_run") for r in ordered]
@@ -217,7 +237,7 @@ def test_two_runs_at_once_each_get_their_own_cluster(
     ports, run directory and job ids, and both succeed."""
     first, second = (airflow_stack.wait_for_run(api, DAG, started[k], timeout_s=900) for k in ("ppo", "second"))
     for run in (first, second):
-        assert run["state"] == "success", _task_states(api, DAG, run["dag_run_id"])
+        assert run["state"] == "success", _why(airflow_stack, api, DAG, run["dag_run_id"])
     # Overlap: each started before the other ended (with max_active_runs=1 the second would queue).
     assert second["start_date"] < first["end_date"] and first["start_date"] < second["end_date"], (first, second)
     clusters = [_xcom(api, DAG, r["dag_run_id"], "provision_ray_cluster") for r in (first, second)]

@@ -23,6 +23,11 @@ INFRA = [
     ("ray.exceptions.ObjectLostError: Failed to retrieve object", "object lost with its node"),
     ("ray.exceptions.ActorUnavailableError: The actor 801b is unavailable: The actor is temporarily unavailable: "
      "RpcError: RPC error: Socket closed rpc_code: 14.", "actor unreachable (its node or process is gone)"),
+    # What ray.init in the job's driver raises when the GCS of a busy head answers too late.
+    ("  File \".../ray/_private/node.py\", in __init__\n    node_info = ray._private.services.get_node(\n"
+     "RuntimeError: b'RPC error: Deadline Exceeded'", "Ray control plane overloaded (GCS call timed out)"),
+    ("Exception: The current node timed out during startup. This could happen because some of the raylet "
+     "failed to startup or the GCS has become overloaded.", "Ray control plane overloaded (GCS call timed out)"),
 ]
 
 USER = [
