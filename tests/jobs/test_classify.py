@@ -54,6 +54,13 @@ def test_user_failures_are_not(log: str, reason: str) -> None:
     assert c.reason == reason
 
 
+def test_a_gcs_timeout_ray_logged_and_retried_does_not_make_a_user_error_infrastructure() -> None:
+    log = ("INFO node.py:438 -- Failed to get node info b'RPC error: Deadline Exceeded'\n"
+           "Traceback (most recent call last):\n  File x\nZeroDivisionError: division by zero")
+    c = classify(EXIT, log)
+    assert c.kind is FailureKind.USER and c.reason == "exception in user code"
+
+
 def test_unknown_and_stopped() -> None:
     assert classify("exit code 2", "no idea").reason == "unrecognised failure (not retried)"
     assert classify("Job was intentionally stopped.", "", status="STOPPED").reason == "job was stopped"

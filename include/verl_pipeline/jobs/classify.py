@@ -54,9 +54,10 @@ _INFRA: list[tuple[str, str]] = [
     ("preempted", r"[Pp]reempt(ed|ion)|spot instance .{0,40}reclaim"),
     ("Jobs API unreachable", r"Ray Jobs API unreachable|dashboard .{0,60} is unreachable|Connection refused"),
     # An overloaded head: the GCS answers a driver's (or a node's) call too late. Ray raises it as a
-    # plain RuntimeError from ``ray.init``, which would otherwise read as the user's exception.
-    ("Ray control plane overloaded (GCS call timed out)", r"RPC error: Deadline Exceeded|DEADLINE_EXCEEDED|"
-                                                          r"timed out during startup|GCS has become overloaded"),
+    # plain RuntimeError from ``ray.init``, which would otherwise read as the user's exception. Only
+    # the raised forms: Ray also logs a Deadline Exceeded it then retries ("Failed to get node info b'…'").
+    ("Ray control plane overloaded (GCS call timed out)", r"Error: b'RPC error: Deadline Exceeded'|"
+                                                          r"Exception: The current node timed out during startup"),
 ]
 
 _USER: list[tuple[str, str]] = [
