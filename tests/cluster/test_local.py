@@ -121,6 +121,21 @@ def test_worker_port_range_skips_a_slot_where_any_port_is_held(monkeypatch: pyte
             s.close()
 
 
+def test_worker_port_ranges_stay_clear_of_the_ray_client_servers_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's client server gives its first client port 23000 without checking it: a worker of
+    another cluster there made a Ray client connection fail in CI."""
+    from verl_pipeline.cluster import local
+
+    reserved = local.RAY_CLIENT_SERVER_PORTS
+    for _ in range(50):  # random picks over the whole window below the ephemeral range
+        base = local.free_port_range(200)
+        assert base + 200 <= reserved.start or base >= reserved.stop, base
+    # A window inside the reserved ports has no slot at all.
+    monkeypatch.setattr(local, "_ephemeral_start", lambda: reserved.stop)
+    with pytest.raises(ClusterError, match="no free range of 200 ports"):
+        local.free_port_range(200, low=reserved.start)
+
+
 def test_free_ports_are_distinct_and_skip_excluded_ones() -> None:
     """Ray refuses to start when two of its components get one port: every port handed out for a
     node is different, even when the kernel would reuse a just-closed probe port."""

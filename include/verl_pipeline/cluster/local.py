@@ -45,6 +45,10 @@ PORT_FLAGS = {
     "ray_client_server": "--ray-client-server-port",
 }
 _WORKER_PORT_SPAN = 200
+#: The ports a Ray client server hands its clients, in order, without checking the host (Ray 2.60,
+#: ``ray/util/client/server/proxier.py``: MIN/MAX_SPECIFIC_SERVER_PORT). A worker of another cluster
+#: on one of them makes that server's first client fail ("Starting Ray client server failed").
+RAY_CLIENT_SERVER_PORTS = range(23000, 24000)
 #: Ports only the head opens (worker nodes join the head's GCS and have no dashboard).
 _HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}
 STATE_FILE = "verl_pipeline_cluster.json"
@@ -110,16 +114,19 @@ def _port_free(port: int) -> bool:
 def free_port_range(span: int, exclude: tuple[int, ...] = (), low: int = 10000) -> int:
     """The first port of ``span`` consecutive ports that are all free right now.
 
-    Below the ephemeral range (so outgoing connections never take them later), every port probed on
-    the wildcard address, and the slot picked at random: clusters that reserved a range for workers
-    they have not started yet (nothing bound to probe) rarely get the same slot. ``exclude`` are
-    bases already handed out for this cluster.
+    Below the ephemeral range (so outgoing connections never take them later), clear of the Ray
+    client server's ports (:data:`RAY_CLIENT_SERVER_PORTS`), every port probed on the wildcard
+    address, and the slot picked at random: clusters that reserved a range for workers they have not
+    started yet (nothing bound to probe) rarely get the same slot. ``exclude`` are bases already
+    handed out for this cluster.
     """
     high = _ephemeral_start() - span
     bases = list(range(low, high + 1, span))
     random.SystemRandom().shuffle(bases)
     for base in bases:
         if any(abs(base - other) < span for other in exclude):
+            continue
+        if base < RAY_CLIENT_SERVER_PORTS.stop and base + span > RAY_CLIENT_SERVER_PORTS.start:
             continue
         if all(_port_free(port) for port in range(base, base + span)):
             return base
