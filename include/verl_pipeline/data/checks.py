@@ -35,11 +35,6 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
-#: The exception verl 0.9.1's ``default_compute_score`` raises for a data_source it has no scorer
-#: for (the last case of its chain, verl/utils/reward_score/__init__.py): the check's refusal signal.
-VERL_HAS_NO_SCORER = NotImplementedError
-
-
 class RewardCheck:
     """verl's scorer for the recipe's data_source, verified to exist and to accept the ground truths."""
 
@@ -74,11 +69,12 @@ class RewardCheck:
         """Score one known-good sample: verl has a scorer for the data_source, or the run is refused.
 
         verl 0.9.1 keeps no list of the data_sources it scores: ``default_compute_score`` is a chain of
-        cases, and a data_source that none of them matches raises :data:`VERL_HAS_NO_SCORER`."""
+        cases, and a data_source that none of them matches raises ``NotImplementedError`` (its last
+        case, verl/utils/reward_score/__init__.py). That exception is the refusal."""
         assert self.fn is not None
         try:
             self.fn(self.recipe.data_source, self.recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
-        except VERL_HAS_NO_SCORER as no_scorer:
+        except NotImplementedError as no_scorer:
             raise ConfigError("data.data_source", self.recipe.data_source,
                               f"{self.scorer} has no reward function for this data_source ({no_scorer})",
                               f"a data_source verl scores ({', '.join(VERL_SCORED_EXAMPLES)}) or set "
