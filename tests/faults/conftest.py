@@ -177,11 +177,16 @@ def kill_node(rank: int) -> Callable[[Path], None]:
     return _kill
 
 
+#: Where the fault tests leave their recovery figures (bench/fault_recovery.py reads them).
+RESULTS_FILE = REPO / ".work" / "fault-recovery.json"
+
+
 def record_result(results_file: Path, scenario: str, value: dict[str, Any]) -> None:
     """Add one scenario's figures to ``results_file``. Tests of other xdist groups write it too: the
     file is replaced atomically, and one that cannot be read starts afresh (the figures are a bench's)."""
     from verl_pipeline.paths import write_json_atomic
 
+    results_file.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = json.loads(results_file.read_text())
     except (OSError, ValueError):
@@ -192,10 +197,8 @@ def record_result(results_file: Path, scenario: str, value: dict[str, Any]) -> N
 
 @pytest.fixture
 def results_file() -> Iterator[Path]:
-    """Recovery times go to .work/fault-recovery.json (picked up by docs/benchmarks.md by hand)."""
-    path = REPO / ".work" / "fault-recovery.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    yield path
+    """Recovery times go to :data:`RESULTS_FILE` (picked up by docs/benchmarks.md by hand)."""
+    yield RESULTS_FILE
 
 
 @pytest.fixture

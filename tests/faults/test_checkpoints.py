@@ -44,7 +44,6 @@ def _submit(client: RayJobsClient, spec: RunSpec, deadline: Deadline | None = No
                               run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=deadline)
 
 
-
 def _first_step_after(spec: RunSpec, attempt: int, since: float, timeout_s: float = 60) -> float:
     """Seconds from ``since`` until ``attempt`` logged its first step."""
     deadline = time.monotonic() + timeout_s
@@ -113,9 +112,9 @@ def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     assert report.throughput_per_gpu and report.timing_s["gen"] < report.timing_s["step"]
     where = "inside the tracker's write" if files == 99 else f"after {files} of step 4's files"
     record_result(results_file, f"killed mid-save ({where})",
-            {"recovery_s": first_step_s, "killed_after_step": 4, "resumed_from_step": resumed,
-             "steps_redone": 4 - resumed, "resume_mode": mode,
-             "note": "the job's failure seen -> the resubmitted attempt's first step (no Airflow)"})
+                  {"recovery_s": first_step_s, "killed_after_step": 4, "resumed_from_step": resumed,
+                   "steps_redone": 4 - resumed, "resume_mode": mode,
+                   "note": "the job's failure seen -> the resubmitted attempt's first step (no Airflow)"})
 
 
 def test_retry_on_a_smaller_world_size_is_refused_before_submitting(
@@ -167,6 +166,6 @@ def test_allocation_deadline_saves_before_the_end_and_the_retry_loses_at_most_on
     assert logged - resumed <= 1 and resumed >= 3 - 1
     assert _steps(spec, 2) == list(range(resumed + 1, 9))
     record_result(results_file, "allocation deadline (verl's should_save_ckpt_esi, trainer.use_v1=false)",
-            {"recovery_s": first_step_s, "killed_after_step": logged, "resumed_from_step": resumed,
-             "steps_redone": logged - resumed, "save_freq": 100,
-             "note": f"without the deadline: {logged} steps lost (no save before step 100)"})
+                  {"recovery_s": first_step_s, "killed_after_step": logged, "resumed_from_step": resumed,
+                   "steps_redone": logged - resumed, "save_freq": 100,
+                   "note": f"without the deadline: {logged} steps lost (no save before step 100)"})

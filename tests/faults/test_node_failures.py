@@ -76,7 +76,6 @@ def _checkpoints_intact(home: Path) -> list[int]:
     return steps
 
 
-
 def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) -> None:
     dag = load_dag()
     killer = Killer(fault_env, at_step=KILL_AT_STEP, kill=kill_node(rank))
@@ -103,7 +102,7 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
     assert _checkpoints_intact(fault_env) == list(range(SAVE_FREQ, TOTAL_STEPS + 1, SAVE_FREQ))
     _no_leftovers(rd)
     record_result(results_file, scenario, {"recovery_s": killer.recovery_s, "killed_after_step": max(first),
-                                     "resumed_from_step": resumed, "steps_redone": redone})
+                                           "resumed_from_step": resumed, "steps_redone": redone})
 
 
 def test_worker_node_killed_mid_job_resumes_from_checkpoint(fault_env: Path, results_file: Path) -> None:
@@ -229,4 +228,4 @@ def test_killed_waiter_reattaches_and_exactly_one_job_runs(fault_env: Path, resu
     assert steps == list(range(1, TOTAL_STEPS + 1))  # one job, never restarted
     _no_leftovers(rd)
     record_result(results_file, "waiting process killed", {"recovery_s": reattached_s, "steps_redone": 0,
-                                                      "note": "job kept training; retry reattached"})
+                                                            "note": "job kept training; retry reattached"})

@@ -203,7 +203,7 @@ def test_allocation_time_limit_ends_mid_training_verl_saves_ahead_and_the_retry_
     ``should_save_ckpt_esi`` saved after each step; Slurm's time limit kills the job; the wait task's
     retry gets a fresh allocation and resumes from the last step saved (at most one step lost; with
     save_freq alone every step would be). Nothing of either allocation survives the run."""
-    from tests.faults.conftest import _profile, gate_path, load_dag, metric_lines, record_result, run_dir
+    from tests.faults.conftest import RESULTS_FILE, _profile, gate_path, load_dag, metric_lines, record_result, run_dir
     from verl_pipeline.jobs.attempts import read_attempts
 
     held_after, total = 3, 5
@@ -257,7 +257,7 @@ def test_allocation_time_limit_ends_mid_training_verl_saves_ahead_and_the_retry_
     for extra in (_xcom(dr, "provision_ray_cluster")["extra"], final["extra"]):
         nothing_left(extra)
     first = steps[cut]
-    record_result(REPO / ".work" / "fault-recovery.json", "Slurm allocation time limit, verl saving ahead", {
+    record_result(RESULTS_FILE, "Slurm allocation time limit, verl saving ahead", {
         "killed_after_step": max(first), "resumed_from_step": resumed, "steps_redone": max(first) - resumed})
 
 
