@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from verl_pipeline.cluster.admission import Admission, admission_of
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.attempts import metrics_file
@@ -259,6 +260,8 @@ class RunSpec:
     on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL
     #: Merge and publish the trained model after a successful training run (the run profile's ``export``).
     export_model: bool = True
+    #: A shared cluster's Airflow pool and the slots this run takes (the cluster profile's ``pool``).
+    admission: Admission | None = None
 
     # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
     @property
@@ -348,6 +351,7 @@ class RunSpec:
             "trackers": self.trackers.to_dict(),
             "on_world_size_change": self.on_world_size_change.value,
             "export_model": self.export_model,
+            "admission": self.admission.to_dict() if self.admission else None,
         }
 
 
@@ -496,6 +500,7 @@ def build_run_spec(
         trackers=TrackerSettings.from_profile(prof.get(TRACKERS_SECTION), profile_name),
         on_world_size_change=_world_size_change(prof.get("on_world_size_change"), profile_name),
         export_model=_export_model(prof.get("export", True), profile_name),
+        admission=admission_of(cluster, cluster_profile, nnodes * n_gpus_per_node),
     )
     logger_backends(verl_settings.get(LOGGER_KEY))  # an unknown tracker fails here, before any cluster
     check_shape(spec)

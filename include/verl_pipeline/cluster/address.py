@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from verl_pipeline.cluster import auth
+from verl_pipeline.cluster.admission import POOL_KEY
 from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
@@ -53,7 +54,7 @@ class AddressBackend(ClusterBackend):
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> AddressBackend:
         known = {"backend", "dashboard_url", "conn_id", "auth_mode", "allow_insecure", "ca_bundle", "expected_nodes",
-                 "expected_gpus", "ready_timeout_s", *COMMON_SETTINGS}
+                 "expected_gpus", "ready_timeout_s", POOL_KEY, *COMMON_SETTINGS}
         for key in spec:
             if key not in known:
                 raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the address backend",
