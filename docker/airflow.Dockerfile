@@ -39,12 +39,14 @@ COPY . /opt/verl-pipeline
 RUN pip install -e /opt/verl-pipeline -c requirements/constraints.txt \
  && python -c "import verl_pipeline, airflow; print('verl_pipeline', verl_pipeline.__version__, 'airflow', airflow.__version__)"
 
+# Airflow's local settings (the shared-cluster pool policy) go to $AIRFLOW_HOME/config.
 # Non-root user (GID 0 like the official Airflow image, so an arbitrary UID with GID 0 works too).
 # The directories below are the mount points of named volumes: a new named volume copies their
 # ownership, so the user can write logs, the auth file and the shared data.
 RUN useradd --uid "${APP_UID}" --gid 0 --create-home --home-dir /home/airflow --shell /bin/bash airflow \
- && mkdir -p /opt/airflow/dags /opt/airflow/plugins /opt/airflow/logs /opt/airflow/auth \
+ && mkdir -p /opt/airflow/dags /opt/airflow/plugins /opt/airflow/logs /opt/airflow/auth /opt/airflow/config \
              /shared/data /shared/models /shared/checkpoints /shared/runs \
+ && cp /opt/verl-pipeline/docker/airflow_local_settings.py /opt/airflow/config/ \
  && chown -R "${APP_UID}:0" /opt/airflow /shared \
  && chmod -R g+rwX /opt/airflow /shared
 
