@@ -90,7 +90,7 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
         # ... whose look at the STOPPED job resubmits it (here without the upstream results it needs),
         # where a job stopped by anyone else fails.
         ctx["ti"].try_number = 2
-        with pytest.raises(AirflowException, match="cannot resubmit: data or model results"):
+        with pytest.raises(AirflowException, match="cannot submit: data or model results"):
             WaitForVerlJobOperator(task_id="wait_for_verl_job").execute(ctx)
     finally:
         client.stop(job_id)

@@ -20,10 +20,14 @@ from verl_pipeline.airflow.operators.base import (
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.exceptions import PipelineError
 
+#: The submit task's ``action`` for a run on a shared cluster: its job is submitted by the wait task.
+QUEUED = "queued_for_pool"
+
 
 class SubmitVerlJobOperator(PipelineOperator):
     """Render the verl job (entrypoint + runtime_env), probe every node for what it needs, and submit
-    it, or reattach to this run's live job.
+    it, or reattach to this run's live job. On a shared cluster (a cluster profile with ``pool:``)
+    the wait task submits it, under the run's pool slots (:mod:`verl_pipeline.airflow.policy`).
 
     The probe (:func:`verl_pipeline.steps.check_environment`) fails a training job at once, without
     retries, when a node misses a package, a GPU or a path; in preflight mode it only reports what
@@ -84,6 +88,16 @@ class SubmitVerlJobOperator(PipelineOperator):
             job, mode, run_dir = prepared.job, prepared.mode, spec.run_dir
             self.log.info("Entrypoint: %s", job.entrypoint)
             self.log.info("runtime_env: %s", job.runtime_env)
+            if spec.admission is not None:
+                # A shared cluster: the job is submitted by the wait task, which holds the run's pool
+                # slots for the job's whole life (a slot this task held would be free again before
+                # the job ends).
+                self.log.info("Cluster %s is shared: %s submits the job once it holds %s", handle.name,
+                              WAIT_TASK, spec.admission.describe())
+                persist_tracker_links(context, trackers.links)
+                return {"submission_id": None, "action": QUEUED, "admission": spec.admission.to_dict(),
+                        "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
+                        "environment": prepared.environment, "tracker_links": trackers.links}
             sub = submit_or_reattach(
                 hook.client, job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
                 task_id=self.task_id, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,

@@ -55,6 +55,10 @@ class WaitForVerlJobOperator(PipelineOperator):
     progress is logged at most every ``progress_interval`` seconds; the log cursor and the last
     progress travel through every deferral (``wait-cursor.json`` in the run directory), so a
     reattach or retry forwards no line twice. The result carries the last ``progress``.
+
+    On a shared cluster (a cluster profile with ``pool:``) this task also submits the job: it runs
+    in the cluster's Airflow pool with a slot per GPU of the run (:mod:`verl_pipeline.airflow.policy`),
+    and the pool counts it while deferred, so no other run's job starts on those GPUs meanwhile.
     """
 
     template_fields: Sequence[str] = ("cluster_task_id", "submit_task_id", "data_task_id", "model_task_id")
@@ -99,6 +103,8 @@ class WaitForVerlJobOperator(PipelineOperator):
         except PipelineError as e:
             raise task_error(e) from e
         handle = self._handle(context, spec)
+        if not sub.get("submission_id") and not self._attempted(spec):
+            return self._submit_admitted(context, spec, handle, sub)
         job_id = self._latest_job_id(spec, sub)
         try:
             info, reachable = self.hook(handle).get_job(job_id), True
@@ -166,6 +172,30 @@ class WaitForVerlJobOperator(PipelineOperator):
     def _resubmit(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any], why: Decision) -> Any:
         """After an infrastructure failure: a healthy cluster, then the next attempt, resumed."""
         from verl_pipeline import steps
+
+        try:
+            handle = steps.ensure_cluster(spec, handle, token=self.hook(handle).token())
+            new = self._submit_next(context, spec, handle, sub)
+        except PipelineError as e:
+            raise task_error(e) from e
+        self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", why.reason,
+                         new.submission_id, new.action, new.attempt, handle.dashboard_url)
+        return self._follow(context, spec, handle, sub, new)
+
+    def _submit_admitted(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any]) -> Any:
+        """A run on a shared cluster: this task holds the run's pool slots now, so it submits the job."""
+        try:
+            new = self._submit_next(context, spec, handle, sub)
+        except PipelineError as e:
+            raise task_error(e) from e
+        self.log.info("Admitted with %s: Ray job %s (%s, attempt %d) on cluster %s",
+                      spec.admission.describe() if spec.admission else "no pool", new.submission_id,
+                      new.action, new.attempt, handle.dashboard_url)
+        return self._follow(context, spec, handle, sub, new)
+
+    def _submit_next(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any]) -> Any:
+        """Render the run's job again and submit its next attempt (or reattach to a live one)."""
+        from verl_pipeline import steps
         from verl_pipeline.constants import Mode
         from verl_pipeline.jobs.deadlines import task_deadline
         from verl_pipeline.jobs.submit import submit_or_reattach
@@ -174,20 +204,17 @@ class WaitForVerlJobOperator(PipelineOperator):
         data = self._pull(context, self.data_task_id)
         models = models_by_role(self._pull(context, self.model_task_id))
         if not data or not models:
-            raise AirflowException("cannot resubmit: data or model results of this run are missing")
-        try:
-            handle = steps.ensure_cluster(spec, handle, token=self.hook(handle).token())
-            # The retry's job gets the tracker credentials too (a file only its workers read).
-            trackers = job_trackers(spec, handle)
-            job = steps.render(spec, data=data, models=models, mode=Mode(sub["mode"]))
-            new = submit_or_reattach(self.hook(handle).client, job, dag_id=context["dag"].dag_id,
-                                     run_id=context["run_id"], task_id=self.submit_task_id, run_dir=spec.run_dir,
-                                     checkpoint_dir=spec.checkpoint_dir, secret_env=trackers.env.values,
-                                     deadline=task_deadline(context["ti"].start_date, self.execution_timeout))
-        except PipelineError as e:
-            raise task_error(e) from e
-        self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", why.reason,
-                         new.submission_id, new.action, new.attempt, handle.dashboard_url)
+            raise AirflowException("cannot submit: data or model results of this run are missing")
+        # Every attempt's job gets the tracker credentials (a file only its workers read).
+        trackers = job_trackers(spec, handle)
+        job = steps.render(spec, data=data, models=models, mode=Mode(sub["mode"]))
+        return submit_or_reattach(self.hook(handle).client, job, dag_id=context["dag"].dag_id,
+                                  run_id=context["run_id"], task_id=self.submit_task_id, run_dir=spec.run_dir,
+                                  checkpoint_dir=spec.checkpoint_dir, secret_env=trackers.env.values,
+                                  deadline=task_deadline(context["ti"].start_date, self.execution_timeout))
+
+    def _follow(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any], new: Any) -> Any:
+        """Wait for a job just submitted (or found): defer, or finish when it had already succeeded."""
         if new.action == "already_succeeded":
             return self._act(context, spec, handle, sub,
                              Observation(WaitEvent.SUCCEEDED, new.submission_id, job_status=new.status),
@@ -242,6 +269,11 @@ class WaitForVerlJobOperator(PipelineOperator):
         if handle is None:
             raise AirflowException("no cluster recorded for this run: did provision_ray_cluster fail?")
         return handle
+
+    def _attempted(self, spec: RunSpec) -> bool:
+        from verl_pipeline.jobs.attempts import read_attempts
+
+        return bool(read_attempts(spec.run_dir))
 
     def _latest_job_id(self, spec: RunSpec, sub: dict[str, Any]) -> str:
         from verl_pipeline.jobs.attempts import read_attempts
