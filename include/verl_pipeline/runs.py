@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.jobs.attempts import metrics_files
+from verl_pipeline.jobs.attempts import metrics_files, read_attempts
 from verl_pipeline.paths import slug, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,8 @@ def record_run(
     data = data or {}
     actor = (models or {}).get("actor") or {}
     submit = submit or {}
+    # The run's last job: a retry's (or, on a shared cluster, the wait task's) when there was one.
+    attempts = read_attempts(run_dir)
     manifest = RunManifest(
         run_key=run_key,
         run_name=run_name,
@@ -130,7 +132,7 @@ def record_run(
         config_file=str(run_dir / "run_spec.json"),
         checkpoint_dir=str(checkpoint_dir),
         latest_checkpoint_step=latest_checkpoint_step(checkpoint_dir),
-        job_id=submit.get("submission_id"),
+        job_id=attempts[-1].submission_id if attempts else submit.get("submission_id"),
         metrics_files=[str(p) for p in metrics_files(run_dir).values()],
     )
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -75,6 +75,7 @@ class ExportModelOperator(PipelineOperator):
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from verl_pipeline.jobs.attempts import read_attempts
         from verl_pipeline.jobs.checkpoints import current_segment, list_checkpoints, save_contents
         from verl_pipeline.models.export import export_run
         from verl_pipeline.models.prefetch import models_by_role
@@ -84,9 +85,11 @@ class ExportModelOperator(PipelineOperator):
         reason = skip_reason(submitted)
         if reason:
             raise AirflowSkipException(f"no model exported: {reason}")
-        job_id = submitted.get("submission_id", "?")
         try:
             spec = spec_from_context(context)
+            # The job that trained the model: the run's last attempt (a retry's, or the wait task's).
+            attempts = read_attempts(spec.run_dir)
+            job_id = attempts[-1].submission_id if attempts else submitted.get("submission_id") or "?"
             reason = run_skip_reason(spec, submitted)
             if reason:
                 raise AirflowSkipException(f"no model exported: {reason}")
