@@ -44,6 +44,12 @@ CLOCK_ENV = "VERL_PIPELINE_TEST_CLOCK"
 STACK_TRAIN_PROFILE = "stack-train"
 STACK_TOTAL_STEPS = 6
 STACK_GATE_AFTER_STEP = 3
+#: A run profile on a shared ``address`` cluster admitted through an Airflow pool (the cluster profile
+#: STACK_SHARED_CLUSTER, reached through the connection STACK_SHARED_CONN, which the test creates).
+STACK_SHARED_PROFILE = "stack-shared"
+STACK_SHARED_CLUSTER = "stack-shared-cluster"
+STACK_SHARED_CONN = "ray_stack_shared"
+STACK_SHARED_POOL = "stack_shared_gpus"
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
@@ -208,6 +214,11 @@ class AirflowStack:
     def gate(self) -> Path:
         return self.root / "gate-open"
 
+    @property
+    def shared_gate(self) -> Path:
+        """The gate of :data:`STACK_SHARED_PROFILE`'s runs."""
+        return self.root / "shared-gate-open"
+
     def open_gate(self) -> None:
         self.gate.touch()
 
@@ -233,6 +244,20 @@ class AirflowStack:
                                "gate_after_step": STACK_GATE_AFTER_STEP}},
         }
         (self.configs / "profiles" / f"{STACK_TRAIN_PROFILE}.yaml").write_text(yaml.safe_dump(profile))
+        shared_cluster = {
+            "description": "tests: a shared Ray cluster with one GPU, admitted through an Airflow pool",
+            "cluster": {"backend": "address", "conn_id": STACK_SHARED_CONN, "auth_mode": "token",
+                        "pool": STACK_SHARED_POOL, "expected_nodes": 1, "expected_gpus": 1, "ready_timeout_s": 120},
+            "hardware": {"gpu_memory_gb": 24},
+            "runtime": {"ship_package": False, "env": {}},
+        }
+        (self.configs / "clusters" / f"{STACK_SHARED_CLUSTER}.yaml").write_text(yaml.safe_dump(shared_cluster))
+        shared = {**profile, "description": "tests: the stand-in trainer on a shared cluster",
+                  "cluster_profile": STACK_SHARED_CLUSTER,
+                  "verl": {"trainer": {"save_freq": 2},
+                           "+fake": {"step_seconds": 0.5, "gate_file": str(self.shared_gate),
+                                     "gate_after_step": STACK_GATE_AFTER_STEP}}}
+        (self.configs / "profiles" / f"{STACK_SHARED_PROFILE}.yaml").write_text(yaml.safe_dump(shared))
 
     def env(self) -> dict[str, str]:
         assert self.postgres is not None
@@ -280,6 +305,9 @@ class AirflowStack:
         pw_file.write_text(json.dumps({ADMIN_USER: self.password}))
         pw_file.chmod(0o600)
         self._write_configs()
+        # The project's Airflow local settings (the shared-cluster pool policy), as its image installs them.
+        (self.home / "config").mkdir(exist_ok=True)
+        shutil.copy(REPO / "docker" / "airflow_local_settings.py", self.home / "config")
         self._fix_clock()
         self.postgres = Postgres(self.root / "pg", extra_env=self._clock_env())
         self.postgres.start()
