@@ -92,3 +92,30 @@ def test_render_includes_every_model_of_the_run(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
     out = json.loads(run("render", "--json", "--no-verl-check", home=tmp_path / "home").stdout)
     assert any(o.startswith("reward.reward_model.model_path=") for o in out["overrides"]), out["overrides"]
+
+
+def test_render_says_a_shared_clusters_run_queues_in_its_pool(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    import yaml
+
+    from verl_pipeline.paths import configs_dir
+
+    cfg = tmp_path / "configs"
+    shutil.copytree(configs_dir(), cfg)
+    prof = yaml.safe_load((cfg / "clusters" / "gpu-address.yaml").read_text())
+    prof["cluster"]["pool"] = "shared_gpus"
+    (cfg / "clusters" / "shared.yaml").write_text(yaml.safe_dump(prof))
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    out = run("render", "--no-verl-check", "--cluster-profile", "shared", "--n-gpus-per-node", "4",
+              home=tmp_path / "home").stdout
+    assert "# shared cluster: a verl_ppo run waits for 4 of the 8 slots of Airflow pool 'shared_gpus'" in out
+    data = json.loads(run("render", "--json", "--no-verl-check", "--cluster-profile", "shared",
+                          home=tmp_path / "home").stdout)
+    assert data["spec"]["admission"] == {"pool": "shared_gpus", "slots": 8, "size": 8}
+    # A shape the pool could never admit fails in one line, naming the key and the fix.
+    r = run("render", "--no-verl-check", "--cluster-profile", "shared", "--nnodes", "2", home=tmp_path / "home",
+            check=False)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "clusters/shared.cluster.expected_gpus=8: the run needs 16 GPUs" in r.stderr + r.stdout

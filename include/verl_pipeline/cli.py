@@ -261,6 +261,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         text.append(f"# verl {verl_check['verl_version']}: composed ppo_trainer.yaml and passed validate_config + "
                     f"the actor/critic/rollout dataclass checks in {verl_check['seconds']}s "
                     f"(critic: {verl_check['use_critic']}, reference: {verl_check['use_reference_policy']})")
+    if spec.admission is not None:
+        text.append(f"# shared cluster: a verl_ppo run waits for {spec.admission.describe()} (verl-pipeline "
+                    "submit does not queue)")
     text += [f"# note: {n}" for n in notes]
     text += [f"# needs: {n}" for n in needs]
     text.append("derived values (value — rule):")
