@@ -126,3 +126,26 @@ def fsdp_checkpoint(tiny_model_path: Path) -> Path:
                                  global_step=2, world_size=2, full_state_path=str(root / "full_state.pt")))
         (root / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
     return root
+
+
+@pytest.fixture
+def own_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the project's configs that the test may change ($VERL_PIPELINE_CONFIGS points at it)."""
+    import shutil
+
+    from verl_pipeline.paths import configs_dir
+
+    cfg = tmp_path / "configs"
+    shutil.copytree(configs_dir(), cfg)
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    return cfg
+
+
+def write_pooled_cluster(configs: Path, pool: str, name: str = "shared") -> str:
+    """``clusters/<name>.yaml``: the shipped gpu-address profile (8 GPUs) naming the Airflow pool ``pool``."""
+    import yaml
+
+    prof = yaml.safe_load((configs / "clusters" / "gpu-address.yaml").read_text())
+    prof["cluster"]["pool"] = pool
+    (configs / "clusters" / f"{name}.yaml").write_text(yaml.safe_dump(prof))
+    return name

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ray_processes
+from tests.conftest import ray_processes, write_pooled_cluster
 
 CLI = [sys.executable, "-m", "verl_pipeline"]
 
@@ -77,37 +77,18 @@ def test_every_step_by_hand(tmp_path: Path) -> None:
     assert run("cluster", "status", home=tmp_path, check=False).returncode != 0
 
 
-def test_render_includes_every_model_of_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
-
+def test_render_includes_every_model_of_the_run(tmp_path: Path, own_configs: Path) -> None:
     import yaml
 
-    from verl_pipeline.paths import configs_dir
-
-    cfg = tmp_path / "configs"
-    shutil.copytree(configs_dir(), cfg)
-    prof = yaml.safe_load((cfg / "models" / "tiny-ppo.yaml").read_text())
+    prof = yaml.safe_load((own_configs / "models" / "tiny-ppo.yaml").read_text())
     prof["model"]["reward_source"] = "builtin:tiny-qwen2"
-    (cfg / "models" / "tiny-ppo.yaml").write_text(yaml.safe_dump(prof))
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    (own_configs / "models" / "tiny-ppo.yaml").write_text(yaml.safe_dump(prof))
     out = json.loads(run("render", "--json", "--no-verl-check", home=tmp_path / "home").stdout)
     assert any(o.startswith("reward.reward_model.model_path=") for o in out["overrides"]), out["overrides"]
 
 
-def test_render_says_a_shared_clusters_run_queues_in_its_pool(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
-
-    import yaml
-
-    from verl_pipeline.paths import configs_dir
-
-    cfg = tmp_path / "configs"
-    shutil.copytree(configs_dir(), cfg)
-    prof = yaml.safe_load((cfg / "clusters" / "gpu-address.yaml").read_text())
-    prof["cluster"]["pool"] = "shared_gpus"
-    (cfg / "clusters" / "shared.yaml").write_text(yaml.safe_dump(prof))
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+def test_render_says_a_shared_clusters_run_queues_in_its_pool(tmp_path: Path, own_configs: Path) -> None:
+    write_pooled_cluster(own_configs, "shared_gpus")
     out = run("render", "--no-verl-check", "--cluster-profile", "shared", "--n-gpus-per-node", "4",
               home=tmp_path / "home").stdout
     assert "# shared cluster: a verl_ppo run waits for 4 of the 8 slots of Airflow pool 'shared_gpus'" in out

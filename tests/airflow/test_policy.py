@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from tests.conftest import write_pooled_cluster
 from verl_pipeline.airflow.policy import task_instance_mutation_hook
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,19 +16,12 @@ POOL = "shared_h100_test"
 
 
 @pytest.fixture
-def pooled_dag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path) -> Any:
+def pooled_dag(own_configs: Path, airflow_db: Path) -> Any:
     """verl_ppo (serialized, as the scheduler holds it) with a cluster profile ``shared`` naming a pool."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from verl_pipeline.paths import configs_dir
-
-    cfg = tmp_path / "configs"
-    shutil.copytree(configs_dir(), cfg)
-    prof = yaml.safe_load((cfg / "clusters" / "gpu-address.yaml").read_text())
-    prof["cluster"]["pool"] = POOL
-    (cfg / "clusters" / "shared.yaml").write_text(yaml.safe_dump(prof))
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    write_pooled_cluster(own_configs, POOL)
     bag = DagBag(dag_folder=str(REPO / "dags" / "verl_ppo.py"))
     assert bag.import_errors == {}
     yield DagSerialization.from_dict(DagSerialization.to_dict(bag.dags["verl_ppo"]))

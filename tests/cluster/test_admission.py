@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tests.conftest import write_pooled_cluster
 from verl_pipeline.cluster.address import AddressBackend
 from verl_pipeline.cluster.admission import Admission, admission_of
 from verl_pipeline.exceptions import ConfigError
@@ -37,20 +40,10 @@ def test_a_pool_that_cannot_work_fails_in_one_line(cluster: dict, n_gpus: int, k
     assert msg.startswith(f"clusters/shared.{key}=") and words in msg and "\n" not in msg and "fix:" in msg
 
 
-def test_the_run_spec_carries_the_admission(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
-
-    import yaml
-
+def test_the_run_spec_carries_the_admission(own_configs: Path) -> None:
     from verl_pipeline.config import build_run_spec
-    from verl_pipeline.paths import configs_dir
 
-    cfg = tmp_path / "configs"
-    shutil.copytree(configs_dir(), cfg)
-    prof = yaml.safe_load((cfg / "clusters" / "gpu-address.yaml").read_text())
-    prof["cluster"]["pool"] = "shared_h100"
-    (cfg / "clusters" / "shared.yaml").write_text(yaml.safe_dump(prof))
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    write_pooled_cluster(own_configs, "shared_h100")
     spec = build_run_spec({"cluster_profile": "shared", "n_gpus_per_node": 4}, run_name="verl_ppo/r1")
     assert spec.admission == Admission("shared_h100", 4, 8)
     assert spec.to_dict()["admission"] == {"pool": "shared_h100", "slots": 4, "size": 8}

@@ -53,6 +53,23 @@ STACK_SHARED_POOL = "stack_shared_gpus"
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
+def task_instance(api: httpx.Client, run_id: str, task_id: str, dag_id: str = "verl_ppo") -> dict[str, Any]:
+    """A task instance of a run, as the REST API v2 shows it."""
+    return dict(api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}").json())
+
+
+def run_xcom(api: httpx.Client, run_id: str, task_id: str, dag_id: str = "verl_ppo") -> Any:
+    """A task's return value in a run (None while it has none)."""
+    r = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
+    return r.json()["value"] if r.status_code == 200 else None
+
+
+def run_task_states(api: httpx.Client, run_id: str, dag_id: str = "verl_ppo") -> dict[str, str]:
+    """Every task's state in a run."""
+    tis = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+    return {ti["task_id"]: ti["state"] for ti in tis}
+
+
 class StackUnavailable(RuntimeError):
     """A system prerequisite (PostgreSQL binaries) is missing: the caller skips (or fails in CI)."""
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from tests.integration.airflow_stack import (
@@ -23,7 +21,12 @@ from tests.integration.airflow_stack import (
     STACK_SHARED_POOL,
     STACK_SHARED_PROFILE,
     AirflowStack,
+    run_task_states,
+    run_xcom,
+    task_instance,
 )
+from verl_pipeline.airflow.operators import SUBMIT_TASK as SUBMIT
+from verl_pipeline.airflow.operators import WAIT_TASK as WAIT
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.jobs.attempts import read_attempts
 from verl_pipeline.jobs.client import JobInfo
@@ -31,8 +34,6 @@ from verl_pipeline.jobs.client import JobInfo
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 DAG = "verl_ppo"
-WAIT = "wait_for_verl_job"
-SUBMIT = "submit_verl_job"
 
 
 @pytest.fixture
@@ -48,20 +49,6 @@ def shared_head() -> Iterator[ClusterHandle]:
     finally:
         backend.teardown(handle)
         assert procs.alive(procs.with_cmdline(handle.extra["temp_dir"])) == []
-
-
-def _ti(api: httpx.Client, run_id: str, task_id: str) -> dict[str, Any]:
-    return dict(api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}").json())
-
-
-def _xcom(api: httpx.Client, run_id: str, task_id: str) -> Any:
-    r = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
-    return r.json()["value"] if r.status_code == 200 else None
-
-
-def _states(api: httpx.Client, run_id: str) -> dict[str, str]:
-    tis = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    return {ti["task_id"]: ti["state"] for ti in tis}
 
 
 def _jobs_of(handle: ClusterHandle, run_dir: str) -> list[JobInfo]:
@@ -90,7 +77,7 @@ def test_runs_on_a_shared_cluster_queue_in_its_pool(airflow_stack: AirflowStack,
             runs.append(r.json()["dag_run_id"])
         # Each run's wait task got the pool and one slot per GPU when the run was created.
         for run_id in runs:
-            ti = _ti(api, run_id, WAIT)
+            ti = task_instance(api, run_id, WAIT)
             assert (ti["pool"], ti["pool_slots"]) == (STACK_SHARED_POOL, 1), ti
         pool = api.get(f"/api/v2/pools/{STACK_SHARED_POOL}").json()
         assert pool["slots"] == 1 and pool["include_deferred"] is True, pool
@@ -99,8 +86,8 @@ def test_runs_on_a_shared_cluster_queue_in_its_pool(airflow_stack: AirflowStack,
         deadline = time.monotonic() + 600
         while True:
             airflow_stack._check_alive()
-            waits = {run_id: _ti(api, run_id, WAIT)["state"] for run_id in runs}
-            subs = {run_id: _xcom(api, run_id, SUBMIT) for run_id in runs}
+            waits = {run_id: task_instance(api, run_id, WAIT)["state"] for run_id in runs}
+            subs = {run_id: run_xcom(api, run_id, SUBMIT) for run_id in runs}
             held = [r for r in runs if waits[r] == "deferred"]
             if held and all(subs.values()):
                 first = held[0]
@@ -110,7 +97,7 @@ def test_runs_on_a_shared_cluster_queue_in_its_pool(airflow_stack: AirflowStack,
                 if jobs and waits[second] == "scheduled" and pool["scheduled_slots"] == 1:
                     break
             assert time.monotonic() < deadline, \
-                f"no run queued in the pool while the other trained: {waits}, {subs}, {_states(api, runs[1])}"
+                f"no run queued in the pool while the other trained: {waits}, {subs}, {run_task_states(api, runs[1])}"
             time.sleep(1)
         assert pool["open_slots"] == 0 and pool["deferred_slots"] == 1, pool
         assert subs[second]["action"] == "queued_for_pool" and subs[second]["submission_id"] is None
@@ -121,7 +108,7 @@ def test_runs_on_a_shared_cluster_queue_in_its_pool(airflow_stack: AirflowStack,
         airflow_stack.shared_gate.touch()
         for run_id in runs:
             done = airflow_stack.wait_for_run(api, DAG, run_id, timeout_s=600)
-            assert done["state"] == "success", _states(api, run_id)
+            assert done["state"] == "success", run_task_states(api, run_id)
         first_jobs = _jobs_of(shared_head, subs[first]["run_dir"])
         second_jobs = _jobs_of(shared_head, subs[second]["run_dir"])
         assert len(first_jobs) == 1 and len(second_jobs) == 1, (first_jobs, second_jobs)

@@ -25,7 +25,10 @@ from tests.integration.airflow_stack import (
     STACK_TOTAL_STEPS,
     STACK_TRAIN_PROFILE,
     AirflowStack,
+    task_instance,
 )
+from tests.integration.airflow_stack import run_task_states as _states
+from tests.integration.airflow_stack import run_xcom as _xcom
 from verl_pipeline.jobs.attempts import read_attempts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -36,17 +39,7 @@ FAKE_TRAINER = "fake_verl_trainer.py"
 
 
 def _ti(api: httpx.Client, run_id: str, task_id: str = WAIT) -> dict[str, Any]:
-    return dict(api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}").json())
-
-
-def _xcom(api: httpx.Client, run_id: str, task_id: str) -> Any:
-    r = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
-    return r.json()["value"] if r.status_code == 200 else None
-
-
-def _states(api: httpx.Client, run_id: str) -> dict[str, str]:
-    tis = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    return {ti["task_id"]: ti["state"] for ti in tis}
+    return task_instance(api, run_id, task_id, DAG)
 
 
 def _wait_log(api: httpx.Client, run_id: str, try_number: int = 1) -> str:
