@@ -28,6 +28,10 @@ INFRA = [
      "RuntimeError: b'RPC error: Deadline Exceeded'", "Ray control plane overloaded (GCS call timed out)"),
     ("Exception: The current node timed out during startup. This could happen because some of the raylet "
      "failed to startup or the GCS has become overloaded.", "Ray control plane overloaded (GCS call timed out)"),
+    # verl's own check of the GPUs free at its start: on a shared cluster, another job holds them.
+    ("  File \".../verl/single_controller/ray/base.py\", in _check_resource_available\n"
+     "ValueError: Total available GPUs 4.0 is less than total desired GPUs 8",
+     "GPUs held by another job (verl's resource check)"),
 ]
 
 USER = [

@@ -58,6 +58,10 @@ _INFRA: list[tuple[str, str]] = [
     # the raised forms: Ray also logs a Deadline Exceeded it then retries ("Failed to get node info b'…'").
     ("Ray control plane overloaded (GCS call timed out)", r"Error: b'RPC error: Deadline Exceeded'|"
                                                           r"Exception: The current node timed out during startup"),
+    # verl's resource check counts the GPUs free right now. The pipeline checked the cluster's total
+    # before submitting, so fewer free ones means another job holds them for now (a shared cluster).
+    ("GPUs held by another job (verl's resource check)", r"Total available GPUs [\d.]+ is less than total "
+                                                         r"desired GPUs"),
 ]
 
 _USER: list[tuple[str, str]] = [
