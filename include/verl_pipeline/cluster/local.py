@@ -47,7 +47,7 @@ PORT_FLAGS = {
 _WORKER_PORT_SPAN = 200
 #: The ports a Ray client server hands its clients, in order, without checking the host (Ray 2.60,
 #: ``ray/util/client/server/proxier.py``: MIN/MAX_SPECIFIC_SERVER_PORT). A worker of another cluster
-#: on one of them makes that server's first client fail ("Starting Ray client server failed").
+#: on one of them would keep that client's server from binding its port.
 RAY_CLIENT_SERVER_PORTS = range(23000, 24000)
 #: Ports only the head opens (worker nodes join the head's GCS and have no dashboard).
 _HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}

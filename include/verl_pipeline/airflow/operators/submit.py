@@ -88,16 +88,16 @@ class SubmitVerlJobOperator(PipelineOperator):
             job, mode, run_dir = prepared.job, prepared.mode, spec.run_dir
             self.log.info("Entrypoint: %s", job.entrypoint)
             self.log.info("runtime_env: %s", job.runtime_env)
+            result = {"mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
+                      "environment": prepared.environment, "tracker_links": trackers.links}
+            persist_tracker_links(context, trackers.links)
             if spec.admission is not None:
                 # A shared cluster: the job is submitted by the wait task, which holds the run's pool
                 # slots for the job's whole life (a slot this task held would be free again before
                 # the job ends).
                 self.log.info("Cluster %s is shared: %s submits the job once it holds %s", handle.name,
                               WAIT_TASK, spec.admission.describe())
-                persist_tracker_links(context, trackers.links)
-                return {"submission_id": None, "action": QUEUED, "admission": spec.admission.to_dict(),
-                        "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
-                        "environment": prepared.environment, "tracker_links": trackers.links}
+                return {"submission_id": None, "action": QUEUED, "admission": spec.admission.to_dict(), **result}
             sub = submit_or_reattach(
                 hook.client, job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
                 task_id=self.task_id, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
@@ -107,6 +107,4 @@ class SubmitVerlJobOperator(PipelineOperator):
             raise task_error(e) from e
         self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action, sub.attempt)
         RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
-        persist_tracker_links(context, trackers.links)
-        return {**sub.to_dict(), "mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
-                "environment": prepared.environment, "tracker_links": trackers.links}
+        return {**sub.to_dict(), **result}
