@@ -66,10 +66,10 @@ def test_every_step_by_hand(tmp_path: Path) -> None:
         again = json.loads(run("submit", "--json", home=tmp_path).stdout)
         assert again["action"] == "already_succeeded"
         # Recorded like the DAG's submit task: a re-submit after a failure resumes from here.
-        from verl_pipeline.jobs.attempts import read_attempts
+        from verl_pipeline.rundir import RunDir
 
         (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and not d.is_symlink()]
-        assert [a.submission_id for a in read_attempts(run_dir)] == [sub["submission_id"]]
+        assert [a.submission_id for a in RunDir(run_dir).attempts()] == [sub["submission_id"]]
     finally:
         down = json.loads(run("cluster", "down", "--json", home=tmp_path).stdout)
     assert down["stopped_processes"] > 0

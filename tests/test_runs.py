@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl_pipeline import runs
+from verl_pipeline.rundir import RunDir
 
 
 def _record(root: Path, key: str, status: runs.RunStatus, *, profile: str = "smoke", step: int | None = None,
@@ -33,7 +34,7 @@ def _record(root: Path, key: str, status: runs.RunStatus, *, profile: str = "smo
 
 def test_manifest_records_what_the_run_was_made_of(tmp_path: Path) -> None:
     run_dir = _record(tmp_path, "r1", runs.RunStatus.SUCCEEDED, step=40)
-    m = json.loads((run_dir / runs.MANIFEST).read_text())
+    m = json.loads(RunDir(run_dir).manifest_file.read_text())
     assert m["status"] == "succeeded" and m["profile"] == "smoke"
     assert m["data_hash"] == "abc123" and m["model_revision"] == "7ae557604adf"
     assert m["model_source"] == "hf://Qwen/Qwen2.5-0.5B-Instruct" and m["job_id"] == "job-r1" and m["mode"] == "train"
@@ -62,7 +63,7 @@ def test_latest_moves_only_to_succeeded_runs_and_keeps_the_previous(tmp_path: Pa
     assert runs.latest_run(tmp_path, "smoke") == good2.resolve()
     # Nothing was deleted: both good runs and the failed one are still there, manifests intact.
     assert [m.run_key for m in runs.list_runs(tmp_path, "smoke")] == ["r1", "r2", "r3"]
-    assert (good1 / runs.MANIFEST).is_file() and (good1 / "run_spec.json").is_file()
+    assert RunDir(good1).manifest_file.is_file() and (good1 / "run_spec.json").is_file()
     # The pointer is a relative symlink (valid wherever the storage root is mounted).
     link = runs.latest_link(tmp_path, "smoke")
     assert link.is_symlink() and os.readlink(link) == os.path.join("..", "r3")

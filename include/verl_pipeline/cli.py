@@ -26,6 +26,7 @@ from typing import Any
 from verl_pipeline.config import RunSpec, build_run_spec
 from verl_pipeline.constants import BackendKind, Mode, Placement
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.rundir import RunDir
 
 CLI_DAG_ID = "cli"
 CLI_TASK_ID = "submit"
@@ -52,6 +53,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace) -> RunSpec:
+    """The run's frozen spec once ``cluster up`` saved it (the flags then only name the run), else the
+    spec the flags and profiles make now."""
+    from verl_pipeline import steps
+
     params = {
         "profile": args.profile,
         "data_source": getattr(args, "data_source", None),
@@ -62,10 +67,11 @@ def _spec(args: argparse.Namespace) -> RunSpec:
         "mode": args.mode,
         "placement": getattr(args, "placement", None),
     }
-    return build_run_spec({k: v for k, v in params.items() if v is not None}, run_name=args.run_name,
-                          model_profile=args.model_profile, cluster_profile=args.cluster_profile,
-                          overrides=_parse_sets(getattr(args, "overrides", None) or []),
-                          nccl_debug=getattr(args, "nccl_debug", None))
+    built = build_run_spec({k: v for k, v in params.items() if v is not None}, run_name=args.run_name,
+                           model_profile=args.model_profile, cluster_profile=args.cluster_profile,
+                           overrides=_parse_sets(getattr(args, "overrides", None) or []),
+                           nccl_debug=getattr(args, "nccl_debug", None))
+    return steps.frozen_or(built)
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -125,6 +131,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.action == "up":
         endpoint = (args.address, None) if args.address else None
         t0 = time.monotonic()
+        steps.freeze(spec)  # as the DAG's provision task: later commands of this run read this spec
         handle = steps.provision(spec, endpoint=endpoint)
         _out(args, handle.to_dict(),
              f"Ray cluster {handle.name} ready in {time.monotonic() - t0:.1f}s: dashboard {handle.dashboard_url}")
@@ -277,28 +284,28 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
-    from verl_pipeline.jobs.ids import submission_prefix
-    from verl_pipeline.jobs.submit import submit_or_reattach
 
     spec = _spec(args)
     handle = _handle(spec)
+    client = handle.client()
     data, models = _inputs(spec)
-    prepared = steps.prepare_job(spec, handle, data=data, models=models,
-                                 id_prefix=submission_prefix(CLI_DAG_ID, spec.run_name, CLI_TASK_ID))
-    mode, env = prepared.mode, prepared.environment
     secret_env, tracker_links = _trackers(spec, handle)
-    # As the DAG's submit task does: attempts numbered and recorded in the run directory, so a
-    # re-submit after a failure resumes from the run's checkpoints.
-    sub = submit_or_reattach(handle.client(), prepared.job, dag_id=CLI_DAG_ID, run_id=spec.run_name,
-                             task_id=CLI_TASK_ID, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
-                             secret_env=secret_env)
-    lines = [f"environment probe: {len(env['nodes'])} node(s) in {env['seconds']}s, "
-             + ("nothing missing" if env["ok"] else "a GPU training run would miss:")]
-    lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
-    lines.append(f"{sub.action}: {sub.submission_id} ({mode.value}) on {handle.dashboard_url}")
+    # The DAG's one submit path: probe, render, job.json, attempts numbered and recorded in the run
+    # directory, so a re-submit after a failure resumes from the run's checkpoints.
+    done = steps.submit_attempt(spec, handle, client, data=data, models=models, dag_id=CLI_DAG_ID,
+                                run_id=spec.run_name, task_id=CLI_TASK_ID, secret_env=secret_env)
+    sub, lines = done.submission, []
+    out: dict[str, Any] = {**sub.to_dict(), "dashboard_url": handle.dashboard_url, "tracker_links": tracker_links}
+    if done.prepared is not None:
+        env = done.prepared.environment
+        lines.append(f"environment probe: {len(env['nodes'])} node(s) in {env['seconds']}s, "
+                     + ("nothing missing" if env["ok"] else "a GPU training run would miss:"))
+        lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
+        out.update(mode=done.prepared.mode.value, environment=env)
+    lines.append(f"{sub.action}: {sub.submission_id} ({out.get('mode', 'its mode as submitted')}) on "
+                 f"{handle.dashboard_url}")
     lines += [f"{name}: {url}" for name, url in tracker_links.items()]
-    _out(args, {**sub.to_dict(), "mode": mode.value, "dashboard_url": handle.dashboard_url, "environment": env,
-                "tracker_links": tracker_links}, "\n".join(lines))
+    _out(args, out, "\n".join(lines))
     return 0
 
 
@@ -360,7 +367,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from verl_pipeline.report.write import write_report
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "run_spec.json").is_file() and not (run_dir / "attempts.jsonl").is_file():
+    if not RunDir(run_dir).spec_file.is_file() and not RunDir(run_dir).attempts_file.is_file():
         raise PipelineError(f"{run_dir} is not a run directory (no run_spec.json or attempts.jsonl): pass "
                             "<storage>/runs/<run_key>")
     files = write_report(run_dir, status=RunOutcome(args.status) if args.status else None, plots=not args.no_plots)

@@ -21,10 +21,10 @@ import yaml
 from verl_pipeline.cluster.admission import Admission, admission_of
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
-from verl_pipeline.jobs.attempts import metrics_file
 from verl_pipeline.jobs.watchdog import SECTION as WATCH_SECTION
 from verl_pipeline.jobs.watchdog import WatchSettings
 from verl_pipeline.paths import configs_dir, pipeline_home, short_hash, slug
+from verl_pipeline.rundir import RunDir
 from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
 from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
@@ -306,14 +306,12 @@ class RunSpec:
 
     def metrics_path(self, attempt: int) -> Path:
         """verl's file-logger output of the run's attempt ``attempt`` (one file per attempt)."""
-        return metrics_file(self.run_dir, attempt)
+        return RunDir(self.run_dir).metrics_file(attempt)
 
     @property
     def report_dir(self) -> Path:
         """The run report: ``report.json``, its plots and ``report.html``."""
-        from verl_pipeline.report.write import report_dir
-
-        return report_dir(self.run_dir)
+        return RunDir(self.run_dir).report_dir
 
     @property
     def n_gpus(self) -> int:
@@ -352,7 +350,66 @@ class RunSpec:
             "on_world_size_change": self.on_world_size_change.value,
             "export_model": self.export_model,
             "admission": self.admission.to_dict() if self.admission else None,
+            # The sources exactly (kind, patterns): the strings above are for people and reports.
+            "sources": {role: _source_dict(s) for role, s in
+                        (("model", self.model), ("critic_model", self.critic_model),
+                         ("reward_model", self.reward_model), ("data", self.data)) if s is not None},
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        """The spec :meth:`to_dict` wrote (the run's frozen ``run_spec.json``): nothing is read from
+        ``configs/`` and nothing is validated again — it was, once, when the run was provisioned."""
+        sources = d["sources"]
+
+        def model(role: str) -> ModelSource | None:
+            s = sources.get(role)
+            return None if s is None else ModelSource(s["kind"], s["ref"], s.get("revision"),
+                                                      tuple(s["allow_patterns"]) if s.get("allow_patterns") else None)
+
+        actor = model("model")
+        if actor is None:
+            raise ConfigError("run_spec.json sources.model", None, "the frozen spec names no model",
+                              "start a new run (the spec of this one is damaged)")
+        hardware = dict(d["hardware"]) if d.get("hardware") else None
+        if hardware is not None:
+            hardware["ib_hcas"] = tuple(hardware.get("ib_hcas") or ())
+        return cls(
+            run_name=d["run_name"], profile=d["profile"], model_profile=d["model_profile"],
+            cluster_profile=d["cluster_profile"], model=actor, critic_model=model("critic_model"),
+            data=DataSource(sources["data"]["kind"], sources["data"]["ref"]), data_options=dict(d["data_options"]),
+            cluster=dict(d["cluster"]), storage_root=Path(d["storage_root"]), runtime=dict(d["runtime"]),
+            nnodes=int(d["nnodes"]), n_gpus_per_node=int(d["n_gpus_per_node"]),
+            total_training_steps=int(d["total_training_steps"]), mode=Mode(d["mode"]), verl=dict(d["verl"]),
+            derived=dict(d["derived"]), trainer_command=tuple(d["trainer_command"]),
+            reward_model=model("reward_model"),
+            model_facts=scaling.ModelFacts(**d["model_facts"]) if d.get("model_facts") else None,
+            hardware=scaling.Hardware(**hardware) if hardware is not None else None,
+            storage_paths=dict(d["storage_paths"]), shared_roots=tuple(d["shared_roots"]),
+            nccl_debug=bool(d["nccl_debug"]), placement=Placement(d["placement"]),
+            pools=scaling.PoolSplit(**d["pools"]) if d.get("pools") else None,
+            watch=WatchSettings.from_dict(d["watch"]),
+            trackers=TrackerSettings({name: entry["conn_id"] for name, entry in d["trackers"].items()}),
+            on_world_size_change=WorldSizeChange(d["on_world_size_change"]), export_model=bool(d["export_model"]),
+            admission=Admission(**d["admission"]) if d.get("admission") else None,
+        )
+
+    @classmethod
+    def load(cls, run_dir: RunDir) -> RunSpec:
+        """The run's frozen spec, as provision saved it (``steps.freeze``)."""
+        try:
+            return cls.from_dict(run_dir.spec_dict())
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(str(run_dir.spec_file), type(e).__name__, f"the run's frozen spec cannot be read: {e}",
+                              "start a new run") from e
+
+
+def _source_dict(source: ModelSource | DataSource) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": source.kind, "ref": source.ref}
+    if isinstance(source, ModelSource):
+        out["revision"] = source.revision
+        out["allow_patterns"] = list(source.allow_patterns) if source.allow_patterns else None
+    return out
 
 
 def _world_size_change(value: Any, profile: str) -> WorldSizeChange:

@@ -68,5 +68,3 @@ DEFAULT_TRAINER_COMMAND = ("python", "-m", "verl.trainer.main_ppo")
 #: Line prefix the preflight entrypoint prints before its JSON summary, so the wait task can
 #: find the summary in the job's logs.
 PREFLIGHT_SUMMARY_MARKER = "VERL_PIPELINE_PREFLIGHT_SUMMARY "
-#: The preflight job's summary in the run directory (``--summary-path``); the run report shows its checks.
-PREFLIGHT_SUMMARY_FILE = "preflight.json"

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.jobs.attempts import metrics_files, read_attempts
 from verl_pipeline.paths import slug, write_json_atomic
+from verl_pipeline.rundir import RunDir, tracker_step
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 LATEST_DIR = "latest"
 MANIFEST_VERSION = 2
 
@@ -79,7 +78,7 @@ class RunManifest:
 def latest_checkpoint_step(checkpoint_dir: Path) -> int | None:
     """The run step of the newest checkpoint verl's tracker names, in the newest segment (after a merge
     on a changed world size, the segment's verl steps count from its start); None when it saved none."""
-    from verl_pipeline.jobs.checkpoints import current_segment, tracker_step
+    from verl_pipeline.jobs.checkpoints import current_segment
 
     ckpt, start, _ = current_segment(checkpoint_dir)
     step = tracker_step(ckpt)
@@ -117,7 +116,7 @@ def record_run(
     actor = (models or {}).get("actor") or {}
     submit = submit or {}
     # The run's last job: a retry's (or, on a shared cluster, the wait task's) when there was one.
-    attempts = read_attempts(run_dir)
+    attempts = RunDir(run_dir).attempts()
     manifest = RunManifest(
         run_key=run_key,
         run_name=run_name,
@@ -129,22 +128,22 @@ def record_run(
         model_source=actor.get("source"),
         model_revision=actor.get("revision"),
         model_path=actor.get("path"),
-        config_file=str(run_dir / "run_spec.json"),
+        config_file=str(RunDir(run_dir).spec_file),
         checkpoint_dir=str(checkpoint_dir),
-        latest_checkpoint_step=latest_checkpoint_step(checkpoint_dir),
+        latest_checkpoint_step=(tracker_step(checkpoint_dir) or 0),
         job_id=attempts[-1].submission_id if attempts else submit.get("submission_id"),
-        metrics_files=[str(p) for p in metrics_files(run_dir).values()],
+        metrics_files=[str(p) for p in RunDir(run_dir).metrics_files().values()],
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    _relative_link(run_dir / "checkpoints", checkpoint_dir)
-    write_json_atomic(run_dir / MANIFEST, manifest.to_dict())
+    _relative_link(RunDir(run_dir).checkpoints_link, checkpoint_dir)
+    write_json_atomic(RunDir(run_dir).manifest_file, manifest.to_dict())
     return manifest
 
 
 def read_manifest(run_dir: Path) -> RunManifest:
     import json
 
-    path = run_dir / MANIFEST
+    path = RunDir(run_dir).manifest_file
     try:
         return RunManifest.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -188,9 +187,11 @@ def list_runs(storage_root: Path, profile: str | None = None) -> list[RunManifes
     base = storage_root / "runs"
     if not base.is_dir():
         return runs
-    for path in base.glob(f"*/{MANIFEST}"):
+    for run_dir in base.iterdir():
+        if not RunDir(run_dir).manifest_file.is_file():
+            continue
         try:
-            m = read_manifest(path.parent)
+            m = read_manifest(run_dir)
         except RunRecordError:
             continue
         if profile is None or m.profile == profile:

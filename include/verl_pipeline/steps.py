@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,12 @@ from verl_pipeline.cluster.base import ClusterHandle, ClusterHealth, ClusterStat
 from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
 from verl_pipeline.exceptions import ClusterError, ConfigError, PipelineError
+from verl_pipeline.jobs.client import RayJobsClient
+from verl_pipeline.jobs.deadlines import Deadline
+from verl_pipeline.jobs.ids import submission_prefix
+from verl_pipeline.jobs.submit import Submission, existing_job, submit_or_reattach
 from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.rundir import RunDir
 from verl_pipeline.trainer.render import RenderedJob, render_job
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,43 @@ def validate_spec_with_verl(spec: RunSpec) -> dict[str, Any]:
             "seconds": v.seconds, "verl_version": str(verl.__version__)}
 
 
+def frozen_or(spec: RunSpec) -> RunSpec:
+    """The run's frozen spec when it has one (a retried provision, the CLI on a run already up), else ``spec``.
+
+    Like Airflow keeps a run on the DAG version it started with, a run keeps the spec it started
+    with: a retry two days in renders what the run started with, whatever ``configs/`` says by
+    then. A run that should use edited profiles is a new run.
+    """
+    run_dir = RunDir(spec.run_dir)
+    if not run_dir.has_spec():
+        return spec
+    frozen = RunSpec.load(run_dir)
+    now, then = spec.to_dict(), frozen.to_dict()
+    changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+    if changed:
+        log.warning("Run %s: using its frozen spec %s; the profiles and params now differ in %s, which this run "
+                    "ignores (start a new run to use them)", spec.run_name, run_dir.spec_file, ", ".join(changed))
+    else:
+        log.info("Run %s: using its frozen spec %s", spec.run_name, run_dir.spec_file)
+    return frozen
+
+
+def freeze(spec: RunSpec) -> None:
+    """Save ``spec`` (checked) as the run's frozen spec, unless the run has one already."""
+    if not RunDir(spec.run_dir).has_spec():
+        RunDir(spec.run_dir).save_spec(spec.to_dict())
+        log.info("Run %s: spec frozen in %s (every later task, retry and CLI command of this run reads it)",
+                 spec.run_name, RunDir(spec.run_dir).spec_file)
+
+
+def load_frozen(run_dir: Path) -> RunSpec:
+    """The frozen spec of the run in ``run_dir`` (what provision saved), logged as such."""
+    spec = RunSpec.load(RunDir(run_dir))
+    log.info("Run %s: frozen spec %s used (saved at provision; configs/ is not read again)", spec.run_name,
+             RunDir(run_dir).spec_file)
+    return spec
+
+
 def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | Endpoint | None = None) -> ClusterHandle:
     """Start (or reach) the run's cluster and wait until it is ready.
 
@@ -68,7 +110,7 @@ def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | Endpoint | No
         if isinstance(backend, AddressBackend):
             backend = backend.with_endpoint(*endpoint)
     handle = backend.provision(spec.cluster_name)
-    write_json_atomic(spec.run_dir / "cluster.json", handle.to_dict())
+    RunDir(spec.run_dir).save_cluster(handle.to_dict())
     return handle
 
 
@@ -83,18 +125,18 @@ def cluster_health(handle: ClusterHandle) -> ClusterHealth:
 def ensure_cluster(
     spec: RunSpec,
     handle: ClusterHandle,
+    client: RayJobsClient,
     *,
-    token: str | None = None,
     endpoint: tuple[str, str | None] | Endpoint | None = None,
 ) -> ClusterHandle:
     """The run's cluster if it is healthy (every expected node, CPU and GPU alive), else a new one.
 
-    An owned cluster is torn down and provisioned again; a cluster the pipeline does not own is
-    only waited for (its owner has to bring it back).
+    ``client`` reaches ``handle``'s cluster. An owned cluster is torn down and provisioned again; a
+    cluster the pipeline does not own is only waited for (its owner has to bring it back).
     """
     backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
     health = backend.health(handle)
-    status = probe(handle.client(token))
+    status = probe(client)
     healthy = (health.alive and status.ready and status.nodes_alive >= handle.expected_nodes
                and status.gpus >= handle.expected_gpus and status.cpus >= handle.expected_cpus)
     if healthy:
@@ -105,7 +147,7 @@ def ensure_cluster(
     if not handle.owned:
         from verl_pipeline.cluster.base import wait_ready
 
-        wait_ready(handle, timeout_s=float(spec.cluster.get("ready_timeout_s", 300)), client=handle.client(token))
+        wait_ready(handle, timeout_s=float(spec.cluster.get("ready_timeout_s", 300)), client=client)
         return handle
     backend.teardown(handle)
     return provision(spec, endpoint=endpoint)
@@ -121,22 +163,23 @@ def current_handle(spec: RunSpec, fallback: dict[str, Any] | None = None) -> Clu
 
 def find_handle(spec: RunSpec) -> ClusterHandle | None:
     """The run's cluster handle from its run directory (when XCom does not have it)."""
-    path = spec.run_dir / "cluster.json"
-    if path.is_file():
-        return ClusterHandle.from_dict(json.loads(path.read_text()))
+    import json
+
+    recorded = RunDir(spec.run_dir).cluster()
+    if recorded is not None:
+        return ClusterHandle.from_dict(recorded)
+    state = None
     if spec.cluster.get("backend") == "local":
         from verl_pipeline.cluster.local import STATE_FILE, LocalBackend
 
         state = LocalBackend.from_spec(spec.cluster).temp_dir_for(spec.cluster_name) / STATE_FILE
-        if state.is_file():
-            return ClusterHandle.from_dict(json.loads(state.read_text()))
     if spec.cluster.get("backend") == "slurm":
         from verl_pipeline.cluster.slurm import STATE_FILE as SLURM_STATE
 
         # Written right after sbatch: a provision killed while waiting still leaves the job id here.
-        state = spec.run_dir / "slurm" / SLURM_STATE
-        if state.is_file():
-            return ClusterHandle.from_dict(json.loads(state.read_text()))
+        state = RunDir(spec.run_dir).slurm_dir / SLURM_STATE
+    if state is not None and state.is_file():
+        return ClusterHandle.from_dict(json.loads(state.read_text()))
     return None
 
 
@@ -167,21 +210,6 @@ def cluster_problems(spec: RunSpec, status: ClusterStatus, mode: Mode) -> list[C
     return problems
 
 
-def check_cluster(spec: RunSpec, status: ClusterStatus, mode: Mode) -> None:
-    """The checks that need the real cluster: Ray version, and CPUs for a training job.
-
-    Raises ConfigError naming what is short and what would pass; nothing is submitted then.
-    """
-    if mode is Mode.TRAIN and spec.trainer_command != DEFAULT_TRAINER_COMMAND:
-        log.warning("Custom trainer_command %s: verl's CPU/GPU requirements are not checked for it",
-                    " ".join(spec.trainer_command))
-    problems = cluster_problems(spec, status, mode)
-    if problems:
-        raise problems[0]
-    log.info("Cluster checks passed for %s: Ray %s, %g CPU, %g GPU", mode.value, status.ray_version, status.cpus,
-             status.gpus)
-
-
 def choose_mode(spec: RunSpec, status: ClusterStatus) -> Mode:
     """The run's mode on this cluster: ``auto`` is ``train`` with GPUs, ``preflight`` without (logged)."""
     if spec.mode is not Mode.AUTO:
@@ -197,21 +225,12 @@ def choose_mode(spec: RunSpec, status: ClusterStatus) -> Mode:
     return Mode.PREFLIGHT
 
 
-def cluster_status(handle: ClusterHandle, token: str | None = None) -> ClusterStatus:
+def cluster_status(handle: ClusterHandle, client: RayJobsClient) -> ClusterStatus:
     """One look at the cluster (nodes, CPUs, GPUs, Ray version); ClusterError when it does not answer."""
-    status = probe(handle.client(token))
+    status = probe(client)
     if not status.ready:
         raise ClusterError(f"cannot reach cluster {handle.name} to check it: {status.detail}")
     return status
-
-
-def resolve_mode(spec: RunSpec, handle: ClusterHandle, token: str | None = None) -> Mode:
-    """``auto`` → ``train`` when the cluster has GPUs, ``preflight`` when it has none; then the
-    cluster checks of :func:`check_cluster` for the resolved mode."""
-    status = cluster_status(handle, token)
-    mode = choose_mode(spec, status)
-    check_cluster(spec, status, mode)
-    return mode
 
 
 def check_paths_visible(spec: RunSpec, paths: dict[str, str]) -> None:
@@ -241,13 +260,13 @@ def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode:
 
 
 def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
-    """Log the merged configuration and keep it, with the exact job, in the run dir and next to the checkpoints."""
+    """Log the merged configuration and keep the exact job in the run dir and, with the spec, next to the
+    checkpoints (the spec itself was frozen in the run dir at provision)."""
     for key in sorted(job.settings):
         rule = job.derived.get(key)
         log.info("verl %s = %s", key, rule if rule else repr(job.settings[key]))
     merged = {"spec": spec.to_dict(), "job": job.to_dict()}
-    write_json_atomic(spec.run_dir / "run_spec.json", spec.to_dict())
-    write_json_atomic(spec.run_dir / "job.json", job.to_dict())
+    RunDir(spec.run_dir).save_job(job.to_dict())
     write_json_atomic(spec.checkpoint_dir / "run_config.json", merged)
     return spec.run_dir
 
@@ -257,9 +276,9 @@ def check_environment(
     handle: ClusterHandle,
     job: RenderedJob,
     *,
+    client: RayJobsClient,
     status: ClusterStatus,
     id_prefix: str,
-    token: str | None = None,
 ) -> dict[str, Any]:
     """Probe every node for what the job needs (:mod:`verl_pipeline.cluster.probe`) and judge it.
 
@@ -278,7 +297,7 @@ def check_environment(
         raise hard[0]
     needs = needs_for(job.settings, installed_verl_pins())
     timeout = float(spec.cluster.get("probe_timeout_s", DEFAULT_TIMEOUT_S))
-    raw = run_probe(handle.client(token), request=needs.request(), runtime_env=job.runtime_env,
+    raw = run_probe(client, request=needs.request(), runtime_env=job.runtime_env,
                     id_prefix=id_prefix, timeout_s=timeout)
     findings = evaluate(needs, raw["nodes"])
     problems = [str(e) for e in cluster_problems(spec, status, Mode.TRAIN)]
@@ -297,7 +316,7 @@ def check_environment(
         log.info("Probe of node %s: %s", node["node"], node)
     for line in unreachable:
         log.warning("Probe: %s", line)
-    write_json_atomic(spec.run_dir / "environment.json", report)
+    write_json_atomic(RunDir(spec.run_dir).environment_file, report)
     if job.mode is Mode.PREFLIGHT:
         for line in problems:
             log.warning("A GPU training run on this cluster would miss: %s", line)
@@ -338,43 +357,89 @@ class PreparedJob:
 def prepare_job(
     spec: RunSpec,
     handle: ClusterHandle,
+    client: RayJobsClient,
     *,
     data: dict[str, Any],
     models: dict[str, Any],
     id_prefix: str,
-    token: str | None = None,
 ) -> PreparedJob:
-    """Everything before submitting, for the DAG and the CLI alike: resolve the mode against the
-    cluster, render the job, probe the nodes for it (:func:`check_environment`), keep the run files."""
-    status = cluster_status(handle, token)
-    mode = choose_mode(spec, status)
+    """Everything before submitting, for every submission alike: the mode (resolved against the cluster
+    at the run's first submission, the same for every later one), the job rendered from the frozen
+    spec, the nodes probed for it (:func:`check_environment`), ``job.json`` written."""
+    status = cluster_status(handle, client)
+    earlier = RunDir(spec.run_dir).job()
+    mode = Mode(earlier["mode"]) if earlier else choose_mode(spec, status)
     if mode is Mode.TRAIN and spec.trainer_command != DEFAULT_TRAINER_COMMAND:
         log.warning("Custom trainer_command %s: verl's CPU/GPU/package requirements are reported, not enforced",
                     " ".join(spec.trainer_command))
     job = render(spec, data=data, models=models, mode=mode)
-    environment = check_environment(spec, handle, job, status=status, id_prefix=id_prefix, token=token)
+    environment = check_environment(spec, handle, job, client=client, status=status, id_prefix=id_prefix)
     save_run_files(spec, job)
     return PreparedJob(mode, job, environment)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What :func:`submit_attempt` did: the job (new, or the run's live one) and, for a new one, what
+    was prepared for it (mode, job, probe report)."""
+
+    submission: Submission
+    prepared: PreparedJob | None
+
+    @property
+    def mode(self) -> Mode | None:
+        return self.prepared.mode if self.prepared else None
+
+
+def submit_attempt(
+    spec: RunSpec,
+    handle: ClusterHandle,
+    client: RayJobsClient,
+    *,
+    data: dict[str, Any],
+    models: dict[str, Any],
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    deadline: Deadline | None = None,
+    secret_env: Mapping[str, str] | None = None,
+) -> Submitted:
+    """The one submit path: the first submission, a shared cluster's admitted one, a resubmission after
+    a failure, and the CLI's.
+
+    A live (or succeeded) job of the run is reattached to as it is. Otherwise the cluster as it is
+    now (a re-provisioned one included) is probed, the job rendered and saved (:func:`prepare_job`),
+    and the next attempt submitted (:func:`~verl_pipeline.jobs.submit.submit_or_reattach`: resumed
+    from the newest complete checkpoint, told its ``deadline``, tracker credentials in a private
+    file, recorded in the run's attempts).
+    """
+    found = existing_job(client, dag_id=dag_id, run_id=run_id, task_id=task_id)
+    if found is not None:
+        return Submitted(found, None)
+    prepared = prepare_job(spec, handle, client, data=data, models=models,
+                           id_prefix=submission_prefix(dag_id, run_id, task_id))
+    sub = submit_or_reattach(client, prepared.job, dag_id=dag_id, run_id=run_id, task_id=task_id,
+                             run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=deadline,
+                             secret_env=secret_env)
+    return Submitted(sub, prepared)
 
 
 def teardown(
     handle: ClusterHandle | None,
     *,
+    client: RayJobsClient | None = None,
     job_id: str | None = None,
-    token: str | None = None,
     run_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Stop the run's job if it still runs, then release the cluster when the pipeline owns it.
-
-    With ``run_dir``, the run's ``cluster.json`` is renamed ``cluster.stopped.json`` afterwards.
-    """
+    """Stop the run's job if it still runs (through ``client``, else one of ``handle``'s), then
+    release the cluster when the pipeline owns it; with ``run_dir``, its cluster record is retired."""
     result: dict[str, Any] = {"job_stopped": False}
     if handle is None:
         log.info("No cluster was provisioned for this run: nothing to tear down")
         return result
     if job_id:
         try:
-            client = handle.client(token)
+            client = client or handle.client()
             info = client.get_job(job_id)
             if info is not None and not info.status.is_terminal():
                 log.warning("Ray job %s is still %s: stopping it", job_id, info.status.value)
@@ -385,9 +450,8 @@ def teardown(
             log.warning("Could not reach cluster %s to stop job %s: %s", handle.name, job_id, e)
     backend = get_backend({"backend": handle.backend, **_backend_spec(handle)})
     result.update(backend.teardown(handle))
-    record = run_dir / "cluster.json" if run_dir else None
-    if record is not None and record.exists():
-        record.replace(record.with_name("cluster.stopped.json"))
+    if run_dir is not None:
+        RunDir(run_dir).retire_cluster()
     return result
 
 
@@ -412,6 +476,6 @@ def wait_job_ended(client: Any, job_id: str, timeout_s: float = 30.0) -> bool:
     return False
 
 
-__all__ = ["PreparedJob", "check_cluster", "check_environment", "check_paths_visible", "choose_mode",
-           "cluster_problems", "find_handle", "prepare_job", "provision", "render", "resolve_mode", "save_run_files",
-           "teardown", "validate_spec_with_verl", "wait_job_ended"]
+__all__ = ["PreparedJob", "Submitted", "check_environment", "check_paths_visible", "choose_mode", "cluster_problems",
+           "ensure_cluster", "find_handle", "freeze", "frozen_or", "load_frozen", "prepare_job", "provision", "render",
+           "save_run_files", "submit_attempt", "teardown", "validate_spec_with_verl", "wait_job_ended"]

@@ -305,8 +305,6 @@ ENV_FILE_VAR = "VERL_PIPELINE_TRACKER_ENV_FILE"
 #: Ray runs this in every worker process of the job before its tasks and actors (verl's TaskRunner,
 #: which creates verl's ``Tracking``): it loads the credentials file into the process environment.
 SETUP_HOOK = "verl_pipeline.trackers.load_env_file"
-#: The run directory's private folder (0700) of the credentials files (0600), one per attempt.
-SECRETS_DIR = "secrets"
 
 
 def with_secret_env(runtime_env: Mapping[str, Any], values: Mapping[str, str], *, directory: Any,
@@ -355,7 +353,6 @@ __all__ = [
     "LOGGER_KEY",
     "MLFLOW_RUN_VAR",
     "PIPELINE_BACKENDS",
-    "SECRETS_DIR",
     "SECTION",
     "SETUP_HOOK",
     "MlflowRun",

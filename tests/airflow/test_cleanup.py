@@ -9,7 +9,7 @@ from tests.conftest import ray_processes
 from verl_pipeline import steps
 from verl_pipeline.airflow.operators import cleanup_failed_run
 from verl_pipeline.config import build_run_spec
-from verl_pipeline.jobs.attempts import Attempt, record_attempt
+from verl_pipeline.rundir import Attempt, RunDir
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def test_failure_callback_stops_the_job_and_the_cluster(airflow_db: Path) -> Non
     client = handle.client()
     job_id = f"cleanup-{int(time.time())}"
     client.submit(entrypoint="sleep 120", submission_id=job_id, runtime_env={})
-    record_attempt(spec.run_dir, Attempt(job_id, 1, 0.0, handle.dashboard_url, 0, None))
+    RunDir(spec.run_dir).record_attempt(Attempt(job_id, 1, 0.0, handle.dashboard_url, 0, None))
     deadline = time.monotonic() + 60
     while client.get_job(job_id).status.value != "RUNNING" and time.monotonic() < deadline:  # type: ignore[union-attr]
         time.sleep(0.5)

@@ -11,20 +11,23 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from tests.airflow.context import FakeDag, FakeTI
+from tests.airflow.context import FakeDag, FakeTI, provisioned
 from verl_pipeline.airflow.assets import TRAINED_MODEL_ALIAS, trained_model_alias, trained_model_uri
 from verl_pipeline.airflow.operators import EXPORT_TASK, ExportModelOperator
 from verl_pipeline.airflow.operators.export import skip_reason
 from verl_pipeline.config import build_run_spec
-from verl_pipeline.models.export import EXPORT_MANIFEST, ExportManifest
+from verl_pipeline.models.export import ExportManifest
+from verl_pipeline.rundir import RunDir
 
 
 def _ctx(run_id: str, mode: str, events: OutletEventAccessors) -> dict[str, Any]:
     xcoms = {"submit_verl_job": {"submission_id": f"job-{run_id}", "mode": mode},
              "preprocess_data": {"key": "datahash"},
              "prefetch_model": {"actor": {"source": "builtin:tiny-qwen2", "revision": "tiny-qwen2-v2"}}}
-    return {"ti": FakeTI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": FakeDag(),
-            "outlet_events": events}
+    ctx = {"ti": FakeTI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": FakeDag(),
+           "outlet_events": events}
+    provisioned(ctx)
+    return ctx
 
 
 def test_outlet_is_the_trained_model_alias() -> None:
@@ -68,7 +71,7 @@ def test_trained_run_publishes_its_exported_model_on_the_profile_asset(
                           checkpoint=str(spec.checkpoint_dir / "global_step_2"), world_size=2,
                           model_dir=str(spec.run_dir / "model"), data_hash="datahash", base_model_source=None,
                           base_model_revision=None, final_reward=0.5, files={})
-    (spec.run_dir / EXPORT_MANIFEST).write_text(json.dumps(done.to_dict()))
+    RunDir(spec.run_dir).model_manifest_file.write_text(json.dumps(done.to_dict()))
     events = OutletEventAccessors()
     result = ExportModelOperator(task_id=EXPORT_TASK).execute(_ctx("export-op-1", "train", events))
     assert result["step"] == 2 and result["model_dir"] == str(spec.run_dir / "model")

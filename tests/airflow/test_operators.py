@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
+from tests.airflow.context import provisioned, task_context
 from verl_pipeline import steps
 from verl_pipeline.airflow.operators import (
     ProvisionRayClusterOperator,
@@ -15,30 +16,14 @@ from verl_pipeline.airflow.operators import (
 from verl_pipeline.airflow.triggers import RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.config import build_run_spec
-from verl_pipeline.jobs.attempts import Attempt, record_attempt, stop_reason
-
-
-class FakeTI:
-    """Only what the operators use of a task instance: XCom by task id."""
-
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms.get(task_ids)
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[f"pushed:{key}"] = value
-
-
-class FakeDag:
-    dag_id = "verl_ppo"
+from verl_pipeline.rundir import Attempt, RunDir
 
 
 def _context(xcoms: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
-    # A run id of its own per call: run directories (attempt records) are per run.
-    run_id = f"manual__test_{time.time_ns()}"
-    return {"ti": FakeTI(xcoms), "params": params or {}, "run_id": run_id, "dag": FakeDag()}
+    """A run of its own (run directories, attempt records are per run), provisioned: its spec frozen."""
+    ctx = task_context(xcoms, params)
+    provisioned(ctx)
+    return ctx
 
 
 @pytest.mark.integration
@@ -61,7 +46,7 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
         fresh = WaitForVerlJobOperator(task_id="wait_for_verl_job")
         spec = build_run_spec({}, run_name=f"verl_ppo/{ctx['run_id']}")
         metrics = spec.run_dir / "metrics-a1.jsonl"
-        record_attempt(spec.run_dir, Attempt(job_id, 1, 0.0, ray_cluster.dashboard_url, 0, str(metrics)))
+        RunDir(spec.run_dir).record_attempt(Attempt(job_id, 1, 0.0, ray_cluster.dashboard_url, 0, str(metrics)))
         metrics.write_text("".join(json.dumps({"step": s, "data": {"training/global_step": s}}) + "\n"
                                    for s in range(1, spec.total_training_steps + 1)))
         out = fresh.execute_complete(ctx, {"status": "success", "job_id": job_id, "job_status": "SUCCEEDED"})
@@ -85,7 +70,7 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
             fresh.execute_complete(ctx, {"status": "hung", "job_id": job_id, "job_status": "RUNNING",
                                          "message": f"{hang} (stall limit 30m)"})
         assert not isinstance(err.value, AirflowFailException)
-        assert stop_reason(spec.run_dir, job_id) == hang
+        assert RunDir(spec.run_dir).stop_reason(job_id) == hang
         assert steps.wait_job_ended(client, job_id, 60)
         # ... whose look at the STOPPED job resubmits it (here without the upstream results it needs),
         # where a job stopped by anyone else fails.
@@ -105,7 +90,7 @@ def test_the_log_cursor_and_progress_travel_through_a_retry_that_reattaches(ray_
                     "submit_verl_job": {"submission_id": job_id, "mode": "train", "run_dir": "/x"}})
     spec = build_run_spec({}, run_name=f"verl_ppo/{ctx['run_id']}")
     metrics = spec.run_dir / "metrics-a1.jsonl"
-    record_attempt(spec.run_dir, Attempt(job_id, 1, 0.0, ray_cluster.dashboard_url, 0, str(metrics)))
+    RunDir(spec.run_dir).record_attempt(Attempt(job_id, 1, 0.0, ray_cluster.dashboard_url, 0, str(metrics)))
     op = WaitForVerlJobOperator(task_id="wait_for_verl_job", progress_interval=5.0)
     try:
         with pytest.raises(TaskDeferred) as deferred:
@@ -158,6 +143,6 @@ def test_wait_without_a_submitted_job_fails_clearly() -> None:
 def test_provision_rejects_bad_params_without_retry_and_without_starting_anything() -> None:
     op = ProvisionRayClusterOperator(task_id="provision_ray_cluster")
     with pytest.raises(AirflowFailException, match=r"n_gpus_per_node"):
-        op.execute(_context({}, {"n_gpus_per_node": 17}))
+        op.execute(task_context({}, {"n_gpus_per_node": 17}))
     with pytest.raises(AirflowFailException, match="no such profile"):
-        op.execute(_context({}, {"profile": "missing"}))
+        op.execute(task_context({}, {"profile": "missing"}))

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tests.airflow.context import FakeDag, FakeTI
+from tests.airflow.context import FakeDag, FakeTI, provisioned
 from verl_pipeline import runs
 from verl_pipeline.airflow.retrain import PublishRunOperator, promotion_blocker
 from verl_pipeline.config import build_run_spec
+from verl_pipeline.rundir import RunDir
 
 
 def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
@@ -25,8 +26,9 @@ def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
         "wait_for_verl_job": waited,
         "export_model": exported,
     }
-    return {"ti": FakeTI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id,
-            "dag": FakeDag("verl_retrain__smoke")}
+    ctx = {"ti": FakeTI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": FakeDag("verl_retrain__smoke")}
+    provisioned(ctx)
+    return ctx
 
 
 def _storage() -> Path:
@@ -50,7 +52,7 @@ def test_success_promotes_failure_records_and_keeps_latest() -> None:
 
     third = op.execute(_ctx("scheduled__pub-3", {"status": "SUCCEEDED", "job_id": "job-3"}))
     assert third["previous"] == str(spec1.run_dir.resolve())
-    assert (spec1.run_dir / runs.MANIFEST).is_file()  # the previous good run is still there
+    assert RunDir(spec1.run_dir).manifest_file.is_file()  # the previous good run is still there
 
 
 def test_a_trained_run_moves_latest_only_once_its_model_was_exported() -> None:
@@ -78,7 +80,7 @@ def test_promotion_waits_for_the_export_only_when_there_was_one_to_make() -> Non
 
 def test_invalid_spec_is_not_published() -> None:
     op = PublishRunOperator(task_id="publish_run")
-    ctx = _ctx("scheduled__pub-bad", {"status": "SUCCEEDED"})
-    ctx["params"] = {"profile": "smoke", "data_source": "builtin:nope"}
-    with pytest.raises(AirflowFailException, match="spec is invalid"):
+    ctx = {"ti": FakeTI({}), "params": {"profile": "smoke", "data_source": "builtin:nope"},
+           "run_id": "scheduled__pub-bad", "dag": FakeDag("verl_retrain__smoke")}  # provision refused it
+    with pytest.raises(AirflowFailException, match="has no frozen spec"):
         op.execute(ctx)

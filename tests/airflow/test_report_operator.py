@@ -10,22 +10,16 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
-from tests.airflow.context import FakeDag, FakeTI
+from tests.airflow.context import provisioned, task_context
 from verl_pipeline.airflow.operators import REPORT_TASK, ReportRunOperator
-from verl_pipeline.airflow.operators.base import run_name
-from verl_pipeline.config import build_run_spec
-from verl_pipeline.jobs.attempts import Attempt, metrics_file, record_attempt
-
-
-def _context(xcoms: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"ti": FakeTI(xcoms), "params": params or {}, "run_id": f"manual__report_{time.time_ns()}", "dag": FakeDag()}
+from verl_pipeline.rundir import Attempt, RunDir
 
 
 def _two_steps(ctx: dict[str, Any]) -> Path:
-    spec = build_run_spec({}, run_name=run_name(ctx))
-    record_attempt(spec.run_dir, Attempt("job-a1", 1, time.time(), "http://d", 0, str(spec.metrics_path(1))))
+    spec = provisioned(ctx)
+    RunDir(spec.run_dir).record_attempt(Attempt("job-a1", 1, time.time(), "http://d", 0, str(spec.metrics_path(1))))
     rows = [{"step": s, "data": {"training/global_step": s, "critic/score/mean": 0.1 * s}} for s in (1, 2)]
-    metrics_file(spec.run_dir, 1).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    RunDir(spec.run_dir).metrics_file(1).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return spec.run_dir
 
 
@@ -34,7 +28,7 @@ def _two_steps(ctx: dict[str, Any]) -> Path:
     ({"status": "SUCCEEDED", "job_id": "job-a1"}, "succeeded"),
 ])
 def test_the_report_says_how_the_wait_ended_and_where_it_is(waited: dict[str, Any] | None, status: str) -> None:
-    ctx = _context({"wait_for_verl_job": waited})
+    ctx = task_context({"wait_for_verl_job": waited})
     run_dir = _two_steps(ctx)
     out = ReportRunOperator(task_id=REPORT_TASK).execute(ctx)
     assert out["report_dir"] == str(run_dir / "report") and out["html"] == str(run_dir / "report" / "report.html")
@@ -44,6 +38,6 @@ def test_the_report_says_how_the_wait_ended_and_where_it_is(waited: dict[str, An
 
 
 def test_a_run_with_invalid_params_has_nothing_to_report() -> None:
-    ctx = _context({}, params={"nnodes": 0})
-    with pytest.raises(AirflowSkipException, match="the run's spec is invalid"):
+    ctx = task_context({}, params={"nnodes": 0})  # provision refused it: no frozen spec
+    with pytest.raises(AirflowSkipException, match="the run has no frozen spec"):
         ReportRunOperator(task_id=REPORT_TASK).execute(ctx)

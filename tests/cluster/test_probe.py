@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tests.trainer.test_cluster_checks import _TI, _Dag, _inputs
+from tests.airflow.context import provisioned, task_context
+from tests.trainer.test_cluster_checks import _inputs
 from verl_pipeline import steps
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.cluster.probe import run_probe
 from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import Mode
+from verl_pipeline.rundir import RunDir
 from verl_pipeline.trainer.environment import evaluate, needs_for
 
 pytestmark = pytest.mark.integration
@@ -43,9 +45,9 @@ def test_forced_train_on_a_cpu_cluster_fails_in_submit_naming_what_is_missing(
     spec = build_run_spec({"mode": "train"}, run_name="manual__probe_train")
     data, models = _inputs(spec, tiny_model_path)
     before = {j.submission_id for j in ray_cluster.client().list_jobs()}
-    ctx = {"ti": _TI({"provision_ray_cluster": ray_cluster.to_dict(), "preprocess_data": data,
-                      "prefetch_model": models}),
-           "params": {"mode": "train"}, "run_id": "manual__probe_train", "dag": _Dag()}
+    ctx = task_context({"provision_ray_cluster": ray_cluster.to_dict(), "preprocess_data": data,
+                        "prefetch_model": models}, {"mode": "train"}, run_id="manual__probe_train")
+    provisioned(ctx)
     t0 = time.monotonic()
     with pytest.raises(AirflowFailException) as err:
         SubmitVerlJobOperator(task_id="submit_verl_job").execute(ctx)
@@ -71,7 +73,8 @@ def test_preflight_reports_what_a_gpu_run_would_miss_and_submits(
 ) -> None:
     spec = build_run_spec({"mode": "preflight"}, run_name="manual__probe_preflight")
     data, models = _inputs(spec, tiny_model_path)
-    prepared = steps.prepare_job(spec, ray_cluster, data=data, models=models, id_prefix="verl-test-preflight")
+    prepared = steps.prepare_job(spec, ray_cluster, ray_cluster.client(), data=data, models=models,
+                                 id_prefix="verl-test-preflight")
     env = prepared.environment
     assert prepared.mode is Mode.PREFLIGHT and not env["enforced"] and not env["ok"]
     assert [n["answered"] for n in env["nodes"]] == [True]
@@ -82,7 +85,7 @@ def test_preflight_reports_what_a_gpu_run_would_miss_and_submits(
     whats = {p.split(": ")[1].split("=")[0] for p in env["problems"] if p.startswith("node ")}
     assert whats == {"torch", "vllm", "flash-attn"}
     assert any(p.startswith("cluster.GPU=0.0") for p in env["problems"])
-    assert (spec.run_dir / "environment.json").is_file() and (spec.run_dir / "job.json").is_file()
+    assert RunDir(spec.run_dir).environment_file.is_file() and RunDir(spec.run_dir).job_file.is_file()
     print(f"\nprobe of the embedded default: {env['seconds']}s")
 
 

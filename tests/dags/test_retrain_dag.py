@@ -18,6 +18,7 @@ from verl_pipeline.airflow.retrain import (
     retrain_schedules,
 )
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 ORDER = ["provision_ray_cluster", "preprocess_data", "plan_models", "prefetch_model", "submit_verl_job",
@@ -134,7 +135,7 @@ def test_failed_run_is_not_published_and_latest_stays(airflow_db: Path, tmp_path
     assert states["publish_run"] in ("failed", "upstream_failed"), states
     assert states["teardown_ray_cluster"] == "success", states
     assert runs.latest_run(storage, "smoke") == good.resolve()
-    assert (good / runs.MANIFEST).is_file()
+    assert RunDir(good).manifest_file.is_file()
     assert [m.run_key for m in runs.list_runs(storage)] == before  # nothing recorded, nothing deleted
 
 

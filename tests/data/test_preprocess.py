@@ -389,8 +389,8 @@ def test_cli_preprocess_by_hand(gsm8k_dir: Path, tmp_path: Path, capsys: pytest.
 
 def test_operator_outlet_asset_and_recipe_param(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from collections import defaultdict
-    from types import SimpleNamespace
 
+    from tests.airflow.context import provisioned, task_context
     from verl_pipeline.airflow.assets import PREPROCESSED_DATA_ALIAS, preprocessed_data_uri
     from verl_pipeline.airflow.operators import PreprocessDataOperator
     from verl_pipeline.airflow.params import build_params
@@ -406,10 +406,6 @@ def test_operator_outlet_asset_and_recipe_param(tmp_path: Path, monkeypatch: pyt
     assert [a.name for a in op.outlets] == [PREPROCESSED_DATA_ALIAS]
     assert PreprocessDataOperator(task_id="p", emit_asset=False).outlets == []
 
-    class Ti:
-        def xcom_pull(self, task_ids: str) -> None:
-            return None
-
     class AliasEvents:
         """What Airflow's outlet-event accessor records for an AssetAlias outlet."""
 
@@ -420,8 +416,8 @@ def test_operator_outlet_asset_and_recipe_param(tmp_path: Path, monkeypatch: pyt
             self.added.append((asset, extra))
 
     events: defaultdict[object, AliasEvents] = defaultdict(AliasEvents)
-    ctx = {"ti": Ti(), "params": {}, "run_id": "manual__t", "dag": SimpleNamespace(dag_id="verl_ppo"),
-           "outlet_events": events}
+    ctx = task_context({}, run_id="manual__t", outlet_events=events)
+    provisioned(ctx)
     out = op.execute(ctx)
     assert out["counts"]["train_rows"] == 256 and out["counts"]["length_filter"]["max_prompt_length"] == 256
     ((asset, extra),) = events[op.outlets[0]].added

@@ -18,13 +18,13 @@ from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.config import RunSpec, build_run_spec
 from verl_pipeline.constants import JobState, Mode
 from verl_pipeline.exceptions import ConfigError
-from verl_pipeline.jobs.attempts import read_attempts
 from verl_pipeline.jobs.checkpoints import list_checkpoints, tracker_step
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline
 from verl_pipeline.jobs.submit import Submission, submit_or_reattach
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.write import write_report
+from verl_pipeline.rundir import RunDir
 from verl_pipeline.trainer.render import render_job
 
 pytestmark = pytest.mark.integration
@@ -99,7 +99,7 @@ def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
         assert "checkpoint global_step_4 (missing actor/model_world_size_2_rank_1.pt" in caplog.text
     first_step_s = _first_step_after(spec, 2, failed)
     assert _wait(client, second.submission_id) is JobState.SUCCEEDED
-    assert read_attempts(spec.run_dir)[1].resume_from_step == resumed
+    assert RunDir(spec.run_dir).attempts()[1].resume_from_step == resumed
     assert _steps(spec, 1) == [1, 2, 3, 4]
     assert _steps(spec, 2) == list(range(resumed + 1, TOTAL + 1))
     assert tracker_step(spec.checkpoint_dir) == TOTAL
@@ -134,7 +134,7 @@ def test_retry_on_a_smaller_world_size_is_refused_before_submitting(
     assert "world size 2" in text and "world size 1" in text and "global_step_4" in text
     assert "2 GPUs again" in text and "\n" not in text
     assert len(client.list_jobs()) == before
-    assert read_attempts(spec.run_dir) == []
+    assert RunDir(spec.run_dir).attempts() == []
 
 
 def test_allocation_deadline_saves_before_the_end_and_the_retry_loses_at_most_one_step(
@@ -160,7 +160,7 @@ def test_allocation_deadline_saves_before_the_end_and_the_retry_loses_at_most_on
     logged = max(_steps(spec, 1))
 
     second = _submit(client, spec)  # the new allocation has no deadline here
-    resumed = read_attempts(spec.run_dir)[1].resume_from_step
+    resumed = RunDir(spec.run_dir).attempts()[1].resume_from_step
     first_step_s = _first_step_after(spec, 2, killed)
     assert _wait(client, second.submission_id) is JobState.SUCCEEDED
     assert logged - resumed <= 1 and resumed >= 3 - 1

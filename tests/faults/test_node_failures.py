@@ -35,7 +35,7 @@ from tests.faults.conftest import (
     run_dir,
 )
 from verl_pipeline.durations import parse_duration
-from verl_pipeline.jobs.attempts import read_attempts, stop_reason
+from verl_pipeline.rundir import RunDir
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
 
     rd = run_dir(fault_env)
     assert rd is not None
-    attempts = read_attempts(rd)
+    attempts = RunDir(rd).attempts()
     assert [a.attempt for a in attempts] == [1, 2]
     first = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
     second = [m["step"] for m in metric_lines(rd / "metrics-a2.jsonl")]
@@ -125,9 +125,9 @@ def test_a_hang_with_every_node_alive_is_stopped_and_resumed(fault_env: Path, re
     assert _tries(dr, "wait_for_verl_job") == 2
     rd = run_dir(fault_env)
     assert rd is not None
-    attempts = read_attempts(rd)
+    attempts = RunDir(rd).attempts()
     assert [a.attempt for a in attempts] == [1, 2]
-    reason = stop_reason(rd, attempts[0].submission_id)
+    reason = RunDir(rd).stop_reason(attempts[0].submission_id)
     assert reason is not None and reason.startswith("hang: no training step for ") and \
         reason.endswith(f", last step {HANG_AFTER_STEP}"), reason
     assert f"[infrastructure failure: {reason}]" in out.out + out.err
@@ -165,7 +165,7 @@ def test_user_failures_are_not_retried(
     assert states["teardown_ray_cluster"] == "success"
     rd = run_dir(fault_env)
     assert rd is not None
-    assert len(read_attempts(rd)) == 1
+    assert len(RunDir(rd).attempts()) == 1
     # A failed run gets its report too, saying it failed.
     assert states["report_run"] == "success"
     assert json.loads((rd / "report" / "report.json").read_text())["status"] == "failed"
@@ -193,7 +193,7 @@ def test_killed_waiter_reattaches_and_exactly_one_job_runs(fault_env: Path, resu
         first.wait(timeout=30)
         assert rd is not None
         run_id = json.loads((rd / "cluster.json").read_text())["name"].split("#")[0].split("/", 1)[1]
-        job_id = read_attempts(rd)[0].submission_id
+        job_id = RunDir(rd).attempts()[0].submission_id
         # The wait task's retry, as the scheduler would run it: it must reattach, not resubmit. The
         # trainer holds at its gate until the retry has deferred, so the job is still running when it looks.
         retry_log = fault_env.parent / "retry.log"
@@ -222,7 +222,7 @@ def test_killed_waiter_reattaches_and_exactly_one_job_runs(fault_env: Path, resu
             run_id = json.loads((rd / "cluster.json").read_text())["name"].split("#")[0].split("/", 1)[1]
             subprocess.run([airflow, "tasks", "test", "verl_ppo", "teardown_ray_cluster", run_id], env=env,
                            capture_output=True, timeout=300)
-    attempts = read_attempts(rd)
+    attempts = RunDir(rd).attempts()
     assert len(attempts) == 1, attempts
     steps = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
     assert steps == list(range(1, TOTAL_STEPS + 1))  # one job, never restarted

@@ -20,9 +20,9 @@ from tests.faults.conftest import metric_lines
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import JobState, Mode
-from verl_pipeline.jobs.attempts import read_attempts
 from verl_pipeline.jobs.checkpoints import list_checkpoints, read_segments
 from verl_pipeline.jobs.submit import submit_or_reattach
+from verl_pipeline.rundir import RunDir
 from verl_pipeline.trainer.render import render_job
 
 pytestmark = pytest.mark.integration
@@ -72,7 +72,7 @@ def test_retry_on_a_smaller_world_size_merges_and_trains_a_new_segment(
     logs = client.logs(sub.submission_id)
     assert info.status is JobState.SUCCEEDED, logs[-3000:]
     assert "Training from scratch" in logs  # verl's resume_mode=auto on the segment's empty directory
-    (attempt,) = read_attempts(spec.run_dir)
+    (attempt,) = RunDir(spec.run_dir).attempts()
     assert (attempt.segment, attempt.segment_start_step, attempt.resume_from_step) == (2, 2, 2)
     # The segment's verl steps 1..2 are run steps 3..4.
     assert [m["step"] for m in metric_lines(Path(str(attempt.metrics_path)))] == [1, 2]

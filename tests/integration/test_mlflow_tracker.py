@@ -22,15 +22,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
 import yaml
 
+from tests.airflow.context import FakeDag, FakeTI, provisioned
 from tests.integration.secret_canary import find_leaks, scan_text
 from verl_pipeline.airflow.operators import SubmitVerlJobOperator
-from verl_pipeline.airflow.operators.base import spec_from_context
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.paths import configs_dir
 from verl_pipeline.trackers import ENV_FILE_VAR, SETUP_HOOK
@@ -42,27 +41,6 @@ FAKE_TRAINER = REPO / "tests" / "fakes" / "fake_verl_trainer.py"
 STEPS = 3
 SERVER_START_S = 180.0  # a cold `mlflow server` on a busy 2-core machine: ~30 s measured, more under load
 JOB_S = 180.0
-
-
-class FakeTI:
-    """What the submit operator uses of a task instance: XCom by task id, and pushes (links)."""
-
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-        self.pushed: dict[str, Any] = {}
-
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms.get(task_ids)
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.pushed[key] = value
-
-
-class FakeDag:
-    dag_id = "verl_ppo"
-
-    def get_task(self, task_id: str) -> Any:
-        raise KeyError(task_id)  # no wait task: no deadline for the job
 
 
 def _free_port() -> int:
@@ -181,7 +159,7 @@ def test_mlflow_lists_every_step_and_the_credentials_leak_nowhere(
                  "prefetch_model": {"actor": {"path": str(tiny_model_path), "source": "builtin:tiny-qwen2"}}})
     ctx = {"ti": ti, "params": {"profile": "mlflow-run"}, "run_id": f"manual__mlflow_{time.time_ns()}",
            "dag": FakeDag()}
-    spec = spec_from_context(ctx)
+    spec = provisioned(ctx)
 
     with caplog.at_level(logging.INFO):
         out = SubmitVerlJobOperator(task_id="submit_verl_job").execute(ctx)
@@ -189,7 +167,7 @@ def test_mlflow_lists_every_step_and_the_credentials_leak_nowhere(
 
     # The run's MLflow run was made before the job started; its page is the task's "MLflow run" button.
     url = out["tracker_links"]["MLflow run"]
-    assert ti.pushed["_link_MlflowRunLink"] == url and url.startswith(f"{mlflow_server}/#/experiments/")
+    assert ti.xcoms["pushed:_link_MlflowRunLink"] == url and url.startswith(f"{mlflow_server}/#/experiments/")
     run_id = url.rsplit("/", 1)[1]
     client = MlflowClient(tracking_uri=mlflow_server)
     run = client.get_run(run_id)
@@ -223,6 +201,7 @@ def test_mlflow_lists_every_step_and_the_credentials_leak_nowhere(
     # attempts, metrics, checkpoints), XCom, the task log.
     assert scan_text(json.dumps(info) + jobs.logs(out["submission_id"]), canaries, "Jobs API") == []
     assert find_leaks(canaries, run_dirs=[spec.run_dir, spec.checkpoint_dir], clusters=[ray_cluster.to_dict()]) == []
-    assert scan_text(json.dumps(out) + json.dumps(ti.pushed), canaries, "XCom") == []
+    pushed = {k: v for k, v in ti.xcoms.items() if k.startswith("pushed:")}
+    assert scan_text(json.dumps(out) + json.dumps(pushed), canaries, "XCom") == []
     assert "MLFLOW_TRACKING_PASSWORD" in caplog.text  # the submit's log names the variables, not their values
     assert scan_text(caplog.text, canaries, "task log") == []

@@ -27,8 +27,8 @@ from tests.integration.airflow_stack import (
 from verl_pipeline.airflow.operators import SUBMIT_TASK as SUBMIT
 from verl_pipeline.airflow.operators import WAIT_TASK as WAIT
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.jobs.attempts import read_attempts
 from verl_pipeline.jobs.client import JobInfo
+from verl_pipeline.rundir import RunDir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -52,7 +52,7 @@ def shared_head() -> Iterator[ClusterHandle]:
 
 def _jobs_of(handle: ClusterHandle, run_dir: str) -> list[JobInfo]:
     """The Ray jobs the run submitted (its attempts) as the shared cluster reports them."""
-    ids = {a.submission_id for a in read_attempts(Path(run_dir))}
+    ids = {a.submission_id for a in RunDir(Path(run_dir)).attempts()}
     return [j for j in handle.client(handle.token()).list_jobs() if j.submission_id in ids]
 
 
@@ -100,7 +100,7 @@ def test_runs_on_a_shared_cluster_queue_in_its_pool(airflow_stack: AirflowStack,
             time.sleep(1)
         assert pool["open_slots"] == 0 and pool["deferred_slots"] == 1, pool
         assert subs[second]["action"] == "queued_for_pool" and subs[second]["submission_id"] is None
-        assert read_attempts(Path(subs[second]["run_dir"])) == []
+        assert RunDir(Path(subs[second]["run_dir"])).attempts() == []
         # The first job is still on the GPU (held at the gate at the latest): the second waits behind it.
         assert not jobs[0].status.is_terminal(), jobs[0]
 

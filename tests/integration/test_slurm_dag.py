@@ -204,7 +204,7 @@ def test_allocation_time_limit_ends_mid_training_verl_saves_ahead_and_the_retry_
     retry gets a fresh allocation and resumes from the last step saved (at most one step lost; with
     save_freq alone every step would be). Nothing of either allocation survives the run."""
     from tests.faults.conftest import RESULTS_FILE, _profile, gate_path, load_dag, metric_lines, record_result, run_dir
-    from verl_pipeline.jobs.attempts import read_attempts
+    from verl_pipeline.rundir import RunDir
 
     held_after, total = 3, 5
     home = tmp_path / "home"
@@ -242,7 +242,7 @@ def test_allocation_time_limit_ends_mid_training_verl_saves_ahead_and_the_retry_
     assert final["extra"]["job_id"] not in (*ended, None) and final["expected_nodes"] == 2
     for job_id in ended:
         assert slurm.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
-    attempts = read_attempts(rd)
+    attempts = RunDir(rd).attempts()
     assert [a.attempt for a in attempts] == list(range(1, wait_tries + 1))
     steps = {a.attempt: [m["step"] for m in metric_lines(rd / f"metrics-a{a.attempt}.jsonl")] for a in attempts}
     # The attempt the time limit cut mid-run held after step 3; the next resumed at most one step back.

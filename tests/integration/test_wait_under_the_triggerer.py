@@ -29,7 +29,7 @@ from tests.integration.airflow_stack import (
 )
 from tests.integration.airflow_stack import run_task_states as _states
 from tests.integration.airflow_stack import run_xcom as _xcom
-from verl_pipeline.jobs.attempts import read_attempts
+from verl_pipeline.rundir import RunDir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -98,7 +98,7 @@ def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: Airfl
         assert all(secret_canary.ray_token(c) for c in live) and leaks == [], [str(x) for x in leaks]
 
         # -- A user marks the deferred wait task failed: the trigger's on_kill stops the Ray job.
-        killed_job = read_attempts(killed_dir)[0].submission_id
+        killed_job = RunDir(killed_dir).attempts()[0].submission_id
         r = api.patch(f"/api/v2/dags/{DAG}/dagRuns/{killed_run}/taskInstances/{WAIT}", json={"new_state": "failed"})
         assert r.status_code == 200, r.text
         finished = airflow_stack.wait_for_run(api, DAG, killed_run, timeout_s=300)
@@ -131,7 +131,7 @@ def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: Airfl
         assert done["state"] == "success", states
         assert _ti(api, restarted_run)["try_number"] == 1  # the wait resumed: no retry
         assert _ti(api, restarted_run, "teardown_ray_cluster")["try_number"] == 1
-        attempts = read_attempts(restarted_dir)
+        attempts = RunDir(restarted_dir).attempts()
         assert len(attempts) == 1, attempts  # one job: nothing resubmitted
         steps = [json.loads(line)["step"] for line in (restarted_dir / "metrics-a1.jsonl").read_text().splitlines()]
         assert steps == list(range(1, STACK_TOTAL_STEPS + 1))

@@ -17,8 +17,8 @@ from verl_pipeline.jobs.checkpoints import (
     list_checkpoints,
     plan_for_job,
     plan_resume,
-    tracker_step,
 )
+from verl_pipeline.rundir import tracker_step
 from verl_pipeline.trainer.render import RenderedJob, with_settings
 
 

@@ -82,7 +82,8 @@ def test_a_merge_starts_a_recorded_segment_from_weights_equal_to_the_trained_sta
 def test_an_attempt_of_a_segment_logs_run_steps_after_its_start(tmp_path: Path) -> None:
     import json
 
-    from verl_pipeline.jobs.attempts import Attempt, run_steps
+    from verl_pipeline.jobs.attempts import run_steps
+    from verl_pipeline.rundir import Attempt
 
     metrics = tmp_path / "metrics-a2.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "data": {"training/global_step": s}}) + "\n" for s in (1, 2)))

@@ -12,13 +12,13 @@ import pytest
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.jobs.checkpoints import list_checkpoints
 from verl_pipeline.models.export import (
-    EXPORT_MANIFEST,
     export_run,
     final_reward,
     merge_checkpoint,
     merge_command,
     read_export,
 )
+from verl_pipeline.rundir import RunDir
 
 
 def _metrics(path: Path, rewards: dict[int, float]) -> None:
@@ -49,7 +49,7 @@ def test_export_merges_the_newest_complete_checkpoint_into_weights_equal_to_the_
     assert manifest.data_hash == "data123" and manifest.base_model_revision == "tiny-qwen2-v2"
     assert "global_step_3 is incomplete" in caplog.text
     assert "job-1: merger: " in caplog.text  # the merger's own output reaches the task log
-    on_disk = json.loads((run_dir / EXPORT_MANIFEST).read_text())
+    on_disk = json.loads(RunDir(run_dir).model_manifest_file.read_text())
     assert on_disk["model_dir"] == str(run_dir / "model") and "model.safetensors" in on_disk["files"]["names"]
 
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")

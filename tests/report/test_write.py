@@ -8,10 +8,10 @@ import struct
 from pathlib import Path
 
 from tests.report.rows import verl_row
-from verl_pipeline.jobs.attempts import Attempt, metrics_file, record_attempt
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG
 from verl_pipeline.report.write import write_report
+from verl_pipeline.rundir import Attempt, RunDir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -35,10 +35,11 @@ def _run_dir(root: Path, key: str, *, nnodes: int = 1, mode: str = "train") -> P
 
 
 def _log(run_dir: Path, attempt: int, steps: range, *, resume_from: int, **row: float) -> None:
-    record_attempt(run_dir, Attempt(f"job-a{attempt}", attempt, 1000.0 + attempt, "http://d", resume_from,
-                                    str(metrics_file(run_dir, attempt))))
+    RunDir(run_dir).record_attempt(Attempt(f"job-a{attempt}", attempt, 1000.0 + attempt, "http://d", resume_from,
+                                    str(RunDir(run_dir).metrics_file(attempt))))
     lines = [json.dumps({"step": s, "data": verl_row(s, attempt, **row).metrics}) for s in steps]
-    metrics_file(run_dir, attempt).write_text("\n".join(lines) + '\n{"step": 9, "da')  # the last line cut by a kill
+    # the last line cut by a kill
+    RunDir(run_dir).metrics_file(attempt).write_text("\n".join(lines) + '\n{"step": 9, "da')
 
 
 def test_a_resumed_training_run_gets_plots_html_and_json(tmp_path: Path) -> None:
@@ -78,7 +79,7 @@ def test_a_later_run_at_more_nodes_is_compared_with_the_earlier_report(tmp_path:
 
 def test_a_preflight_run_reports_no_steps_and_its_checks(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, "pre", mode="preflight")
-    record_attempt(run_dir, Attempt("job-a1", 1, 1000.0, "http://d", 0, str(metrics_file(run_dir, 1))))
+    RunDir(run_dir).record_attempt(Attempt("job-a1", 1, 1000.0, "http://d", 0, str(RunDir(run_dir).metrics_file(1))))
     summary = {"ok": True, "checks": {"verl_config": {"ok": True, "n_gpus": 8}, "reward": {"ok": True}}}
     (run_dir / "preflight.json").write_text(json.dumps(summary))
     files = write_report(run_dir)  # no status given: the preflight summary says it passed
@@ -93,9 +94,9 @@ def test_a_new_segment_after_a_merge_is_reported_at_its_run_steps_and_marked(tmp
     steps from 1, the report places them at run steps 5 and 6 and marks the segment."""
     run_dir = _run_dir(tmp_path, "seg")
     _log(run_dir, 1, range(1, 5), resume_from=0)
-    record_attempt(run_dir, Attempt("job-a2", 2, 1002.0, "http://d", 4, str(metrics_file(run_dir, 2)),
+    RunDir(run_dir).record_attempt(Attempt("job-a2", 2, 1002.0, "http://d", 4, str(RunDir(run_dir).metrics_file(2)),
                                     segment=2, segment_start_step=4))
-    metrics_file(run_dir, 2).write_text("".join(
+    RunDir(run_dir).metrics_file(2).write_text("".join(
         json.dumps({"step": s, "data": verl_row(s, 2).metrics}) + "\n" for s in (1, 2)))
     out = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False).to_dict()
     assert out["steps_done"] == 6

@@ -16,21 +16,6 @@ from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.trainer.scaling import parse_version, required_cpus
 
 
-class _TI:
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
-
-    def xcom_pull(self, task_ids: str) -> Any:
-        return self.xcoms.get(task_ids)
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
-
-
-class _Dag:
-    dag_id = "verl_ppo"
-
-
 def _inputs(spec: Any, tiny_model_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     from verl_pipeline.data.preprocess import preprocess
 
@@ -46,18 +31,17 @@ def test_train_mode_is_rejected_on_a_2_cpu_cluster_and_preflight_still_resolves(
     assert status.ready and status.cpus == 2
 
     train = build_run_spec({"mode": "train"}, run_name="checks/train")
-    with pytest.raises(ConfigError) as err:
-        steps.resolve_mode(train, ray_cluster)
-    e = err.value
+    assert steps.choose_mode(train, status) is Mode.TRAIN
+    e = steps.cluster_problems(train, status, Mode.TRAIN)[0]
     assert e.key == "cluster.CPU" and e.value == 2
     need, _ = required_cpus(1, train.verl)
     assert "the cluster has 2" in e.rule and "TransferQueue storage actors" in e.rule
     assert f">= {need} CPUs" in str(e.fix) and "mode=preflight" in str(e.fix)
 
     # auto resolves to preflight on a cluster without GPUs, and preflight passes the checks.
-    assert steps.resolve_mode(build_run_spec({}, run_name="checks/auto"), ray_cluster) is Mode.PREFLIGHT
+    assert steps.choose_mode(build_run_spec({}, run_name="checks/auto"), status) is Mode.PREFLIGHT
     pre = build_run_spec({"mode": "preflight"}, run_name="checks/pre")
-    assert steps.resolve_mode(pre, ray_cluster) is Mode.PREFLIGHT
+    assert steps.choose_mode(pre, status) is Mode.PREFLIGHT and not steps.cluster_problems(pre, status, Mode.PREFLIGHT)
     data, models = _inputs(pre, tiny_model_path)
     job = steps.render(pre, data=data, models=models, mode=Mode.PREFLIGHT)
     assert job.entrypoint.startswith("python -m verl_pipeline.trainer.preflight")
@@ -66,18 +50,16 @@ def test_train_mode_is_rejected_on_a_2_cpu_cluster_and_preflight_still_resolves(
 def test_ray_version_below_2_41_is_rejected() -> None:
     spec = build_run_spec({"mode": "preflight"}, run_name="checks/version")
     old = ClusterStatus(True, 1, 64, 8, "2.40.0", "ok")
-    with pytest.raises(ConfigError) as err:
-        steps.check_cluster(spec, old, Mode.PREFLIGHT)
-    assert err.value.key == "cluster.ray_version" and "ray>=2.41" in str(err.value.fix)
-    steps.check_cluster(spec, ClusterStatus(True, 1, 64, 8, "2.41.0", "ok"), Mode.TRAIN)
+    (e,) = steps.cluster_problems(spec, old, Mode.PREFLIGHT)
+    assert e.key == "cluster.ray_version" and "ray>=2.41" in str(e.fix)
+    assert not steps.cluster_problems(spec, ClusterStatus(True, 1, 64, 8, "2.41.0", "ok"), Mode.TRAIN)
     assert parse_version("2.60.0rc1") == (2, 60, 0) and parse_version(None) is None
 
 
 def test_train_needs_the_target_gpus() -> None:
     spec = build_run_spec({"nnodes": 2, "n_gpus_per_node": 8, "mode": "train"}, run_name="checks/gpus")
-    with pytest.raises(ConfigError) as err:
-        steps.check_cluster(spec, ClusterStatus(True, 1, 128, 8, "2.60.0", "ok"), Mode.TRAIN)
-    assert err.value.key == "cluster.GPU" and "16 GPU(s)" in err.value.rule
+    (e,) = steps.cluster_problems(spec, ClusterStatus(True, 1, 128, 8, "2.60.0", "ok"), Mode.TRAIN)
+    assert e.key == "cluster.GPU" and "16 GPU(s)" in e.rule
 
 
 def test_paths_outside_the_shared_mount_are_rejected_for_remote_clusters() -> None:

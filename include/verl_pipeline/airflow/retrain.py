@@ -174,8 +174,8 @@ class PublishRunOperator(BaseOperator):
         try:
             spec = spec_from_context(context)
         except PipelineError as e:
-            # Nothing ran (the run's own params/profiles are invalid): no run directory to record.
-            raise AirflowFailException(f"run not published, its spec is invalid: {e}") from e
+            # Nothing ran (provision refused the run's params/profiles): no run directory to record.
+            raise AirflowFailException(f"run not published, it has no frozen spec (its provision failed): {e}") from e
         blocker = promotion_blocker(ti.xcom_pull(task_ids=WAIT_TASK), ti.xcom_pull(task_ids=EXPORT_TASK),
                                     run_skip_reason(spec, ti.xcom_pull(task_ids=SUBMIT_TASK)))
         ok = blocker is None

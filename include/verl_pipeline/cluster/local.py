@@ -29,6 +29,7 @@ from verl_pipeline.cluster import auth, procs
 from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic
+from verl_pipeline.rundir import retire
 
 log = logging.getLogger(__name__)
 
@@ -416,8 +417,8 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     left += procs.terminate(procs.alive(late), grace_s=grace)
     if left:
         raise ClusterError(f"Ray processes survived SIGKILL: {sorted(r.pid for r in left)}")
-    if state and state.exists():
+    if state:
         # Kept for the record (and Ray's session logs stay beside it), but no longer "the live cluster".
-        os.replace(state, state.with_name("verl_pipeline_cluster.stopped.json"))
+        retire(state)
     log.info("Stopped local Ray cluster %s: %d processes in %.1fs", handle.name, len(before), time.monotonic() - t0)
     return {"stopped_processes": len(before), "seconds": round(time.monotonic() - t0, 2)}

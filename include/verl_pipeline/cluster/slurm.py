@@ -39,6 +39,7 @@ from verl_pipeline.cluster.base import (
 from verl_pipeline.cluster.slurm_rest import SlurmRest, state_of
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
+from verl_pipeline.rundir import RunDir, retire
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +376,7 @@ class SlurmBackend(ClusterBackend):
         else ``shared_dir``, else the pipeline home.
         """
         if self.run_dir:
-            return Path(self.run_dir) / "slurm"
+            return RunDir(Path(self.run_dir)).slurm_dir
         if self.shared_dir:
             return Path(self.shared_dir).expanduser() / self.job_name(name)
         return pipeline_home() / "slurm" / self.job_name(name)
@@ -685,9 +686,7 @@ class SlurmBackend(ClusterBackend):
         final = b._cancel_and_confirm(job_id)
         log.info("Slurm job %s (%s) was %s; after scancel: %s in %.1fs", job_id, handle.name, before.state,
                  final.state, time.monotonic() - t0)
-        state = Path(str(handle.extra.get("workdir", ""))) / STATE_FILE
-        if state.is_file():
-            os.replace(state, state.with_name("slurm-job.stopped.json"))
+        retire(Path(str(handle.extra.get("workdir", ""))) / STATE_FILE)
         return {"slurm_job_id": job_id, "state_before": before.state, "reason_before": before.reason,
                 "final_state": final.state, "seconds": round(time.monotonic() - t0, 2)}
 

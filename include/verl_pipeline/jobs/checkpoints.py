@@ -37,7 +37,7 @@ from typing import Any
 
 from verl_pipeline.constants import WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
-from verl_pipeline.jobs.attempts import TRACKER_FILE
+from verl_pipeline.rundir import tracker_step
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
@@ -158,14 +158,6 @@ def list_checkpoints(checkpoint_dir: Path, *, contents: tuple[str, ...] = DEFAUL
     found = [inspect_checkpoint(p, contents=contents, critic=critic)
              for p in checkpoint_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
     return sorted(found, key=lambda c: c.step)
-
-
-def tracker_step(checkpoint_dir: Path) -> int | None:
-    """The step verl's tracker names; None when it is absent or unreadable (e.g. empty after a kill)."""
-    try:
-        return int((checkpoint_dir / TRACKER_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _describe(c: Checkpoint) -> str:
@@ -303,4 +295,4 @@ def new_segment(checkpoint_dir: Path, plan: ResumePlan, *, world_size: int, job_
 
 __all__ = ["Checkpoint", "ResumeMode", "ResumePlan", "Segment", "current_segment", "inspect_checkpoint", "intact",
            "list_checkpoints", "new_segment", "plan_for_job", "plan_resume", "read_segments", "record_segment",
-           "tracker_step", "train_world_size"]
+           "train_world_size"]

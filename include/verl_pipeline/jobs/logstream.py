@@ -10,11 +10,13 @@ whole, exactly once, and the cursor never points into the middle of a line.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.rundir import RunDir
 
 #: A line longer than this is handed out in pieces of this size (cut on a UTF-8 boundary).
 MAX_LINE_BYTES = 64 * 1024
@@ -86,10 +88,6 @@ class LineReader:
         yield line.decode("utf-8", errors="replace")
 
 
-#: Where the wait task keeps the cursors of the job it waits on, in the run directory.
-CURSOR_FILE = "wait-cursor.json"
-
-
 @dataclass(frozen=True)
 class WaitCursor:
     """How far a waiter got with one job: what the next deferral continues from.
@@ -112,16 +110,13 @@ class WaitCursor:
                    progress=event.get("progress"))
 
     def save(self, run_dir: Path) -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / f".{CURSOR_FILE}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(asdict(self)), encoding="utf-8")
-        os.replace(tmp, run_dir / CURSOR_FILE)
+        write_json_atomic(RunDir(run_dir).cursor_file, asdict(self))
 
     @classmethod
     def load(cls, run_dir: Path, job_id: str) -> WaitCursor:
         """The saved cursor of ``job_id``; a fresh one when none is saved or it is another job's."""
         try:
-            data = json.loads((run_dir / CURSOR_FILE).read_text(encoding="utf-8"))
+            data = json.loads(RunDir(run_dir).cursor_file.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             return cls(job_id=job_id)
         if data.get("job_id") != job_id:

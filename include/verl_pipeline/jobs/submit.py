@@ -10,17 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.constants import JobState, Mode
-from verl_pipeline.jobs.attempts import (
-    Attempt,
-    latest_checkpoint_step,
-    metrics_file,
-    now,
-    read_attempts,
-    record_attempt,
-)
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline, cluster_deadline, earliest, with_deadline
 from verl_pipeline.jobs.ids import attempt_of, submission_id
+from verl_pipeline.rundir import Attempt, RunDir, now, tracker_step
 from verl_pipeline.trainer.render import RenderedJob
 
 log = logging.getLogger(__name__)
@@ -67,25 +60,14 @@ def submit_or_reattach(
     through a 0600 file in ``run_dir/secrets`` (:func:`~verl_pipeline.trackers.with_secret_env`): neither
     ``job`` (written to the run files) nor the submitted ``runtime_env`` holds the values.
     """
-    prefix = submission_id(dag_id, run_id, task_id, 1)[: -len("-a1")]
-    mine = []
-    for info in client.list_jobs():
-        n = attempt_of(info.submission_id, prefix)
-        if n is not None:
-            mine.append((n, info))
-    mine.sort(key=lambda item: item[0])
-    for n, info in mine:
-        if not info.status.is_terminal():
-            log.info("Reattaching to live Ray job %s (attempt %d, %s)", info.submission_id, n, info.status.value)
-            return Submission(info.submission_id, "reattached", n, info.status.value)
-    if mine and mine[-1][1].status is JobState.SUCCEEDED:
-        n, info = mine[-1]
-        log.info("Ray job %s of this run already succeeded: not submitting again", info.submission_id)
-        return Submission(info.submission_id, "already_succeeded", n, info.status.value)
-    recorded = read_attempts(run_dir) if run_dir else []
+    mine = _jobs_of(client, dag_id=dag_id, run_id=run_id, task_id=task_id)
+    found = _live_or_succeeded(mine)
+    if found is not None:
+        return found
+    recorded = RunDir(run_dir).attempts() if run_dir else []
     attempt = max([n for n, _ in mine] + [a.attempt for a in recorded] + [0]) + 1
     sub_id = submission_id(dag_id, run_id, task_id, attempt)
-    resume_from = latest_checkpoint_step(checkpoint_dir) if checkpoint_dir else 0
+    resume_from = (tracker_step(checkpoint_dir) or 0) if checkpoint_dir else 0
     segment, segment_start = 1, 0
     if checkpoint_dir is not None and job.mode is Mode.TRAIN:
         job, resume_from, segment, segment_start = _resume_complete(job, checkpoint_dir, sub_id)
@@ -94,14 +76,15 @@ def submit_or_reattach(
     runtime_env = copy.deepcopy(job.runtime_env)
     metrics_path = None
     if run_dir is not None:
-        metrics_path = metrics_file(run_dir, attempt)
+        metrics_path = RunDir(run_dir).metrics_file(attempt)
         runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     if secret_env:
-        from verl_pipeline.trackers import SECRETS_DIR, with_secret_env
+        from verl_pipeline.trackers import with_secret_env
 
         if run_dir is None:
             raise ValueError("secret_env needs the run_dir, where its private file is written")
-        runtime_env = with_secret_env(runtime_env, secret_env, directory=run_dir / SECRETS_DIR, name=f"{sub_id}.json")
+        runtime_env = with_secret_env(runtime_env, secret_env, directory=RunDir(run_dir).secrets_dir,
+                                      name=f"{sub_id}.json")
         log.info("Ray job %s: tracker variables %s passed to the job by a private file", sub_id, sorted(secret_env))
     meta = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "mode": job.mode.value,
             "attempt": str(attempt), **(metadata or {})}
@@ -109,21 +92,45 @@ def submit_or_reattach(
              resume_from)
     client.submit(entrypoint=job.entrypoint, submission_id=sub_id, runtime_env=runtime_env, metadata=meta)
     if run_dir is not None:
-        record_attempt(run_dir, Attempt(sub_id, attempt, now(), client.dashboard_url, resume_from,
+        RunDir(run_dir).record_attempt(Attempt(sub_id, attempt, now(), client.dashboard_url, resume_from,
                                         str(metrics_path) if metrics_path else None, segment, segment_start))
     return Submission(sub_id, "submitted", attempt, JobState.PENDING.value)
 
 
+def existing_job(client: RayJobsClient, *, dag_id: str, run_id: str, task_id: str) -> Submission | None:
+    """This run's live job (reattach to it) or its last job when that one succeeded; None: submit."""
+    return _live_or_succeeded(_jobs_of(client, dag_id=dag_id, run_id=run_id, task_id=task_id))
+
+
+def _jobs_of(client: RayJobsClient, *, dag_id: str, run_id: str, task_id: str) -> list[tuple[int, Any]]:
+    """The cluster's jobs of this run, by attempt number."""
+    prefix = submission_id(dag_id, run_id, task_id, 1)[: -len("-a1")]
+    mine = []
+    for info in client.list_jobs():
+        n = attempt_of(info.submission_id, prefix)
+        if n is not None:
+            mine.append((n, info))
+    return sorted(mine, key=lambda item: item[0])
+
+
+def _live_or_succeeded(mine: list[tuple[int, Any]]) -> Submission | None:
+    for n, info in mine:
+        if not info.status.is_terminal():
+            log.info("Reattaching to live Ray job %s (attempt %d, %s)", info.submission_id, n, info.status.value)
+            return Submission(info.submission_id, "reattached", n, info.status.value)
+    if mine and mine[-1][1].status is JobState.SUCCEEDED:
+        n, info = mine[-1]
+        log.info("Ray job %s of this run already succeeded: not submitting again", info.submission_id)
+        return Submission(info.submission_id, "already_succeeded", n, info.status.value)
+    return None
+
+
 def _cluster_deadline(run_dir: Path | None) -> Deadline | None:
     """The end of the run's current cluster (``cluster.json`` in the run directory), if it has one."""
-    import json
-
     from verl_pipeline.cluster.base import ClusterHandle
 
-    path = run_dir / "cluster.json" if run_dir is not None else None
-    if path is None or not path.is_file():
-        return None
-    return cluster_deadline(ClusterHandle.from_dict(json.loads(path.read_text())))
+    recorded = RunDir(run_dir).cluster() if run_dir is not None else None
+    return cluster_deadline(ClusterHandle.from_dict(recorded)) if recorded is not None else None
 
 
 def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int, int, int]:
@@ -145,7 +152,7 @@ def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tup
     if plan is None:
         log.info("Ray job %s: %s checkpoints are not inspected; verl's resume_mode=%s decides", sub_id,
                  job.settings.get("actor_rollout_ref.actor.strategy"), job.settings.get("trainer.resume_mode"))
-        return job, latest_checkpoint_step(checkpoint_dir), 1, 0
+        return job, (tracker_step(checkpoint_dir) or 0), 1, 0
     for skipped in plan.skipped:
         log.warning("Ray job %s: checkpoint %s is incomplete: not resuming from it", sub_id, skipped)
     rules: dict[str, str] = {}

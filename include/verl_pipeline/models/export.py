@@ -31,13 +31,12 @@ from typing import Any
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.jobs.checkpoints import Checkpoint
 from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 MERGER_MODULE = "verl.model_merger"
 #: The merged model of a run and its manifest, both in the run directory.
-EXPORT_DIR = "model"
-EXPORT_MANIFEST = "model.json"
 #: The metric a run's final reward is read from (verl's mean sequence score of the last step).
 REWARD_METRIC = "critic/score/mean"
 #: A merge that takes longer is stuck: the merger of a 7B model takes minutes, not hours.
@@ -154,7 +153,7 @@ def final_reward(metrics_files: list[Path]) -> float | None:
 def read_export(run_dir: Path) -> ExportManifest | None:
     """The run's export manifest, when its model was exported and is still there."""
     try:
-        data = json.loads((run_dir / EXPORT_MANIFEST).read_text())
+        data = json.loads(RunDir(run_dir).model_manifest_file.read_text())
         manifest = ExportManifest(**data)
     except (OSError, ValueError, TypeError):
         return None
@@ -181,7 +180,7 @@ def export_run(
     starts from (:func:`verl_pipeline.jobs.checkpoints.current_segment`), so ``step`` is the run's step.
     ModelError when no checkpoint is complete.
     """
-    from verl_pipeline.jobs.attempts import metrics_files
+    from verl_pipeline.rundir import RunDir
 
     chosen = newest_complete(checkpoints)
     if chosen is None:
@@ -190,7 +189,7 @@ def export_run(
     if checkpoints and checkpoints[-1].step != chosen.step:
         log.warning("%s: newest checkpoint global_step_%d is incomplete (missing %s): exporting global_step_%d",
                     job_id, checkpoints[-1].step, ", ".join(checkpoints[-1].missing[:3]), chosen.step)
-    target = run_dir / EXPORT_DIR
+    target = RunDir(run_dir).model_dir
     done = read_export(run_dir)
     if done is not None and done.checkpoint == str(chosen.path):
         log.info("%s: global_step_%d is already exported to %s: kept", job_id, chosen.step, target)
@@ -202,14 +201,14 @@ def export_run(
         checkpoint=str(chosen.path),
         world_size=chosen.world_size, model_dir=str(target), data_hash=(data or {}).get("key"),
         base_model_source=actor_model.get("source"), base_model_revision=actor_model.get("revision"),
-        final_reward=final_reward(list(metrics_files(run_dir).values())),
+        final_reward=final_reward(list(RunDir(run_dir).metrics_files().values())),
         files={**facts, "names": sorted(p.name for p in target.iterdir() if p.is_file())},
     )
-    write_json_atomic(run_dir / EXPORT_MANIFEST, manifest.to_dict())
+    write_json_atomic(RunDir(run_dir).model_manifest_file, manifest.to_dict())
     log.info("%s: exported step %d of run %s to %s (final %s %s)", job_id, manifest.step, run_key, target,
              REWARD_METRIC, manifest.final_reward)
     return manifest
 
 
-__all__ = ["EXPORT_DIR", "EXPORT_MANIFEST", "ExportManifest", "export_run", "final_reward", "merge_checkpoint",
+__all__ = ["ExportManifest", "export_run", "final_reward", "merge_checkpoint",
            "merge_command", "newest_complete", "read_export"]

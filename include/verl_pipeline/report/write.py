@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.constants import PREFLIGHT_SUMMARY_FILE
-from verl_pipeline.jobs.attempts import metrics_files, read_attempts
 from verl_pipeline.paths import atomic_path, write_json_atomic
 from verl_pipeline.report import scaling
 from verl_pipeline.report.build import (
@@ -27,10 +25,10 @@ from verl_pipeline.report.build import (
     build_report,
     merge_rows,
 )
+from verl_pipeline.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-REPORT_DIR = "report"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 
@@ -52,7 +50,7 @@ class ReportFiles:
 
 
 def report_dir(run_dir: Path) -> Path:
-    return run_dir / REPORT_DIR
+    return RunDir(run_dir).report_dir
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -71,9 +69,9 @@ def read_rows(run_dir: Path) -> list[StepRow]:
     of a new segment (a merge on a changed world size) logs verl's steps from 1."""
     from verl_pipeline.jobs.progress import parse_jsonl_row
 
-    offsets = {a.attempt: a.segment_start_step for a in read_attempts(run_dir)}
+    offsets = {a.attempt: a.segment_start_step for a in RunDir(run_dir).attempts()}
     rows = []
-    for attempt, path in metrics_files(run_dir).items():
+    for attempt, path in RunDir(run_dir).metrics_files().items():
         for line in path.read_text(errors="replace").splitlines():
             parsed = parse_jsonl_row(line)
             if parsed is not None:
@@ -83,14 +81,14 @@ def read_rows(run_dir: Path) -> list[StepRow]:
 
 def _ended_at(run_dir: Path) -> float | None:
     """When the run last wrote what the report reads: its last metrics line, or its preflight summary."""
-    paths = [*metrics_files(run_dir).values(), run_dir / PREFLIGHT_SUMMARY_FILE]
+    paths = [*RunDir(run_dir).metrics_files().values(), RunDir(run_dir).preflight_file]
     times = [p.stat().st_mtime for p in paths if p.is_file()]
     return max(times) if times else None
 
 
 def infer_status(run_dir: Path, facts: RunFacts, rows: list[StepRow], preflight: dict[str, Any] | None) -> RunOutcome:
     """How the run ended when no one says (a CLI rebuild): its last report's word, else its files'."""
-    earlier = _read_json(report_dir(run_dir) / REPORT_JSON) or _read_json(run_dir / "manifest.json") or {}
+    earlier = _read_json(report_dir(run_dir) / REPORT_JSON) or _read_json(RunDir(run_dir).manifest_file) or {}
     if earlier.get("status") in {s.value for s in RunOutcome}:
         return RunOutcome(earlier["status"])
     if facts.mode == "preflight":
@@ -102,17 +100,17 @@ def infer_status(run_dir: Path, facts: RunFacts, rows: list[StepRow], preflight:
 def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[str, Any] | None = None,
                  plots: bool = True) -> ReportFiles:
     """(Re)build the report of the run in ``run_dir``; ``spec``: the run's spec (else its run_spec.json)."""
-    spec = spec or _read_json(run_dir / "run_spec.json") or {}
-    job = _read_json(run_dir / "job.json") or {}
+    spec = spec or _read_json(RunDir(run_dir).spec_file) or {}
+    job = RunDir(run_dir).job() or {}
     facts = RunFacts.from_spec_dict(run_dir.name, spec, mode=job.get("mode"))
     rows = read_rows(run_dir)
-    preflight = _read_json(run_dir / PREFLIGHT_SUMMARY_FILE)
+    preflight = _read_json(RunDir(run_dir).preflight_file)
     status = status or infer_status(run_dir, facts, rows, preflight)
     attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment)
-                for a in read_attempts(run_dir)]
+                for a in RunDir(run_dir).attempts()]
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
-    earlier = scaling.earlier_points(storage_root, facts.profile, report_file=f"{REPORT_DIR}/{REPORT_JSON}",
-                                     exclude_run_key=facts.run_key)
+    in_run = str((report_dir(run_dir) / REPORT_JSON).relative_to(run_dir))
+    earlier = scaling.earlier_points(storage_root, facts.profile, report_file=in_run, exclude_run_key=facts.run_key)
     report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
                           ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
                           earlier=earlier)

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from verl_pipeline.config import RunSpec
-from verl_pipeline.constants import PREFLIGHT_SUMMARY_FILE, Mode, WorldSizeChange
+from verl_pipeline.constants import Mode, WorldSizeChange
 from verl_pipeline.paths import package_dir
+from verl_pipeline.rundir import RunDir
 from verl_pipeline.trackers import LOGGER_KEY, PIPELINE_BACKENDS, logger_backends
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
@@ -144,7 +145,7 @@ def render_job(
     if mode is Mode.TRAIN:
         command: tuple[str, ...] = spec.trainer_command
     else:
-        command = (*PREFLIGHT_COMMAND, "--summary-path", str(spec.run_dir / PREFLIGHT_SUMMARY_FILE), "--")
+        command = (*PREFLIGHT_COMMAND, "--summary-path", str(RunDir(spec.run_dir).preflight_file), "--")
     env = dict(BASE_ENV)
     if spec.hardware is not None:
         env.update(nccl_env(spec.hardware, debug=spec.nccl_debug))

@@ -6,13 +6,17 @@ upstream task failed before pushing anything.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from verl_pipeline import steps
 from verl_pipeline.config import RunSpec, build_run_spec
-from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError
+from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError, PipelineError
+from verl_pipeline.jobs.deadlines import Deadline, task_deadline
 
 PROVISION_TASK = "provision_ray_cluster"
 PREPROCESS_TASK = "preprocess_data"
@@ -35,9 +39,39 @@ def run_name(context: Any) -> str:
     return f"{context['dag'].dag_id}/{context['run_id']}"
 
 
-def spec_from_context(context: Any) -> RunSpec:
+#: The provision task's XCom naming the run directory, which holds the run's frozen spec.
+RUN_DIR_KEY = "run_dir"
+
+
+def spec_from_params(context: Any) -> RunSpec:
+    """The run's spec built from the DAG run's params and the profiles under ``configs/`` as they are now:
+    only provision does this (it freezes the result); every later task reads :func:`spec_from_context`."""
     params = {k: v for k, v in dict(context["params"]).items()}
     return build_run_spec(params, run_name=run_name(context))
+
+
+def spec_from_context(context: Any) -> RunSpec:
+    """The run's frozen spec, saved by the provision task (``configs/`` is not read again: a retry days
+    later submits what the run started with)."""
+    run_dir = context["ti"].xcom_pull(task_ids=PROVISION_TASK, key=RUN_DIR_KEY)
+    if not run_dir:
+        raise PipelineError(f"no frozen spec for this run: {PROVISION_TASK} recorded none (did it fail?)")
+    return steps.load_frozen(Path(run_dir))
+
+
+def wait_deadline(context: Any) -> Deadline | None:
+    """When the wait task gives up (its ``execution_timeout``), as the deadline verl saves ahead of.
+
+    The job runs under the wait task: counted from that task's start when it is the one submitting
+    (a retry, a shared cluster's admission), else from now (the submit task, just before it).
+    """
+    try:
+        wait = context["dag"].get_task(WAIT_TASK)
+    except (AttributeError, KeyError, ValueError):
+        return None  # a DAG without the pipeline's wait task
+    ti = context["ti"]
+    start = getattr(ti, "start_date", None) if getattr(ti, "task_id", None) == WAIT_TASK else None
+    return task_deadline(start or datetime.now(timezone.utc), getattr(wait, "execution_timeout", None))
 
 
 def task_error(e: Exception) -> AirflowException:

@@ -26,6 +26,7 @@ from verl_pipeline.airflow.operators.base import (
 from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.rundir import RunDir
 
 EXPORT_TASK = "export_model"
 
@@ -75,7 +76,6 @@ class ExportModelOperator(PipelineOperator):
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from verl_pipeline.jobs.attempts import read_attempts
         from verl_pipeline.jobs.checkpoints import current_segment, list_checkpoints, save_contents
         from verl_pipeline.models.export import export_run
         from verl_pipeline.models.prefetch import models_by_role
@@ -88,7 +88,7 @@ class ExportModelOperator(PipelineOperator):
         try:
             spec = spec_from_context(context)
             # The job that trained the model: the run's last attempt (a retry's, or the wait task's).
-            attempts = read_attempts(spec.run_dir)
+            attempts = RunDir(spec.run_dir).attempts()
             job_id = attempts[-1].submission_id if attempts else submitted.get("submission_id") or "?"
             reason = run_skip_reason(spec, submitted)
             if reason:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_pipeline.airflow.operators.base import PipelineOperator, connection, spec_from_context, task_error
+from verl_pipeline.airflow.operators.base import RUN_DIR_KEY, PipelineOperator, connection, spec_from_params, task_error
 from verl_pipeline.airflow.tracker_links import check_tracker_connections
 from verl_pipeline.exceptions import PipelineError
 
 
 class ProvisionRayClusterOperator(PipelineOperator):
-    """Validate the run (params, profiles, verl's own config checks), then start or reach the cluster.
+    """Validate the run (params, profiles, verl's own config checks), freeze it, then start or reach the cluster.
 
-    Nothing starts when validation fails. Returns the cluster handle.
+    Nothing starts when validation fails. The spec is saved in the run directory (``run_spec.json``,
+    XCom ``run_dir`` says where) and every later task, retry and resubmission reads it from there;
+    a retry of this task keeps the spec the run was first provisioned with. Returns the cluster handle.
     """
 
     ui_color = "#d6eaf8"
@@ -25,7 +27,7 @@ class ProvisionRayClusterOperator(PipelineOperator):
         from verl_pipeline import steps
 
         try:
-            spec = spec_from_context(context)
+            spec = steps.frozen_or(spec_from_params(context))
             self.log.info("Run %s: profile %s (model %s, cluster %s), target %d x %d GPU(s), mode %s",
                           spec.run_name, spec.profile, spec.model_profile, spec.cluster_profile, spec.nnodes,
                           spec.n_gpus_per_node, spec.mode.value)
@@ -34,6 +36,8 @@ class ProvisionRayClusterOperator(PipelineOperator):
             if self.validate_with_verl:
                 steps.validate_spec_with_verl(spec)
             check_tracker_connections(spec)  # a tracker without its connection fails before any cluster
+            steps.freeze(spec)  # checked: what every later task, retry and resubmission of this run reads
+            context["ti"].xcom_push(key=RUN_DIR_KEY, value=str(spec.run_dir))
             endpoint = None
             conn_id = self.conn_id or spec.cluster.get("conn_id")
             if spec.cluster.get("backend") == "address" and conn_id and not spec.cluster.get("dashboard_url"):

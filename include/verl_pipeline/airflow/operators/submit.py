@@ -16,6 +16,7 @@ from verl_pipeline.airflow.operators.base import (
     PipelineOperator,
     spec_from_context,
     task_error,
+    wait_deadline,
 )
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.exceptions import PipelineError
@@ -50,29 +51,14 @@ class SubmitVerlJobOperator(PipelineOperator):
         self.data_task_id = data_task_id
         self.model_task_id = model_task_id
 
-    @staticmethod
-    def _wait_deadline(context: Any) -> Any:
-        """The wait task's ``execution_timeout`` as a deadline for verl (the job runs under that task)."""
-        from datetime import datetime, timezone
-
-        from verl_pipeline.jobs.deadlines import task_deadline
-
-        try:
-            wait = context["dag"].get_task(WAIT_TASK)
-        except (AttributeError, KeyError, ValueError):
-            return None  # a DAG without the pipeline's wait task
-        return task_deadline(datetime.now(timezone.utc), getattr(wait, "execution_timeout", None))
-
     def execute(self, context: Any) -> dict[str, Any]:
         from verl_pipeline import steps
         from verl_pipeline.cluster.base import ClusterHandle
         from verl_pipeline.jobs.ids import submission_prefix
-        from verl_pipeline.jobs.submit import submit_or_reattach
+        from verl_pipeline.models.prefetch import models_by_role
 
         cluster = self._pull(context, self.cluster_task_id)
         data = self._pull(context, self.data_task_id)
-        from verl_pipeline.models.prefetch import models_by_role
-
         models = models_by_role(self._pull(context, self.model_task_id))
         if not cluster or not data or "actor" not in models:
             raise AirflowException("upstream results missing (cluster, data or model): did an upstream task fail?")
@@ -80,31 +66,45 @@ class SubmitVerlJobOperator(PipelineOperator):
             spec = spec_from_context(context)
             handle = ClusterHandle.from_dict(cluster)
             hook = self.hook(handle)
-            token = hook.token()
             trackers = job_trackers(spec, handle)  # credentials: into the submit call, nowhere else
-            prepared = steps.prepare_job(
-                spec, handle, data=data, models=models, token=token,
-                id_prefix=submission_prefix(context["dag"].dag_id, context["run_id"], self.task_id))
-            job, mode, run_dir = prepared.job, prepared.mode, spec.run_dir
-            self.log.info("Entrypoint: %s", job.entrypoint)
-            self.log.info("runtime_env: %s", job.runtime_env)
-            result = {"mode": mode.value, "run_dir": str(run_dir), "dashboard_url": handle.dashboard_url,
-                      "environment": prepared.environment, "tracker_links": trackers.links}
             persist_tracker_links(context, trackers.links)
+            result: dict[str, Any] = {"run_dir": str(spec.run_dir), "dashboard_url": handle.dashboard_url,
+                                      "tracker_links": trackers.links}
             if spec.admission is not None:
                 # A shared cluster: the job is submitted by the wait task, which holds the run's pool
                 # slots for the job's whole life (a slot this task held would be free again before
-                # the job ends).
+                # the job ends). What it will submit is checked now.
+                prepared = steps.prepare_job(
+                    spec, handle, hook.client, data=data, models=models,
+                    id_prefix=submission_prefix(context["dag"].dag_id, context["run_id"], self.task_id))
+                self._log_job(prepared.job)
                 self.log.info("Cluster %s is shared: %s submits the job once it holds %s", handle.name,
                               WAIT_TASK, spec.admission.describe())
-                return {"submission_id": None, "action": QUEUED, "admission": spec.admission.to_dict(), **result}
-            sub = submit_or_reattach(
-                hook.client, job, dag_id=context["dag"].dag_id, run_id=context["run_id"],
-                task_id=self.task_id, run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir,
-                deadline=self._wait_deadline(context), secret_env=trackers.env.values,
-            )
+                return {"submission_id": None, "action": QUEUED, "admission": spec.admission.to_dict(),
+                        "mode": prepared.mode.value, "environment": prepared.environment, **result}
+            done = steps.submit_attempt(
+                spec, handle, hook.client, data=data, models=models, dag_id=context["dag"].dag_id,
+                run_id=context["run_id"], task_id=self.task_id, deadline=wait_deadline(context),
+                secret_env=trackers.env.values)
         except PipelineError as e:
             raise task_error(e) from e
+        sub = done.submission
+        if done.prepared is not None:
+            self._log_job(done.prepared.job)
+            result["environment"] = done.prepared.environment
         self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action, sub.attempt)
         RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
-        return {**sub.to_dict(), **result}
+        return {**sub.to_dict(), "mode": self._mode(spec, done), **result}
+
+    def _log_job(self, job: Any) -> None:
+        self.log.info("Entrypoint: %s", job.entrypoint)
+        self.log.info("runtime_env: %s", job.runtime_env)
+
+    @staticmethod
+    def _mode(spec: Any, done: Any) -> str:
+        """The run's mode: decided by this submission, or by the one that started the job reattached to."""
+        from verl_pipeline.rundir import RunDir
+
+        if done.mode is not None:
+            return str(done.mode.value)
+        return str((RunDir(spec.run_dir).job() or {}).get("mode") or spec.mode.value)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from verl_pipeline.airflow.operators.base import (
     PROVISION_TASK,
+    RUN_DIR_KEY,
     SUBMIT_TASK,
     PipelineOperator,
-    spec_from_context,
     task_error,
 )
-from verl_pipeline.config import build_run_spec
+from verl_pipeline.config import RunSpec, build_run_spec
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -40,43 +42,47 @@ class TeardownRayClusterOperator(PipelineOperator):
         job_id = sub.get("submission_id")
         run_dir = None
         try:
-            spec = spec_from_context(context)
+            spec = run_spec_for_cleanup(context)
             run_dir = spec.run_dir
             # The run's latest cluster (a retry may have re-provisioned it; provision may have died
             # after starting processes) and its latest job attempt.
             handle = steps.current_handle(spec, cluster)
-            from verl_pipeline.jobs.attempts import read_attempts
-
-            attempts = read_attempts(spec.run_dir)
-            if attempts:
-                job_id = attempts[-1].submission_id
+            job_id = RunDir(run_dir).latest_job_id(job_id)
         except PipelineError as e:
             self.log.warning("Cannot resolve the run's spec (%s); tearing down only what XCom knows", e)
         try:
-            result = steps.teardown(handle, job_id=job_id,
-                                    token=self.hook(handle).token() if handle else None, run_dir=run_dir)
+            result = steps.teardown(handle, client=self.hook(handle).client if handle else None, job_id=job_id,
+                                    run_dir=run_dir)
         except PipelineError as e:
             raise task_error(e) from e
         self.log.info("Teardown: %s", result)
         return result
 
 
+def run_spec_for_cleanup(context: Any) -> RunSpec:
+    """The run's frozen spec; when provision recorded none (it failed early, or died after starting
+    processes), the spec from the params, only to find the run's directory and cluster."""
+    from verl_pipeline import steps
+
+    run_dir = context["ti"].xcom_pull(task_ids=PROVISION_TASK, key=RUN_DIR_KEY) if context.get("ti") else None
+    if run_dir:
+        return steps.load_frozen(Path(run_dir))
+    dag_run = context.get("dag_run")
+    dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(dag_run, "dag_id", "verl_ppo")
+    run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
+    built = build_run_spec(dict(context.get("params") or {}), run_name=f"{dag_id}/{run_id}")
+    return steps.frozen_or(built)
+
+
 def cleanup_failed_run(context: Any) -> None:
     """DAG ``on_failure_callback``: stop the run's job and cluster when the run failed without its
     teardown task running (a run marked failed by hand, a DAG-run timeout). Safe to call twice."""
     from verl_pipeline import steps
-    from verl_pipeline.jobs.attempts import read_attempts
 
-    dag_run = context.get("dag_run")
-    run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
-    dag = context.get("dag")
-    dag_id = getattr(dag, "dag_id", None) or getattr(dag_run, "dag_id", "verl_ppo")
-    params = dict(context.get("params") or {})
+    run_id = context.get("run_id") or getattr(context.get("dag_run"), "run_id", None)
     try:
-        spec = build_run_spec({k: v for k, v in params.items()}, run_name=f"{dag_id}/{run_id}")
-        handle = steps.find_handle(spec)
-        attempts = read_attempts(spec.run_dir)
-        result = steps.teardown(handle, job_id=attempts[-1].submission_id if attempts else None,
+        spec = run_spec_for_cleanup(context)
+        result = steps.teardown(steps.find_handle(spec), job_id=RunDir(spec.run_dir).latest_job_id(),
                                 run_dir=spec.run_dir)
         log.warning("Run %s failed: cleaned up its job and cluster: %s", run_id, result)
     except PipelineError as e:

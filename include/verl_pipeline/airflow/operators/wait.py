@@ -31,11 +31,13 @@ from verl_pipeline.airflow.operators.base import (
     PipelineOperator,
     spec_from_context,
     task_error,
+    wait_deadline,
 )
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.config import RunSpec
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
+from verl_pipeline.rundir import RunDir
 
 #: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
 STOP_WAIT_S = 60.0
@@ -103,17 +105,19 @@ class WaitForVerlJobOperator(PipelineOperator):
         except PipelineError as e:
             raise task_error(e) from e
         handle = self._handle(context, spec)
-        if not sub.get("submission_id") and not self._attempted(spec):
-            return self._submit_admitted(context, spec, handle, sub)
-        job_id = self._latest_job_id(spec, sub)
+        hook = self.hook(handle)  # this try's one hook (a new one only for a re-provisioned cluster)
+        run_dir = RunDir(spec.run_dir)
+        if not sub.get("submission_id") and not run_dir.attempts():
+            return self._submit_admitted(context, spec, handle, hook, sub)
+        job_id = str(run_dir.latest_job_id(sub.get("submission_id")))
         try:
-            info, reachable = self.hook(handle).get_job(job_id), True
+            info, reachable = hook.get_job(job_id), True
         except ClusterError as e:
             self.log.warning("Cluster %s is unreachable while looking at Ray job %s: %s", handle.name, job_id, e)
             info, reachable = None, False
         retry_try = int(getattr(context["ti"], "try_number", 1) or 1) > 1
-        return self._act(context, spec, handle, sub, Observation.from_job(job_id, info, reachable=reachable),
-                         retry_try=retry_try)
+        return self._act(context, spec, handle, hook, sub,
+                         Observation.from_job(job_id, info, reachable=reachable), retry_try=retry_try)
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         """The trigger's one event."""
@@ -132,16 +136,15 @@ class WaitForVerlJobOperator(PipelineOperator):
         if event.get("progress"):
             context["ti"].xcom_push(key="progress", value=event["progress"])
         sub = self._pull(context, self.submit_task_id) or {}
-        return self._act(context, spec, self._handle(context, spec), sub, Observation.from_event(event),
+        handle = self._handle(context, spec)
+        return self._act(context, spec, handle, self.hook(handle), sub, Observation.from_event(event),
                          retry_try=False)
 
     # -- the decision, and carrying it out ----------------------------------------------------------
-    def _act(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any], obs: Observation, *,
+    def _act(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any], obs: Observation, *,
              retry_try: bool) -> Any:
-        from verl_pipeline.jobs.attempts import record_stop, stop_reason
         from verl_pipeline.jobs.outcome import decide
 
-        hook = self.hook(handle)
         training = (self._training_record(spec, obs.job_id)
                     if obs.kind is WaitEvent.SUCCEEDED and sub.get("mode") == "train" else None)
         decision = decide(
@@ -149,7 +152,7 @@ class WaitForVerlJobOperator(PipelineOperator):
             retry_try=retry_try,
             log_tail=self._log_text(hook, obs.job_id) if obs.needs_log else "",
             infrastructure_gone=self._gone(handle) if obs.kind is WaitEvent.UNREACHABLE else None,
-            stopped_by_pipeline=stop_reason(spec.run_dir, obs.job_id) if obs.kind is WaitEvent.STOPPED else None,
+            stopped_by_pipeline=RunDir(spec.run_dir).stop_reason(obs.job_id) if obs.kind is WaitEvent.STOPPED else None,
             training=training,
         )
         self.log.log(logging.INFO if decision.action in (Action.WAIT, Action.FINISH) else logging.WARNING,
@@ -157,48 +160,48 @@ class WaitForVerlJobOperator(PipelineOperator):
         if decision.stop_job:
             # It may hang on (a dead node, a stuck collective): stop it so a retry never runs two at once,
             # and note why, so the retry knows the stop was the pipeline's and resumes the run.
-            record_stop(spec.run_dir, obs.job_id, decision.reason)
+            RunDir(spec.run_dir).record_stop(obs.job_id, decision.reason)
             self._stop(hook, obs.job_id)
         if decision.action is Action.WAIT:
             return self._defer(context, spec, handle, obs.job_id, sub.get("mode"))
         if decision.action is Action.FINISH:
             return self._result(spec, hook, obs.job_id, sub, training)
         if decision.action is Action.RESUBMIT:
-            return self._resubmit(context, spec, handle, sub, decision)
+            return self._resubmit(context, spec, handle, hook, sub, decision)
         if decision.action is Action.RETRY:
             raise AirflowException(decision.message)
         raise AirflowFailException(decision.message)
 
-    def _resubmit(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any], why: Decision) -> Any:
+    def _resubmit(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any],
+                  why: Decision) -> Any:
         """After an infrastructure failure: a healthy cluster, then the next attempt, resumed."""
         from verl_pipeline import steps
 
         try:
-            handle = steps.ensure_cluster(spec, handle, token=self.hook(handle).token())
-            new = self._submit_next(context, spec, handle, sub)
+            healthy = steps.ensure_cluster(spec, handle, hook.client)
+            if healthy is not handle:  # re-provisioned: another cluster, reached by a hook of its own
+                handle, hook = healthy, self.hook(healthy)
+            new = self._submit_next(context, spec, handle, hook)
         except PipelineError as e:
             raise task_error(e) from e
         self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", why.reason,
                          new.submission_id, new.action, new.attempt, handle.dashboard_url)
-        return self._follow(context, spec, handle, sub, new)
+        return self._follow(context, spec, handle, hook, sub, new)
 
-    def _submit_admitted(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any]) -> Any:
+    def _submit_admitted(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any]) -> Any:
         """A run on a shared cluster: this task holds the run's pool slots now, so it submits the job."""
         try:
-            new = self._submit_next(context, spec, handle, sub)
+            new = self._submit_next(context, spec, handle, hook)
         except PipelineError as e:
             raise task_error(e) from e
         self.log.info("Admitted with %s: Ray job %s (%s, attempt %d) on cluster %s",
                       spec.admission.describe() if spec.admission else "no pool", new.submission_id,
                       new.action, new.attempt, handle.dashboard_url)
-        return self._follow(context, spec, handle, sub, new)
+        return self._follow(context, spec, handle, hook, sub, new)
 
-    def _submit_next(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any]) -> Any:
-        """Render the run's job again and submit its next attempt (or reattach to a live one)."""
+    def _submit_next(self, context: Any, spec: RunSpec, handle: Any, hook: Any) -> Any:
+        """The run's next attempt through the one submit path (or its live job, reattached)."""
         from verl_pipeline import steps
-        from verl_pipeline.constants import Mode
-        from verl_pipeline.jobs.deadlines import task_deadline
-        from verl_pipeline.jobs.submit import submit_or_reattach
         from verl_pipeline.models.prefetch import models_by_role
 
         data = self._pull(context, self.data_task_id)
@@ -207,29 +210,28 @@ class WaitForVerlJobOperator(PipelineOperator):
             raise AirflowException("cannot submit: data or model results of this run are missing")
         # Every attempt's job gets the tracker credentials (a file only its workers read).
         trackers = job_trackers(spec, handle)
-        job = steps.render(spec, data=data, models=models, mode=Mode(sub["mode"]))
-        return submit_or_reattach(self.hook(handle).client, job, dag_id=context["dag"].dag_id,
-                                  run_id=context["run_id"], task_id=self.submit_task_id, run_dir=spec.run_dir,
-                                  checkpoint_dir=spec.checkpoint_dir, secret_env=trackers.env.values,
-                                  deadline=task_deadline(context["ti"].start_date, self.execution_timeout))
+        done = steps.submit_attempt(spec, handle, hook.client, data=data, models=models,
+                                    dag_id=context["dag"].dag_id, run_id=context["run_id"],
+                                    task_id=self.submit_task_id, deadline=wait_deadline(context),
+                                    secret_env=trackers.env.values)
+        return done.submission
 
-    def _follow(self, context: Any, spec: RunSpec, handle: Any, sub: dict[str, Any], new: Any) -> Any:
+    def _follow(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any], new: Any) -> Any:
         """Wait for a job just submitted (or found): defer, or finish when it had already succeeded."""
         if new.action == "already_succeeded":
-            return self._act(context, spec, handle, sub,
+            return self._act(context, spec, handle, hook, sub,
                              Observation(WaitEvent.SUCCEEDED, new.submission_id, job_status=new.status),
                              retry_try=True)
         return self._defer(context, spec, handle, new.submission_id, sub.get("mode"))
 
     def _defer(self, context: Any, spec: RunSpec, handle: Any, job_id: str, mode: str | None) -> None:
         from verl_pipeline.airflow.triggers import RayJobTrigger
-        from verl_pipeline.jobs.attempts import read_attempts
         from verl_pipeline.jobs.logstream import WaitCursor
 
         self._job_id, self._cluster = job_id, handle.to_dict()
         RayJobLink().persist(context, ray_job_url(handle.dashboard_url, job_id))
         cursor = WaitCursor.load(spec.run_dir, job_id)
-        mine = next((a for a in read_attempts(spec.run_dir) if a.submission_id == job_id), None)
+        mine = RunDir(spec.run_dir).attempt_of(job_id)
         metrics_path = mine.metrics_path if mine else None
         training = mode == "train"
         self.log.info("Ray job %s is running: deferring (poll every %.0fs, log from byte %d%s)", job_id,
@@ -270,17 +272,6 @@ class WaitForVerlJobOperator(PipelineOperator):
             raise AirflowException("no cluster recorded for this run: did provision_ray_cluster fail?")
         return handle
 
-    def _attempted(self, spec: RunSpec) -> bool:
-        from verl_pipeline.jobs.attempts import read_attempts
-
-        return bool(read_attempts(spec.run_dir))
-
-    def _latest_job_id(self, spec: RunSpec, sub: dict[str, Any]) -> str:
-        from verl_pipeline.jobs.attempts import read_attempts
-
-        attempts = read_attempts(spec.run_dir)
-        return attempts[-1].submission_id if attempts else str(sub["submission_id"])
-
     def _log_text(self, hook: Any, job_id: str) -> str:
         try:
             return str(hook.logs(job_id))
@@ -296,9 +287,9 @@ class WaitForVerlJobOperator(PipelineOperator):
         return health.detail if health.infrastructure else None
 
     def _training_record(self, spec: RunSpec, job_id: str) -> TrainingRecord:
-        from verl_pipeline.jobs.attempts import read_attempts, run_steps
+        from verl_pipeline.jobs.attempts import run_steps
 
-        mine = next((a for a in read_attempts(spec.run_dir) if a.submission_id == job_id), None)
+        mine = RunDir(spec.run_dir).attempt_of(job_id)
         if mine is None or not mine.metrics_path:
             raise AirflowException(f"no attempt record for {job_id} in {spec.run_dir}: cannot check its progress")
         # Run steps: a segment trained from merged weights (another world size) counts verl's from 1.
@@ -338,9 +329,9 @@ class WaitForVerlJobOperator(PipelineOperator):
 
     def _training(self, spec: RunSpec, job_id: str, record: TrainingRecord | None) -> dict[str, Any]:
         """How the run's attempts went (the steps of this one were read, and checked, for the decision)."""
-        from verl_pipeline.jobs.attempts import read_attempts, run_steps
+        from verl_pipeline.jobs.attempts import run_steps
 
-        attempts = read_attempts(spec.run_dir)
+        attempts = RunDir(spec.run_dir).attempts()
         mine = next(a for a in attempts if a.submission_id == job_id)
         logged = list(record.steps_logged) if record else run_steps(mine)
         previous = [s for a in attempts if a.attempt < mine.attempt for s in run_steps(a)]

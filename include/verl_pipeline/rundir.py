@@ -1,0 +1,242 @@
+"""A run's directory: every file the pipeline keeps for one run, named here and nowhere else.
+
+``<storage>/runs/<run_key>/`` holds the run's frozen spec (``run_spec.json``, written once at
+provision and read back by every later task, retry and CLI command), the job as submitted
+(``job.json``), the cluster it runs on (``cluster.json``), the record of submitted attempts and of the
+jobs the pipeline stopped, the waiter's cursor, verl's metrics per attempt, the report and the
+exported model. It is the record that outlives a re-provisioned cluster (whose Ray job table is
+gone), so "the run's latest job" is read from here.
+
+verl's checkpoint tracker (``latest_checkpointed_iteration.txt``) lives with the checkpoints, which
+may be on other storage; :func:`tracker_step` is its one reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.paths import write_json_atomic
+
+#: verl's checkpoint tracker in ``trainer.default_local_dir``: the step ``resume_mode=auto`` resumes from.
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+#: verl's file logger output of attempt N is ``metrics-a<N>.jsonl``: one file per attempt, because
+#: verl's FileLogger truncates its file when a trainer starts (a resumed attempt would erase the last).
+_METRICS_PREFIX, _METRICS_SUFFIX = "metrics-a", ".jsonl"
+#: What a record becomes once what it names is gone (a torn-down cluster): ``<name>.stopped.json``.
+_STOPPED_SUFFIX = ".stopped.json"
+
+
+def retire(record: Path) -> Path | None:
+    """Rename ``<name>.json`` to ``<name>.stopped.json`` (kept for the post-mortem); None when absent."""
+    if not record.exists():
+        return None
+    target = record.with_name(record.name.removesuffix(".json") + _STOPPED_SUFFIX)
+    os.replace(record, target)
+    return target
+
+
+def tracker_step(checkpoint_dir: Path) -> int | None:
+    """The step verl's tracker names; None when it is absent or unreadable (e.g. empty after a kill)."""
+    try:
+        return int((checkpoint_dir / TRACKER_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def now() -> float:
+    return round(time.time(), 3)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One submitted Ray job of the run (a line of ``attempts.jsonl``)."""
+
+    submission_id: str
+    attempt: int
+    submitted_at: float
+    dashboard_url: str
+    #: Last checkpointed step when this attempt was submitted (0: none, starts from scratch).
+    resume_from_step: int
+    metrics_path: str | None
+    #: The run segment this attempt trains (1, or 2, 3, … after a merge on a changed world size; see
+    #: :mod:`verl_pipeline.jobs.checkpoints`) and the run step it starts from: verl's step ``s`` logged
+    #: by this attempt is run step ``segment_start_step + s``.
+    segment: int = 1
+    segment_start_step: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of one run, one property each, and the facts read from them."""
+
+    path: Path
+
+    # -- the files ----------------------------------------------------------------------------------
+    @property
+    def spec_file(self) -> Path:
+        """The run's frozen spec (``RunSpec.to_dict``), written once at provision."""
+        return self.path / "run_spec.json"
+
+    @property
+    def job_file(self) -> Path:
+        """The rendered job of the latest submission (entrypoint, runtime_env, verl settings, mode)."""
+        return self.path / "job.json"
+
+    @property
+    def cluster_file(self) -> Path:
+        """The run's current cluster handle; ``cluster.stopped.json`` once torn down."""
+        return self.path / "cluster.json"
+
+    @property
+    def attempts_file(self) -> Path:
+        return self.path / "attempts.jsonl"
+
+    @property
+    def stops_file(self) -> Path:
+        """Jobs the pipeline stopped itself (a hang, a lost node), with why: their retry resumes them."""
+        return self.path / "stops.jsonl"
+
+    @property
+    def cursor_file(self) -> Path:
+        """How far the wait task got with the job's log and metrics (see ``jobs.logstream.WaitCursor``)."""
+        return self.path / "wait-cursor.json"
+
+    @property
+    def environment_file(self) -> Path:
+        """The latest node probe's report."""
+        return self.path / "environment.json"
+
+    @property
+    def manifest_file(self) -> Path:
+        return self.path / "manifest.json"
+
+    @property
+    def preflight_file(self) -> Path:
+        """The preflight job's summary (it writes it itself, on the shared storage)."""
+        return self.path / "preflight.json"
+
+    @property
+    def secrets_dir(self) -> Path:
+        """Private folder (0700) of the tracker credentials files (0600), one per attempt."""
+        return self.path / "secrets"
+
+    @property
+    def report_dir(self) -> Path:
+        """The run report: ``report.json``, its plots and ``report.html``."""
+        return self.path / "report"
+
+    @property
+    def model_dir(self) -> Path:
+        """The exported model (HuggingFace safetensors)."""
+        return self.path / "model"
+
+    @property
+    def model_manifest_file(self) -> Path:
+        """What was exported (step, checkpoint, final reward, data hash), beside :attr:`model_dir`."""
+        return self.path / "model.json"
+
+    @property
+    def checkpoints_link(self) -> Path:
+        """A relative link to the run's checkpoint directory."""
+        return self.path / "checkpoints"
+
+    @property
+    def slurm_dir(self) -> Path:
+        """The Slurm backend's batch script, state and logs of this run's allocation."""
+        return self.path / "slurm"
+
+    def metrics_file(self, attempt: int) -> Path:
+        """Where verl's file logger writes the metrics of ``attempt`` (``$VERL_FILE_LOGGER_PATH``)."""
+        return self.path / f"{_METRICS_PREFIX}{attempt}{_METRICS_SUFFIX}"
+
+    def metrics_files(self) -> dict[int, Path]:
+        """Every attempt's metrics file present, by attempt number (ascending)."""
+        found = {}
+        for path in self.path.glob(f"{_METRICS_PREFIX}*{_METRICS_SUFFIX}"):
+            number = path.name[len(_METRICS_PREFIX):-len(_METRICS_SUFFIX)]
+            if number.isdigit():
+                found[int(number)] = path
+        return dict(sorted(found.items()))
+
+    # -- the frozen spec, the job, the cluster ------------------------------------------------------
+    def has_spec(self) -> bool:
+        return self.spec_file.is_file()
+
+    def spec_dict(self) -> dict[str, Any]:
+        """The frozen spec as saved (``RunSpec.load`` turns it back into a spec)."""
+        data: dict[str, Any] = json.loads(self.spec_file.read_text())
+        return data
+
+    def save_spec(self, spec: dict[str, Any]) -> None:
+        write_json_atomic(self.spec_file, spec)
+
+    def job(self) -> dict[str, Any] | None:
+        """The job as last submitted (``RenderedJob.to_dict``), None before the first submission."""
+        return _read_json(self.job_file)
+
+    def save_job(self, job: dict[str, Any]) -> None:
+        write_json_atomic(self.job_file, job)
+
+    def cluster(self) -> dict[str, Any] | None:
+        """The run's current cluster handle (a dict), None when none is recorded or it was torn down."""
+        return _read_json(self.cluster_file)
+
+    def save_cluster(self, handle: dict[str, Any]) -> None:
+        write_json_atomic(self.cluster_file, handle)
+
+    def retire_cluster(self) -> None:
+        retire(self.cluster_file)
+
+    # -- attempts and stops -------------------------------------------------------------------------
+    def attempts(self) -> list[Attempt]:
+        if not self.attempts_file.is_file():
+            return []
+        return [Attempt(**json.loads(line)) for line in self.attempts_file.read_text().splitlines() if line.strip()]
+
+    def attempt_of(self, submission_id: str) -> Attempt | None:
+        return next((a for a in self.attempts() if a.submission_id == submission_id), None)
+
+    def record_attempt(self, attempt: Attempt) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.attempts_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(attempt.to_dict()) + "\n")
+            f.flush()
+
+    def latest_job_id(self, fallback: str | None = None) -> str | None:
+        """The run's latest job: its last recorded attempt (a retry's, or the wait task's on a shared
+        cluster), else ``fallback`` (what the submit task returned)."""
+        attempts = self.attempts()
+        return attempts[-1].submission_id if attempts else fallback
+
+    def record_stop(self, submission_id: str, reason: str) -> None:
+        """Note that the pipeline stopped ``submission_id`` because of an infrastructure problem."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.stops_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"submission_id": submission_id, "reason": reason, "at": now()}) + "\n")
+
+    def stop_reason(self, submission_id: str) -> str | None:
+        """Why the pipeline stopped ``submission_id``, if it did."""
+        if not self.stops_file.is_file():
+            return None
+        reasons = [row["reason"] for line in self.stops_file.read_text().splitlines() if line.strip()
+                   for row in [json.loads(line)] if row.get("submission_id") == submission_id]
+        return reasons[-1] if reasons else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+__all__ = ["TRACKER_FILE", "Attempt", "RunDir", "now", "retire", "tracker_step"]
