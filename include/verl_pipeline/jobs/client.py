@@ -3,6 +3,10 @@
 Status, logs and stop go straight to the REST endpoints (``requests`` / ``aiohttp``) so the
 triggerer never blocks its event loop and never imports Ray. Submission uses Ray's own
 ``JobSubmissionClient`` because it uploads local ``working_dir``/``py_modules`` packages.
+
+Each client carries its cluster's auth mode and token: one process may talk to a token-auth
+cluster and an auth-disabled one, so nothing here reads or writes ``RAY_AUTH_MODE`` in the process
+environment (see :func:`_ray_sdk_adds_no_auth` for the one place Ray's SDK would).
 """
 
 from __future__ import annotations
@@ -11,17 +15,22 @@ import asyncio
 import logging
 import re
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from verl_pipeline.constants import JobState
 from verl_pipeline.exceptions import ClusterError, JobError
+
+if TYPE_CHECKING:
+    # Imported where used: ``verl_pipeline.cluster`` imports this module (cluster.base).
+    from verl_pipeline.cluster.auth import AuthMode
 
 log = logging.getLogger(__name__)
 
@@ -157,18 +166,63 @@ class LogStream:
                 return
 
 
+#: Held while Ray's SDK builds a client with :func:`_ray_sdk_adds_no_auth` in effect.
+_RAY_SDK_AUTH_LOCK = threading.Lock()
+
+
+@contextmanager
+def _ray_sdk_adds_no_auth() -> Iterator[None]:
+    """While Ray's ``SubmissionClient`` is built, it adds no ``Authorization`` header of its own.
+
+    Why: Ray's SDK picks its headers once, in ``SubmissionClient.__init__``, from this *process's*
+    Ray auth mode: in token mode, and when the caller gave no ``Authorization`` header, it adds the
+    process's token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), or raises
+    when that file is missing. That mode is ``RAY_AUTH_MODE`` as Ray's C++ config read it the first
+    time anything asked (``RayConfig::AUTH_MODE``, read once per process): setting and restoring
+    the environment around a call changes nothing after that. So the client gives its own header
+    (its cluster's token, or none for an auth-disabled cluster) and, under a lock, Ray's
+    ``dashboard_sdk.get_auth_headers_if_auth_enabled`` answers "nothing to add" while the SDK
+    client is built. Every request of that SDK client uses the headers fixed there.
+    """
+    from ray.dashboard.modules import dashboard_sdk
+
+    with _RAY_SDK_AUTH_LOCK:
+        original = dashboard_sdk.get_auth_headers_if_auth_enabled
+        dashboard_sdk.get_auth_headers_if_auth_enabled = _no_headers
+        try:
+            yield
+        finally:
+            dashboard_sdk.get_auth_headers_if_auth_enabled = original
+
+
+def _no_headers(user_headers: dict[str, str]) -> dict[str, str]:
+    return {}
+
+
 class RayJobsClient:
     """Talks to one Ray cluster's dashboard (``http://host:port``).
 
     Construction does no I/O, so it is safe in a trigger's ``__init__`` or at DAG-parse time.
+    ``auth_mode``: the cluster's Ray auth mode (default: ``token`` when a token is given, else
+    ``disabled``); a token-auth client sends ``token`` as a bearer token with every request, an
+    auth-disabled one sends no ``Authorization`` header, whatever this process's ``RAY_AUTH_MODE``.
     ``session``: one ``aiohttp.ClientSession`` for every async call (the hook opens it per trigger
     run); without it each async call opens its own. ``ca_bundle``: a CA file (or directory) that
     verifies an ``https`` dashboard signed by a private CA, for every sync, async and SDK request.
     """
 
-    def __init__(self, dashboard_url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 session: Any = None, ca_bundle: str | None = None) -> None:
+    def __init__(self, dashboard_url: str, *, token: str | None = None, auth_mode: AuthMode | str | None = None,
+                 timeout_s: float = 30.0, session: Any = None, ca_bundle: str | None = None) -> None:
+        from verl_pipeline.cluster.auth import AuthMode
+
         self.dashboard_url = dashboard_url.rstrip("/")
+        if auth_mode is None:
+            auth_mode = AuthMode.TOKEN if token else AuthMode.DISABLED
+        try:
+            self.auth_mode = AuthMode(auth_mode)
+        except ValueError:
+            raise ClusterError(f"auth_mode={auth_mode!r} for the Ray dashboard {self.dashboard_url} is not a Ray auth "
+                               "mode: use 'token' or 'disabled' (the cluster profile's auth_mode)") from None
         self._token = token
         self.timeout_s = timeout_s
         self._session = session
@@ -178,7 +232,15 @@ class RayJobsClient:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        """The ``Authorization`` header of a token-auth cluster; none for an auth-disabled one."""
+        if self.auth_mode.value != "token":
+            return {}
+        if not self._token:
+            raise ClusterError(
+                f"the Ray cluster at {self.dashboard_url} uses token auth (auth_mode: token) but no token was given: "
+                "set VERL_PIPELINE_RAY_TOKEN, the Airflow connection's password, or the cluster's token file "
+                "(written by the backend that started it), or set auth_mode: disabled if the cluster has no auth")
+        return {"Authorization": f"Bearer {self._token}"}
 
     @property
     def verify(self) -> str | bool:
@@ -263,8 +325,10 @@ class RayJobsClient:
         """Submit a job through Ray's SDK (uploads local ``py_modules``/``working_dir``)."""
         from ray.job_submission import JobSubmissionClient
 
+        headers = self.headers
         try:
-            sdk = JobSubmissionClient(self.dashboard_url, headers=self.headers or None, verify=self.verify)
+            with _ray_sdk_adds_no_auth():
+                sdk = JobSubmissionClient(self.dashboard_url, headers=headers, verify=self.verify)
             return str(
                 sdk.submit_job(
                     entrypoint=entrypoint,
