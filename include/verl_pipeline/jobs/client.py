@@ -373,13 +373,17 @@ class RayJobsClient:
         return str(data.get("logs", ""))
 
     @asynccontextmanager
-    async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
+    async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int,
+                          jump_to_tail: bool = True) -> AsyncIterator[LogStream]:
         """The job's driver log from byte ``start`` on, at most ``max_bytes`` of it.
 
-        Read from the driver node's dashboard agent with ``Range: bytes=<start>-`` (Ray reads only
-        the new bytes). When more than ``max_bytes`` are new, the read jumps to the last
-        ``max_bytes`` of the file (``skipped_bytes``). When the agent cannot be reached, the state
-        API serves the file through the dashboard instead (whole file streamed; bounded memory).
+        Read from the driver node's dashboard agent with ``Range: bytes=<start>-<start+max_bytes-1>``:
+        the agent reads and sends only that range, however far behind ``start`` is. When more than
+        ``max_bytes`` are new, ``jump_to_tail`` (a waiter that must keep up) jumps to the last
+        ``max_bytes`` of the file (``skipped_bytes``); without it the next ``max_bytes`` are read
+        (a reader that wants every byte reads again from the new cursor). When the agent cannot be
+        reached, the state API serves the file through the dashboard instead (whole file streamed;
+        bounded memory).
         """
         import aiohttp
 
@@ -388,7 +392,8 @@ class RayJobsClient:
         if agent and not self._agent_unreachable:
             reading = False
             try:
-                async with self._agent_range(f"{agent.rstrip('/')}/logs/{name}", start, max_bytes) as stream:
+                async with self._agent_range(f"{agent.rstrip('/')}/logs/{name}", start, max_bytes,
+                                             jump_to_tail=jump_to_tail) as stream:
                     reading = True
                     yield stream
                 return
@@ -403,22 +408,27 @@ class RayJobsClient:
             yield stream
 
     @asynccontextmanager
-    async def _agent_range(self, url: str, start: int, max_bytes: int) -> AsyncIterator[LogStream]:
+    async def _agent_range(self, url: str, start: int, max_bytes: int, *,
+                           jump_to_tail: bool) -> AsyncIterator[LogStream]:
         import aiohttp
 
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes={max_bytes}: a log read needs at least 1 byte (e.g. max_bytes=1048576)")
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=min(5.0, self.timeout_s))
         async with self._asession() as session:
-            async with session.get(url, headers={**self.headers, "Range": f"bytes={start}-"},
+            async with session.get(url, headers={**self.headers, "Range": f"bytes={start}-{start + max_bytes - 1}"},
                                    timeout=timeout) as r:
                 if r.status == 404:  # the driver has not written anything yet
                     yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.AGENT)
                     return
                 first, size = self._range_of(r, url)
-                if r.status == 416 or size - start <= max_bytes:
+                if r.status == 416 or size - start <= max_bytes or not jump_to_tail:
                     body = r.content if r.status != 416 else None
                     yield LogStream(start=start, size=size, skipped_bytes=0, source=LogSource.AGENT, body=body,
-                                    discard=max(0, start - first))
+                                    discard=max(0, start - first), limit=max_bytes if r.status == 200 else None)
                     return
+                # Far behind: this range's body is left unread (leaving the response closes the
+                # connection, so the agent stops sending it) and the tail is asked for instead.
             jump = size - max_bytes
             async with session.get(url, headers={**self.headers, "Range": f"bytes={jump}-{size - 1}"},
                                    timeout=timeout) as r:
