@@ -16,7 +16,7 @@ import logging
 import re
 import ssl
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 JOB_LOG_FILE = "job-driver-{submission_id}.log"
 _CONTENT_RANGE = re.compile(r"bytes (?:(\d+)-\d+|\*)/(\d+)")
 _CHUNK = 64 * 1024
+#: Bytes one ranged read of :meth:`RayJobsClient.afollow_log` asks for (it reads again until caught up).
+FOLLOW_READ_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -461,6 +463,47 @@ class RayJobsClient:
                                        f"{text[:300]}")
                 yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.STATE_API, body=r.content,
                                 discard=start, limit=max_bytes)
+
+    async def afollow_log(self, submission_id: str, write: Callable[[bytes], None], *, follow: bool,
+                          poll_s: float = 2.0, max_bytes: int = FOLLOW_READ_BYTES) -> JobInfo:
+        """Hand ``write`` the job's driver log from its first byte, each byte once; with ``follow``,
+        then its new bytes every ``poll_s`` seconds until the job is terminal. Returns the job's last info.
+
+        Each poll reads the job's status first and then every byte after the cursor, ``max_bytes``
+        per ranged read (:meth:`alog_stream` without jumping), so the poll that sees the job
+        terminal also writes the end of its log.
+        """
+        cursor = 0
+        while True:
+            info = await self.aget_job(submission_id)
+            if info is None:
+                raise JobError(f"no Ray job {submission_id!r} on {self.dashboard_url}: check the job id "
+                               "(`verl-pipeline status`) or the run's cluster")
+            terminal = info.status.is_terminal()
+            if info.driver_agent_http_address:
+                cursor = await self._write_new_bytes(info, cursor, write, max_bytes=max_bytes)
+            elif terminal:  # ended before a driver ran (no agent to range-read): Ray's whole-log endpoint
+                data = (await self.alogs(submission_id)).encode()
+                if data[cursor:]:
+                    write(data[cursor:])
+            if not follow or terminal:
+                return info
+            await asyncio.sleep(poll_s)
+
+    async def _write_new_bytes(self, info: JobInfo, cursor: int, write: Callable[[bytes], None], *,
+                               max_bytes: int) -> int:
+        """Every byte of the driver log after ``cursor`` to ``write``; the new cursor."""
+        while True:
+            read = 0
+            async with self.alog_stream(info, cursor, max_bytes=max_bytes, jump_to_tail=False) as stream:
+                async for chunk in stream.chunks():
+                    write(chunk)
+                    read += len(chunk)
+            log.info("Ray job %s: %d new log bytes from byte %d (%s)", info.submission_id, read, cursor,
+                     stream.source.value)
+            cursor += read
+            if read < max_bytes:
+                return cursor
 
     async def anodes(self) -> list[NodeInfo]:
         return _parse_nodes(await self._aget("/nodes?view=summary"))
