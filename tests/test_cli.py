@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +101,34 @@ def test_render_says_a_shared_clusters_run_queues_in_its_pool(tmp_path: Path, ow
             check=False)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert "clusters/shared.cluster.expected_gpus=8: the run needs 16 GPUs" in r.stderr + r.stdout
+
+
+@pytest.mark.integration
+def test_logs_follow_reads_each_byte_of_the_log_once(tmp_path: Path, ray_cluster: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``logs --follow`` on a running job: only new bytes per poll, the whole log exactly once, then exit."""
+    import itertools
+    import re
+    import shlex
+
+    from verl_pipeline.cli import _spec, build_parser
+
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path))
+    spec = _spec(build_parser().parse_args(["logs"]))
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    (spec.run_dir / "cluster.json").write_text(json.dumps(ray_cluster.to_dict()))  # as `cluster up` records it
+    job_id = f"cli-follow-{os.getpid()}"
+    # The job writes for a few seconds, so --follow sees it running; the checks hold however the polls fall.
+    code = ("import sys, time\nfor i in range(40):\n    print('line', i, 'é' * 50, flush=True)\n    time.sleep(0.1)")
+    ray_cluster.client().submit(entrypoint=f"python -c {shlex.quote(code)}", submission_id=job_id, runtime_env={})
+    r = run("-v", "logs", job_id, "--follow", home=tmp_path)
+    log_file = Path(ray_cluster.extra["temp_dir"]) / "session_latest" / "logs" / f"job-driver-{job_id}.log"
+    whole = log_file.read_text()
+    assert r.stdout == whole and "line 39 " in whole
+    info = ray_cluster.client().get_job(job_id)
+    assert info is not None and info.status.value == "SUCCEEDED"  # --follow returned once the job ended
+    # Each poll read from where the last one ended, and the reads add up to the file.
+    reads = [(int(n), int(start)) for n, start in re.findall(r"(\d+) new log bytes from byte (\d+)", r.stderr)]
+    assert reads and reads[0][1] == 0, r.stderr[-2000:]
+    assert all(start == prev_start + prev_n for (prev_n, prev_start), (_, start) in itertools.pairwise(reads))
+    assert sum(n for n, _ in reads) == len(whole.encode())

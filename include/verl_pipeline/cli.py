@@ -346,19 +346,30 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """Print the job's log; ``--follow``: then its new bytes every 2 s until the job ends.
+
+    Reads byte ranges of the driver's log file, as the wait task's trigger does: each poll
+    transfers only the bytes written since the last one, never the whole log again.
+    """
+    import asyncio
+
+    import aiohttp
+
     spec = _spec(args)
-    client = _handle(spec).client()
-    job_id = _job_id(args, spec, client)
-    offset = 0
-    while True:
-        logs = client.logs(job_id)
-        sys.stdout.write(logs[offset:])
-        sys.stdout.flush()
-        offset = len(logs)
-        info = client.get_job(job_id)
-        if not args.follow or info is None or info.status.is_terminal():
-            return 0
-        time.sleep(2)
+    handle = _handle(spec)
+    job_id = _job_id(args, spec, handle.client())
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    async def follow() -> None:
+        async with aiohttp.ClientSession() as session:
+            await handle.client(session=session).afollow_log(job_id, write, follow=args.follow)
+
+    asyncio.run(follow())
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

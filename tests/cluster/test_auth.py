@@ -6,14 +6,17 @@ as every local cluster is unless its profile says ``auth_mode: disabled``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import requests
 
@@ -159,3 +162,64 @@ def test_a_secret_in_the_jobs_runtime_env_is_refused(name: str, refused: bool) -
         assert e.value.key == f"clusters/x.runtime.env.{name}" and "value" not in str(e.value)
     else:
         auth.check_job_env({name: "1"}, "clusters/x.runtime.env")
+
+
+@pytest.fixture(scope="module")
+def open_cluster() -> Iterator[ClusterHandle]:
+    """A second real local head, started with ``auth_mode: disabled`` (one per module: ~10 s)."""
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "stop_grace_s": 3, "auth_mode": "disabled"})
+    handle = backend.provision(f"pytest/open-cluster-{os.getpid()}")
+    yield handle
+    backend.teardown(handle)
+
+
+def _talk(handle: ClusterHandle, tag: str) -> None:
+    """Every kind of call the pipeline makes with a handle's auth: REST (sync and async) and Ray's SDK."""
+    client = handle.client()
+    assert client.auth_mode.value == handle.auth_mode
+    assert client.version().get("ray_version") and any(n.alive for n in client.nodes())
+    sub_id = client.submit(entrypoint="echo hello", submission_id=f"auth-{tag}-{os.getpid()}-{time.monotonic_ns()}",
+                           runtime_env={})
+    assert client.get_job(sub_id) is not None and any(j.submission_id == sub_id for j in client.list_jobs())
+
+    async def poll() -> None:
+        async with aiohttp.ClientSession() as session:
+            info = await handle.client(session=session).aget_job(sub_id)
+            assert info is not None and info.submission_id == sub_id
+
+    asyncio.run(poll())
+
+
+@pytest.mark.parametrize("order", ["token-then-disabled", "disabled-then-token"])
+def test_one_process_talks_to_a_token_and_an_auth_disabled_cluster(
+        order: str, ray_cluster: ClusterHandle, open_cluster: ClusterHandle) -> None:
+    assert ray_cluster.auth_mode == "token" and open_cluster.auth_mode == "disabled"
+    before = os.environ.get(auth.MODE_VAR)
+    handles = [ray_cluster, open_cluster] if order == "token-then-disabled" else [open_cluster, ray_cluster]
+    for handle in handles:
+        _talk(handle, handle.auth_mode)
+        assert os.environ.get(auth.MODE_VAR) == before
+    # The open cluster got no token: the client of an auth-disabled cluster sends none.
+    assert open_cluster.client(token="0" * 64).headers == {}
+
+
+def test_ray_sdk_adds_no_token_of_the_process_to_a_cluster_without_auth(
+        ray_cluster: ClusterHandle, open_cluster: ClusterHandle) -> None:
+    """A process whose Ray reads ``RAY_AUTH_MODE=token`` (once, for good) and whose own token file is gone.
+
+    Ray's SDK would add that process's token to the auth-disabled cluster's requests (here: raise,
+    the file being missing); the client gives its own headers instead, in both orders.
+    """
+    code = (
+        "import json, sys\n"
+        "from tests.cluster.test_auth import _talk\n"
+        "from verl_pipeline.cluster.base import ClusterHandle\n"
+        "token, open_ = (ClusterHandle.from_dict(json.loads(a)) for a in sys.argv[1:3])\n"
+        "for handle in (token, open_, token):\n"
+        "    _talk(handle, 'process-token-mode')\n"
+        "print('ALL CALLS OK')\n"
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "token", auth.TOKEN_PATH_VAR: "/nonexistent/ray_auth_token"}
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(ray_cluster.to_dict()),
+                        json.dumps(open_cluster.to_dict())], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "ALL CALLS OK" in r.stdout, r.stderr[-3000:]

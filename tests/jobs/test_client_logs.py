@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import shlex
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -39,8 +43,9 @@ async def agent(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     await runner.cleanup()
 
 
-async def _read(client: RayJobsClient, info: JobInfo, start: int, max_bytes: int = 1 << 20) -> tuple[bytes, LogStream]:
-    async with client.alog_stream(info, start, max_bytes=max_bytes) as stream:
+async def _read(client: RayJobsClient, info: JobInfo, start: int, max_bytes: int = 1 << 20, *,
+                jump_to_tail: bool = True) -> tuple[bytes, LogStream]:
+    async with client.alog_stream(info, start, max_bytes=max_bytes, jump_to_tail=jump_to_tail) as stream:
         data = b"".join([c async for c in stream.chunks()])
     return data, stream
 
@@ -96,3 +101,92 @@ async def test_agent_and_state_api_serve_the_same_bytes_of_a_real_job(ray_cluste
         moved = JobInfo.from_api({**info.to_dict(), "driver_agent_http_address": "http://127.0.0.1:1"})
         fallback, stream = await _read(client, moved, offset)
         assert stream.source is LogSource.STATE_API and fallback == tail
+
+
+async def test_a_reader_that_wants_every_byte_reads_max_bytes_at_a_time(agent: tuple[str, Path]) -> None:
+    url, logdir = agent
+    body = b"".join(b"line %d\n" % i for i in range(1000))
+    (logdir / f"job-driver-{JOB}.log").write_bytes(body)
+    info = JobInfo.from_api({"submission_id": JOB, "status": "RUNNING", "driver_agent_http_address": url})
+    got, cursor = b"", 0
+    async with aiohttp.ClientSession() as session:
+        client = RayJobsClient("http://127.0.0.1:1", session=session)
+        while True:
+            data, stream = await _read(client, info, cursor, max_bytes=1000, jump_to_tail=False)
+            assert stream.skipped_bytes == 0 and len(data) <= 1000
+            if not data:
+                break
+            got, cursor = got + data, cursor + len(data)
+    assert got == body
+
+
+class CountingProxy:
+    """A TCP proxy in front of one ``host:port`` that counts the bytes the server sent through it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port, self.received = host, port, 0
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, count: bool) -> None:
+        try:
+            while data := await src.read(64 * 1024):
+                if count:
+                    self.received += len(data)
+                dst.write(data)
+                await dst.drain()
+        except ConnectionError:
+            pass
+        finally:
+            dst.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        await asyncio.gather(self._pipe(reader, up_writer, count=False), self._pipe(up_reader, writer, count=True))
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        async with server:
+            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.integration
+async def test_a_far_behind_read_of_a_large_real_log_transfers_only_a_bounded_range(
+        ray_cluster: ClusterHandle) -> None:
+    """The real dashboard agent, a 16 MB driver log, a fresh reader at byte 0 with a 1 MiB budget."""
+    sync = ray_cluster.client()
+    job_id = f"logs-large-{int(time.time() * 1000)}"
+    code = "import sys\nfor i in range(150000): sys.stdout.write('line %07d %s\\n' % (i, 'x' * 100))"
+    sync.submit(entrypoint=f"python -c {shlex.quote(code)}", submission_id=job_id, runtime_env={})
+    deadline = time.monotonic() + 180
+    while (info := sync.get_job(job_id)) is None or not info.status.is_terminal():
+        assert time.monotonic() < deadline, "the job did not finish"
+        await asyncio.sleep(0.2)
+    assert info.driver_agent_http_address
+    path = Path(ray_cluster.extra["temp_dir"]) / "session_latest" / "logs" / f"job-driver-{job_id}.log"
+    whole = path.read_bytes()
+    assert len(whole) > 16_000_000
+    agent = urlsplit(info.driver_agent_http_address)
+    proxy = CountingProxy(str(agent.hostname), int(agent.port or 80))
+    received: dict[int, int] = {}
+    async with proxy.running() as proxied, aiohttp.ClientSession() as session:
+        client = ray_cluster.client(session=session)
+        behind = JobInfo.from_api({**info.to_dict(), "driver_agent_http_address": proxied})
+        for max_bytes in (64 * 1024, 1 << 20):
+            proxy.received = 0
+            data, stream = await _read(client, behind, 0, max_bytes=max_bytes)
+            received[max_bytes] = proxy.received
+            assert data == whole[-max_bytes:] and stream.skipped_bytes == len(whole) - max_bytes
+            assert stream.source is LogSource.AGENT
+            reader = LineReader(stream.start, mid_line=True)
+            lines = list(reader.feed(data))
+            assert reader.cursor == len(whole) and lines[-1] == "line 0149999 " + "x" * 100
+        # Caught up: the next read asks for the new bytes only (here the last line's).
+        proxy.received = 0
+        data, stream = await _read(client, behind, len(whole) - 114, max_bytes=1 << 20)
+        assert data == whole[-114:] and stream.skipped_bytes == 0
+        near_end = proxy.received
+    print(f"log {len(whole)} B: far behind, bytes received by max_bytes {received}; caught up {near_end} B")
+    # The first range is cut off at max_bytes and the tail is max_bytes: never more than the budget twice.
+    for max_bytes, got in received.items():
+        assert got <= 2 * max_bytes + 16 * 1024, (max_bytes, got)
+    assert near_end < 2048, near_end

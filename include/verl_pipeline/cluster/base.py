@@ -69,14 +69,14 @@ class ClusterHandle:
     def client(self, token: str | None = None, *, session: Any = None) -> RayJobsClient:
         """A Jobs API client for this cluster (no I/O until used, except reading a token file).
 
-        ``token`` (an Airflow connection's password) wins over :meth:`token`. Sets
-        ``RAY_AUTH_MODE`` in this process to the cluster's mode: Ray's SDK reads it, and an unset
-        mode turns token auth on by itself when ``~/.ray/auth_token`` exists.
+        ``token`` (an Airflow connection's password) wins over :meth:`token`. The client carries
+        the cluster's auth mode and token itself: the process environment (``RAY_AUTH_MODE``) is
+        neither read nor written, so clients of token-auth and auth-disabled clusters coexist.
         """
-        os.environ["RAY_AUTH_MODE"] = self.auth_mode
         if token is None:
             token = self.token()
-        return RayJobsClient(self.dashboard_url, token=token, session=session, ca_bundle=self.ca_bundle)
+        return RayJobsClient(self.dashboard_url, token=token, auth_mode=self.auth_mode, session=session,
+                             ca_bundle=self.ca_bundle)
 
 
 @dataclass(frozen=True)

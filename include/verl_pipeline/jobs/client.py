@@ -3,6 +3,10 @@
 Status, logs and stop go straight to the REST endpoints (``requests`` / ``aiohttp``) so the
 triggerer never blocks its event loop and never imports Ray. Submission uses Ray's own
 ``JobSubmissionClient`` because it uploads local ``working_dir``/``py_modules`` packages.
+
+Each client carries its cluster's auth mode and token: one process may talk to a token-auth
+cluster and an auth-disabled one, so nothing here reads or writes ``RAY_AUTH_MODE`` in the process
+environment (see :func:`_ray_sdk_adds_no_auth` for the one place Ray's SDK would).
 """
 
 from __future__ import annotations
@@ -11,17 +15,22 @@ import asyncio
 import logging
 import re
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from verl_pipeline.constants import JobState
 from verl_pipeline.exceptions import ClusterError, JobError
+
+if TYPE_CHECKING:
+    # Imported where used: ``verl_pipeline.cluster`` imports this module (cluster.base).
+    from verl_pipeline.cluster.auth import AuthMode
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +38,8 @@ log = logging.getLogger(__name__)
 JOB_LOG_FILE = "job-driver-{submission_id}.log"
 _CONTENT_RANGE = re.compile(r"bytes (?:(\d+)-\d+|\*)/(\d+)")
 _CHUNK = 64 * 1024
+#: Bytes one ranged read of :meth:`RayJobsClient.afollow_log` asks for (it reads again until caught up).
+FOLLOW_READ_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -157,18 +168,63 @@ class LogStream:
                 return
 
 
+#: Held while Ray's SDK builds a client with :func:`_ray_sdk_adds_no_auth` in effect.
+_RAY_SDK_AUTH_LOCK = threading.Lock()
+
+
+@contextmanager
+def _ray_sdk_adds_no_auth() -> Iterator[None]:
+    """While Ray's ``SubmissionClient`` is built, it adds no ``Authorization`` header of its own.
+
+    Why: Ray's SDK picks its headers once, in ``SubmissionClient.__init__``, from this *process's*
+    Ray auth mode: in token mode, and when the caller gave no ``Authorization`` header, it adds the
+    process's token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), or raises
+    when that file is missing. That mode is ``RAY_AUTH_MODE`` as Ray's C++ config read it the first
+    time anything asked (``RayConfig::AUTH_MODE``, read once per process): setting and restoring
+    the environment around a call changes nothing after that. So the client gives its own header
+    (its cluster's token, or none for an auth-disabled cluster) and, under a lock, Ray's
+    ``dashboard_sdk.get_auth_headers_if_auth_enabled`` answers "nothing to add" while the SDK
+    client is built. Every request of that SDK client uses the headers fixed there.
+    """
+    from ray.dashboard.modules import dashboard_sdk
+
+    with _RAY_SDK_AUTH_LOCK:
+        original = dashboard_sdk.get_auth_headers_if_auth_enabled
+        dashboard_sdk.get_auth_headers_if_auth_enabled = _no_headers
+        try:
+            yield
+        finally:
+            dashboard_sdk.get_auth_headers_if_auth_enabled = original
+
+
+def _no_headers(user_headers: dict[str, str]) -> dict[str, str]:
+    return {}
+
+
 class RayJobsClient:
     """Talks to one Ray cluster's dashboard (``http://host:port``).
 
     Construction does no I/O, so it is safe in a trigger's ``__init__`` or at DAG-parse time.
+    ``auth_mode``: the cluster's Ray auth mode (default: ``token`` when a token is given, else
+    ``disabled``); a token-auth client sends ``token`` as a bearer token with every request, an
+    auth-disabled one sends no ``Authorization`` header, whatever this process's ``RAY_AUTH_MODE``.
     ``session``: one ``aiohttp.ClientSession`` for every async call (the hook opens it per trigger
     run); without it each async call opens its own. ``ca_bundle``: a CA file (or directory) that
     verifies an ``https`` dashboard signed by a private CA, for every sync, async and SDK request.
     """
 
-    def __init__(self, dashboard_url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 session: Any = None, ca_bundle: str | None = None) -> None:
+    def __init__(self, dashboard_url: str, *, token: str | None = None, auth_mode: AuthMode | str | None = None,
+                 timeout_s: float = 30.0, session: Any = None, ca_bundle: str | None = None) -> None:
+        from verl_pipeline.cluster.auth import AuthMode
+
         self.dashboard_url = dashboard_url.rstrip("/")
+        if auth_mode is None:
+            auth_mode = AuthMode.TOKEN if token else AuthMode.DISABLED
+        try:
+            self.auth_mode = AuthMode(auth_mode)
+        except ValueError:
+            raise ClusterError(f"auth_mode={auth_mode!r} for the Ray dashboard {self.dashboard_url} is not a Ray auth "
+                               "mode: use 'token' or 'disabled' (the cluster profile's auth_mode)") from None
         self._token = token
         self.timeout_s = timeout_s
         self._session = session
@@ -178,7 +234,13 @@ class RayJobsClient:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        """The ``Authorization`` header of a token-auth cluster; none for an auth-disabled one.
+
+        A token-auth client without a token sends none either: the cluster's refusal (401) names the fix.
+        """
+        if self.auth_mode.value != "token" or not self._token:
+            return {}
+        return {"Authorization": f"Bearer {self._token}"}
 
     @property
     def verify(self) -> str | bool:
@@ -263,8 +325,10 @@ class RayJobsClient:
         """Submit a job through Ray's SDK (uploads local ``py_modules``/``working_dir``)."""
         from ray.job_submission import JobSubmissionClient
 
+        headers = self.headers
         try:
-            sdk = JobSubmissionClient(self.dashboard_url, headers=self.headers or None, verify=self.verify)
+            with _ray_sdk_adds_no_auth():
+                sdk = JobSubmissionClient(self.dashboard_url, headers=headers, verify=self.verify)
             return str(
                 sdk.submit_job(
                     entrypoint=entrypoint,
@@ -309,13 +373,17 @@ class RayJobsClient:
         return str(data.get("logs", ""))
 
     @asynccontextmanager
-    async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
+    async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int,
+                          jump_to_tail: bool = True) -> AsyncIterator[LogStream]:
         """The job's driver log from byte ``start`` on, at most ``max_bytes`` of it.
 
-        Read from the driver node's dashboard agent with ``Range: bytes=<start>-`` (Ray reads only
-        the new bytes). When more than ``max_bytes`` are new, the read jumps to the last
-        ``max_bytes`` of the file (``skipped_bytes``). When the agent cannot be reached, the state
-        API serves the file through the dashboard instead (whole file streamed; bounded memory).
+        Read from the driver node's dashboard agent with ``Range: bytes=<start>-<start+max_bytes-1>``:
+        the agent reads and sends only that range, however far behind ``start`` is. When more than
+        ``max_bytes`` are new, ``jump_to_tail`` (a waiter that must keep up) jumps to the last
+        ``max_bytes`` of the file (``skipped_bytes``); without it the next ``max_bytes`` are read
+        (a reader that wants every byte reads again from the new cursor). When the agent cannot be
+        reached, the state API serves the file through the dashboard instead (whole file streamed;
+        bounded memory).
         """
         import aiohttp
 
@@ -324,7 +392,8 @@ class RayJobsClient:
         if agent and not self._agent_unreachable:
             reading = False
             try:
-                async with self._agent_range(f"{agent.rstrip('/')}/logs/{name}", start, max_bytes) as stream:
+                async with self._agent_range(f"{agent.rstrip('/')}/logs/{name}", start, max_bytes,
+                                             jump_to_tail=jump_to_tail) as stream:
                     reading = True
                     yield stream
                 return
@@ -339,22 +408,27 @@ class RayJobsClient:
             yield stream
 
     @asynccontextmanager
-    async def _agent_range(self, url: str, start: int, max_bytes: int) -> AsyncIterator[LogStream]:
+    async def _agent_range(self, url: str, start: int, max_bytes: int, *,
+                           jump_to_tail: bool) -> AsyncIterator[LogStream]:
         import aiohttp
 
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes={max_bytes}: a log read needs at least 1 byte (e.g. max_bytes=1048576)")
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=min(5.0, self.timeout_s))
         async with self._asession() as session:
-            async with session.get(url, headers={**self.headers, "Range": f"bytes={start}-"},
+            async with session.get(url, headers={**self.headers, "Range": f"bytes={start}-{start + max_bytes - 1}"},
                                    timeout=timeout) as r:
                 if r.status == 404:  # the driver has not written anything yet
                     yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.AGENT)
                     return
                 first, size = self._range_of(r, url)
-                if r.status == 416 or size - start <= max_bytes:
+                if r.status == 416 or size - start <= max_bytes or not jump_to_tail:
                     body = r.content if r.status != 416 else None
                     yield LogStream(start=start, size=size, skipped_bytes=0, source=LogSource.AGENT, body=body,
-                                    discard=max(0, start - first))
+                                    discard=max(0, start - first), limit=max_bytes if r.status == 200 else None)
                     return
+                # Far behind: this range's body is left unread (leaving the response closes the
+                # connection, so the agent stops sending it) and the tail is asked for instead.
             jump = size - max_bytes
             async with session.get(url, headers={**self.headers, "Range": f"bytes={jump}-{size - 1}"},
                                    timeout=timeout) as r:
@@ -387,6 +461,47 @@ class RayJobsClient:
                                        f"{text[:300]}")
                 yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.STATE_API, body=r.content,
                                 discard=start, limit=max_bytes)
+
+    async def afollow_log(self, submission_id: str, write: Callable[[bytes], None], *, follow: bool,
+                          poll_s: float = 2.0, max_bytes: int = FOLLOW_READ_BYTES) -> JobInfo:
+        """Hand ``write`` the job's driver log from its first byte, each byte once; with ``follow``,
+        then its new bytes every ``poll_s`` seconds until the job is terminal. Returns the job's last info.
+
+        Each poll reads the job's status first and then every byte after the cursor, ``max_bytes``
+        per ranged read (:meth:`alog_stream` without jumping), so the poll that sees the job
+        terminal also writes the end of its log.
+        """
+        cursor = 0
+        while True:
+            info = await self.aget_job(submission_id)
+            if info is None:
+                raise JobError(f"no Ray job {submission_id!r} on {self.dashboard_url}: check the job id "
+                               "(`verl-pipeline status`) or the run's cluster")
+            terminal = info.status.is_terminal()
+            if info.driver_agent_http_address:
+                cursor = await self._write_new_bytes(info, cursor, write, max_bytes=max_bytes)
+            elif terminal:  # ended before a driver ran (no agent to range-read): Ray's whole-log endpoint
+                data = (await self.alogs(submission_id)).encode()
+                if data[cursor:]:
+                    write(data[cursor:])
+            if not follow or terminal:
+                return info
+            await asyncio.sleep(poll_s)
+
+    async def _write_new_bytes(self, info: JobInfo, cursor: int, write: Callable[[bytes], None], *,
+                               max_bytes: int) -> int:
+        """Every byte of the driver log after ``cursor`` to ``write``; the new cursor."""
+        while True:
+            read = 0
+            async with self.alog_stream(info, cursor, max_bytes=max_bytes, jump_to_tail=False) as stream:
+                async for chunk in stream.chunks():
+                    write(chunk)
+                    read += len(chunk)
+            log.info("Ray job %s: %d new log bytes from byte %d (%s)", info.submission_id, read, cursor,
+                     stream.source.value)
+            cursor += read
+            if read < max_bytes:
+                return cursor
 
     async def anodes(self) -> list[NodeInfo]:
         return _parse_nodes(await self._aget("/nodes?view=summary"))
