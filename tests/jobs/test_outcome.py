@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.classify import FailureKind
+from verl_pipeline.jobs.client import JobInfo
 from verl_pipeline.jobs.outcome import Action, Observation, TrainingRecord, WaitEvent, decide
 
 EXIT = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
@@ -86,3 +88,24 @@ def test_events_of_an_earlier_release_still_parse() -> None:
     assert Observation.from_event({"status": "hung", "job_id": "j", "message": "m"}).kind is WaitEvent.HUNG
     with pytest.raises(ValueError):
         WaitEvent.parse("exploded")
+
+
+#: What each Ray job state means to a wait, written out here independently of the code's table.
+EXPECTED_EVENT = {
+    JobState.PENDING: WaitEvent.RUNNING,
+    JobState.RUNNING: WaitEvent.RUNNING,
+    JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
+    JobState.FAILED: WaitEvent.FAILED,
+    JobState.STOPPED: WaitEvent.STOPPED,
+}
+
+
+@pytest.mark.parametrize("state", list(JobState))  # every state, also one added later (no case: KeyError)
+def test_each_ray_job_state_is_one_wait_event(state: JobState) -> None:
+    kind = EXPECTED_EVENT[state]
+    assert WaitEvent.of_state(state) is kind
+    # Only a terminal state ends a wait: the trigger yields it, the operator's look decides on it.
+    assert (kind is not WaitEvent.RUNNING) == state.is_terminal()
+    info = JobInfo(submission_id="job-a1", status=state, message=f"job is {state.value}")
+    assert Observation.from_job("job-a1", info, reachable=True) == Observation(kind, "job-a1", f"job is {state.value}",
+                                                                               state.value)

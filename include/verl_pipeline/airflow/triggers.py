@@ -11,7 +11,6 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.outcome import WaitEvent
 
 CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
@@ -325,9 +324,7 @@ class RayJobTrigger(BaseTrigger):
             read = await self._poll_logs(hook, info)
             await self._save_cursor(moved=(self.log_offset_bytes, self.metrics_offset_bytes) != before)
             if info.status.is_terminal():
-                status = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
-                          JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.FAILED)
-                yield self._event(status, info.message, job_status=info.status.value,
+                yield self._event(WaitEvent.of_state(info.status), info.message, job_status=info.status.value,
                                   driver_exit_code=info.driver_exit_code)
                 return
             if self.expected_nodes:

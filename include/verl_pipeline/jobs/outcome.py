@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.classify import FailureKind, classify
 
 
@@ -47,6 +48,21 @@ class WaitEvent(str, Enum):
         legacy = {"success": cls.SUCCEEDED, "error": cls.UNREACHABLE}
         text = str(value)
         return legacy.get(text) or cls(text)
+
+    @classmethod
+    def of_state(cls, state: JobState) -> WaitEvent:
+        """What Ray's state of a job says, for the trigger and the operator's own look alike."""
+        return _EVENT_OF_STATE[state]
+
+
+#: Every Ray job state, once: a terminal state is the event that ends the wait; the others are alive.
+_EVENT_OF_STATE: dict[JobState, WaitEvent] = {
+    JobState.PENDING: WaitEvent.RUNNING,
+    JobState.RUNNING: WaitEvent.RUNNING,
+    JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
+    JobState.FAILED: WaitEvent.FAILED,
+    JobState.STOPPED: WaitEvent.STOPPED,
+}
 
 
 class Action(str, Enum):
@@ -75,14 +91,10 @@ class Observation:
     @classmethod
     def from_job(cls, job_id: str, info: Any, *, reachable: bool) -> Observation:
         """From a :class:`~verl_pipeline.jobs.client.JobInfo` (None: unknown, or the API unreachable)."""
-        from verl_pipeline.constants import JobState
-
         if info is None:
             why = "the job is unknown to the cluster" if reachable else "the Ray Jobs API is unreachable"
             return cls(WaitEvent.UNREACHABLE, job_id, why)
-        kind = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED, JobState.FAILED: WaitEvent.FAILED,
-                JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.RUNNING)
-        return cls(kind, job_id, info.message, info.status.value)
+        return cls(WaitEvent.of_state(info.status), job_id, info.message, info.status.value)
 
     @property
     def needs_log(self) -> bool:
