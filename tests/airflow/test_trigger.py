@@ -15,6 +15,8 @@ from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream
 from verl_pipeline.jobs.logstream import WaitCursor
+from verl_pipeline.jobs.outcome import Action, Observation, decide
+from verl_pipeline.jobs.watchdog import Hang
 
 CLUSTER = ClusterHandle(backend="local", name="n", dashboard_url="http://127.0.0.1:1", owned=True).to_dict()
 
@@ -376,6 +378,12 @@ async def test_a_job_running_without_a_new_step_is_reported_hung() -> None:
     assert events[0]["status"] == "hung" and events[0]["job_status"] == "RUNNING"
     assert events[0]["message"].startswith("hang: no training step for ") and "last step 2" in events[0]["message"]
     assert events[0]["progress"]["step"] == 2
+    # The event carries the watchdog's fields; the decision reads them, the message says them.
+    hang = Hang.from_dict(json.loads(json.dumps(events[0]["hang"])))
+    assert hang is not None and hang.last_step == 2 and hang.limit_s == 0.3 and hang.waited_s > 0.3
+    assert events[0]["message"] == hang.message
+    d = decide(Observation.from_event(events[0]))
+    assert d.action is Action.RETRY and d.stop_job and d.reason == hang.reason
 
 
 async def test_steps_that_keep_coming_are_no_hang_and_a_startup_window_applies_before_the_first() -> None:

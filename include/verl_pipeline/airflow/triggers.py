@@ -57,7 +57,9 @@ class RayJobTrigger(BaseTrigger):
 
     ``hung``: the job ran without a new training step for longer than the watchdog allows
     (``watch``, a :class:`~verl_pipeline.jobs.watchdog.WatchSettings` dict; None: no watchdog, as for
-    preflight jobs, which have no steps).
+    preflight jobs, which have no steps). The event's ``hang`` is the watchdog's
+    :class:`~verl_pipeline.jobs.watchdog.Hang` as a dict (the last step, the seconds without one, the
+    limit): what the wait's decision reads; its ``message`` says the same for people.
 
     A user who marks the deferred task failed or success, or clears it, ends the wait through
     :meth:`on_kill`, which stops the Ray job. :meth:`cleanup` (every exit, a triggerer restart
@@ -343,9 +345,9 @@ class RayJobTrigger(BaseTrigger):
                     return
             # Steps are only seen through the log: a poll that could not read it says nothing of a hang.
             hang = self._stall.hang(time.monotonic()) if self._stall is not None and read else None
-            if hang:
-                self.log.warning("Ray job %s: %s", self.job_id, hang)
-                yield self._event(WaitEvent.HUNG, hang, job_status=info.status.value)
+            if hang is not None:
+                self.log.warning("Ray job %s: %s", self.job_id, hang.message)
+                yield self._event(WaitEvent.HUNG, hang.message, job_status=info.status.value, hang=hang.to_dict())
                 return
             await asyncio.sleep(self.poll_interval)
 

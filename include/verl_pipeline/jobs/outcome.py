@@ -25,6 +25,7 @@ from typing import Any
 
 from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.classify import FailureKind, classify
+from verl_pipeline.jobs.watchdog import Hang
 
 
 class WaitEvent(str, Enum):
@@ -82,11 +83,14 @@ class Observation:
     message: str = ""
     #: Ray's status of the job when known (``FAILED``, ``STOPPED`` …).
     job_status: str = ""
+    #: What the watchdog saw (``HUNG`` events of this release; the message says it for people).
+    hang: Hang | None = None
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> Observation:
         return cls(WaitEvent.parse(event.get("status")), str(event.get("job_id", "?")),
-                   str(event.get("message") or ""), str(event.get("job_status") or ""))
+                   str(event.get("message") or ""), str(event.get("job_status") or ""),
+                   Hang.from_dict(event.get("hang")))
 
     @classmethod
     def from_job(cls, job_id: str, info: Any, *, reachable: bool) -> Observation:
@@ -173,8 +177,9 @@ def decide(
     if obs.kind is WaitEvent.NODE_LOST:
         return _infrastructure(obs, "node died", retry_try=retry_try, detail=obs.message, stop_job=True)
     if obs.kind is WaitEvent.HUNG:
-        reason, _, limit = obs.message.partition(" (")
-        return _infrastructure(obs, reason or "hang", retry_try=retry_try, detail=limit.rstrip(")"), stop_job=True)
+        if obs.hang is None:  # an event of a trigger of an earlier release: its message says the rest
+            return _infrastructure(obs, "hang", retry_try=retry_try, detail=obs.message, stop_job=True)
+        return _infrastructure(obs, obs.hang.reason, retry_try=retry_try, detail=obs.hang.limit, stop_job=True)
     if obs.kind is WaitEvent.UNREACHABLE:
         if infrastructure_gone:
             return _infrastructure(obs, infrastructure_gone, retry_try=retry_try, detail=obs.message)
