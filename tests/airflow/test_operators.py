@@ -83,7 +83,8 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
         hang = "hang: no training step for 42m, last step 1"
         with pytest.raises(AirflowException, match=rf"\[infrastructure failure: {hang}\]") as err:
             fresh.execute_complete(ctx, {"status": "hung", "job_id": job_id, "job_status": "RUNNING",
-                                         "message": f"{hang} (stall limit 30m)"})
+                                         "message": f"{hang} (stall limit 30m)",
+                                         "hang": {"last_step": 1, "waited_s": 42 * 60.0, "limit_s": 30 * 60.0}})
         assert not isinstance(err.value, AirflowFailException)
         assert stop_reason(spec.run_dir, job_id) == hang
         assert steps.wait_job_ended(client, job_id, 60)
