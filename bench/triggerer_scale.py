@@ -79,6 +79,7 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
     from verl_pipeline.airflow.hooks import RayJobsHook
     from verl_pipeline.airflow.triggers import RayJobTrigger
     from verl_pipeline.cluster.base import ClusterHandle
+    from verl_pipeline.jobs.wait_request import WaitRequest
 
     logger = logging.getLogger("bench.triggers")
     logger.propagate = False
@@ -96,9 +97,10 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
         await asyncio.sleep(rng.uniform(0, args.poll))  # waits deferred at different times
         # As the wait operator defers a training job: the hang watchdog on, the cursor saved in the run dir.
         run_dir = Path(args.run_dirs) / f"run-{i}" if args.run_dirs else None
-        trigger = RayJobTrigger(cluster=cluster, job_id=f"bench-job-{i}", poll_interval=args.poll,
-                                log_offset_bytes=initial, total_steps=1000,
-                                watch={} if args.watch else None, cursor_dir=str(run_dir) if run_dir else None)
+        request = WaitRequest(cluster=cluster, job_id=f"bench-job-{i}", poll_interval=args.poll,
+                              log_offset_bytes=initial, total_steps=1000,
+                              watch={} if args.watch else None, cursor_dir=str(run_dir) if run_dir else None)
+        trigger = RayJobTrigger(**request.to_dict())
         trigger._log = logger
         trigger._hook = lambda: TimedHook(RayJobsHook(cluster), recorder)
         async for event in trigger.run():

@@ -26,6 +26,20 @@ class Mode(str, Enum):
     PREFLIGHT = "preflight"
 
 
+class SubmitAction(str, Enum):
+    """What submitting a run's job did: the ``action`` of a submission and of the submit task's XCom
+    (values as earlier releases wrote them, so their XCom still reads)."""
+
+    #: A new attempt was submitted.
+    SUBMITTED = "submitted"
+    #: A live job of this run was found and is waited for instead.
+    REATTACHED = "reattached"
+    #: This run's latest job had already succeeded: nothing submitted.
+    ALREADY_SUCCEEDED = "already_succeeded"
+    #: A shared cluster: the wait task submits the job once it holds the run's pool slots.
+    QUEUED_FOR_POOL = "queued_for_pool"
+
+
 class WorldSizeChange(str, Enum):
     """The run profile's ``on_world_size_change``: what a retry does when its training pool's world size
     differs from the one that wrote the checkpoint to resume (verl loads shards only at that size)."""

@@ -68,7 +68,8 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
         hang = "hang: no training step for 42m, last step 1"
         with pytest.raises(AirflowException, match=rf"\[infrastructure failure: {hang}\]") as err:
             fresh.execute_complete(ctx, {"status": "hung", "job_id": job_id, "job_status": "RUNNING",
-                                         "message": f"{hang} (stall limit 30m)"})
+                                         "message": f"{hang} (stall limit 30m)",
+                                         "hang": {"last_step": 1, "waited_s": 42 * 60.0, "limit_s": 30 * 60.0}})
         assert not isinstance(err.value, AirflowFailException)
         assert RunDir(spec.run_dir).stop_reason(job_id) == hang
         assert steps.wait_job_ended(client, job_id, 60)
@@ -97,8 +98,8 @@ def test_the_log_cursor_and_progress_travel_through_a_retry_that_reattaches(ray_
             op.execute(ctx)
         first = deferred.value.trigger
         assert isinstance(first, RayJobTrigger)
-        assert first.log_offset_bytes == 0 and first.metrics_path == str(metrics)
-        assert first.total_steps == spec.total_training_steps and first.progress_interval == 5.0
+        assert first.log_offset_bytes == 0 and first.request.metrics_path == str(metrics)
+        assert first.request.total_steps == spec.total_training_steps and first.request.progress_interval == 5.0
         progress = {"step": 1, "total": 2, "seconds_per_step": 3.0, "metrics": {}, "line": "step 1/2 (50%)"}
         # The waiter gave up (API unreachable): this try fails and is retried ...
         with pytest.raises(AirflowException, match="the retry provisions a healthy cluster"):
@@ -133,6 +134,20 @@ def test_on_kill_stops_the_ray_job(ray_cluster: ClusterHandle) -> None:
             break
         time.sleep(0.5)
     assert info is not None and info.status.value == "STOPPED"
+
+
+def test_the_wait_operators_poll_defaults_are_the_wait_requests() -> None:
+    import inspect
+
+    from verl_pipeline.jobs.wait_request import WaitRequest
+
+    params = inspect.signature(WaitForVerlJobOperator.__init__).parameters
+    shared = [name for name in params if name in WaitRequest.__dataclass_fields__]
+    assert shared == ["poll_interval", "max_poll_errors", "progress_interval", "max_lines_per_poll"]
+    for name in shared:
+        assert params[name].default == WaitRequest.__dataclass_fields__[name].default, name
+    op = WaitForVerlJobOperator(task_id="w")
+    assert op.poll_interval == WaitRequest(cluster={}, job_id="j").poll_interval
 
 
 def test_wait_without_a_submitted_job_fails_clearly() -> None:

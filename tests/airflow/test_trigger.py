@@ -15,6 +15,9 @@ from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream
 from verl_pipeline.jobs.logstream import WaitCursor
+from verl_pipeline.jobs.outcome import Action, Observation, decide
+from verl_pipeline.jobs.wait_request import WaitRequest
+from verl_pipeline.jobs.watchdog import Hang
 
 CLUSTER = ClusterHandle(backend="local", name="n", dashboard_url="http://127.0.0.1:1", owned=True).to_dict()
 
@@ -303,6 +306,44 @@ def test_serialize_round_trip() -> None:
     json.dumps(kwargs)  # the kwargs go to the metadata DB as JSON
 
 
+def _every_field_set() -> WaitRequest:
+    """A request whose every field differs from its default (so a field the trigger dropped shows)."""
+    return WaitRequest(cluster=CLUSTER, job_id="job-7", conn_id="ray_default", poll_interval=7.0, max_poll_errors=3,
+                       expected_nodes=2, node_grace_polls=5, forward_logs=False, max_lines_per_poll=10,
+                       max_read_bytes=4096, metrics_path="/runs/r/metrics-a1.jsonl", total_steps=500,
+                       progress_interval=1.5, watch={"stall_timeout_s": 60.0}, cursor_dir="/runs/r",
+                       log_offset_bytes=42, metrics_offset_bytes=9,
+                       progress={"step": 3, "total": 500, "seconds_per_step": 6.0, "metrics": {}})
+
+
+def test_a_trigger_built_from_its_serialized_kwargs_equals_the_original() -> None:
+    request = _every_field_set()
+    defaults = WaitRequest(cluster={}, job_id="")
+    unset = [k for k, v in request.to_dict().items() if k not in ("cluster", "job_id") and v == defaults.to_dict()[k]]
+    assert unset == []
+    original = RayJobTrigger(**request.to_dict())
+    assert original.request == request
+    path, kwargs = original.serialize()
+    assert (path, kwargs) == (CLASSPATH, request.to_dict())
+    again = RayJobTrigger(**json.loads(json.dumps(kwargs)))  # as the triggerer builds it from the metadata DB
+    assert again.request == original.request and again.serialize() == original.serialize()
+
+
+def test_the_trigger_takes_exactly_the_requests_fields() -> None:
+    with pytest.raises(TypeError, match="poll_intervall"):
+        RayJobTrigger(cluster=CLUSTER, job_id="j", poll_intervall=5.0)
+    assert RayJobTrigger(cluster=CLUSTER, job_id="j").request == WaitRequest(cluster=CLUSTER, job_id="j")
+
+
+async def test_serialize_carries_the_cursor_as_far_as_the_waiter_got() -> None:
+    trigger = _trigger(total_steps=10)
+    await _events(trigger, ScriptedHook(["RUNNING", "SUCCEEDED"], ["a\n", "a\n" + _step(1)]))
+    kwargs = trigger.serialize()[1]
+    assert kwargs["log_offset_bytes"] == len("a\n" + _step(1)) and kwargs["progress"]["step"] == 1
+    assert {k: v for k, v in kwargs.items() if k not in ("log_offset_bytes", "progress")} == {
+        k: v for k, v in _trigger(total_steps=10).serialize()[1].items() if k not in ("log_offset_bytes", "progress")}
+
+
 @pytest.mark.integration
 async def test_against_a_real_ray_job(ray_cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     import aiohttp
@@ -376,6 +417,12 @@ async def test_a_job_running_without_a_new_step_is_reported_hung() -> None:
     assert events[0]["status"] == "hung" and events[0]["job_status"] == "RUNNING"
     assert events[0]["message"].startswith("hang: no training step for ") and "last step 2" in events[0]["message"]
     assert events[0]["progress"]["step"] == 2
+    # The event carries the watchdog's fields; the decision reads them, the message says them.
+    hang = Hang.from_dict(json.loads(json.dumps(events[0]["hang"])))
+    assert hang is not None and hang.last_step == 2 and hang.limit_s == 0.3 and hang.waited_s > 0.3
+    assert events[0]["message"] == hang.message
+    d = decide(Observation.from_event(events[0]))
+    assert d.action is Action.RETRY and d.stop_job and d.reason == hang.reason
 
 
 async def test_steps_that_keep_coming_are_no_hang_and_a_startup_window_applies_before_the_first() -> None:

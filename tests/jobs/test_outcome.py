@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.classify import FailureKind
+from verl_pipeline.jobs.client import JobInfo
 from verl_pipeline.jobs.outcome import Action, Observation, TrainingRecord, WaitEvent, decide
+from verl_pipeline.jobs.watchdog import Hang
 
 EXIT = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
 
 
-def obs(kind: WaitEvent, message: str = "", status: str = "") -> Observation:
-    return Observation(kind, "job-a1", message, status)
+def obs(kind: WaitEvent, message: str = "", status: str = "", hang: Hang | None = None) -> Observation:
+    return Observation(kind, "job-a1", message, status, hang)
+
+
+#: The watchdog's hang of the examples: 42 minutes after step 118, the stall limit 30 minutes.
+HANG = Hang(last_step=118, waited_s=42 * 60.0, limit_s=30 * 60.0)
 
 
 def test_a_live_job_is_waited_for_also_on_a_retry() -> None:
@@ -38,7 +45,7 @@ def test_success_of_training_must_reach_the_last_step_and_resume_where_it_should
 def test_a_lost_node_or_a_hang_stops_the_job_and_retries(kind: WaitEvent) -> None:
     message = ("hang: no training step for 42m, last step 118 (stall limit 30m)" if kind is WaitEvent.HUNG
                else "Ray node died: 1 of 2 nodes alive while job job-a1 was RUNNING")
-    d = decide(obs(kind, message, "RUNNING"))
+    d = decide(obs(kind, message, "RUNNING", HANG if kind is WaitEvent.HUNG else None))
     assert d.action is Action.RETRY and d.stop_job and d.kind is FailureKind.INFRASTRUCTURE
     assert d.reason == ("hang: no training step for 42m, last step 118" if kind is WaitEvent.HUNG else "node died")
     assert f"[infrastructure failure: {d.reason}]" in d.message and "resumes from the last checkpoint" in d.message
@@ -86,3 +93,48 @@ def test_events_of_an_earlier_release_still_parse() -> None:
     assert Observation.from_event({"status": "hung", "job_id": "j", "message": "m"}).kind is WaitEvent.HUNG
     with pytest.raises(ValueError):
         WaitEvent.parse("exploded")
+
+
+#: What each Ray job state means to a wait, written out here independently of the code's table.
+EXPECTED_EVENT = {
+    JobState.PENDING: WaitEvent.RUNNING,
+    JobState.RUNNING: WaitEvent.RUNNING,
+    JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
+    JobState.FAILED: WaitEvent.FAILED,
+    JobState.STOPPED: WaitEvent.STOPPED,
+}
+
+
+@pytest.mark.parametrize("state", list(JobState))  # every state, also one added later (no case: KeyError)
+def test_each_ray_job_state_is_one_wait_event(state: JobState) -> None:
+    kind = EXPECTED_EVENT[state]
+    assert WaitEvent.of_state(state) is kind
+    # Only a terminal state ends a wait: the trigger yields it, the operator's look decides on it.
+    assert (kind is not WaitEvent.RUNNING) == state.is_terminal()
+    info = JobInfo(submission_id="job-a1", status=state, message=f"job is {state.value}")
+    assert Observation.from_job("job-a1", info, reachable=True) == Observation(kind, "job-a1", f"job is {state.value}",
+                                                                               state.value)
+
+
+def test_a_hang_is_decided_from_the_watchdogs_fields_not_from_its_message() -> None:
+    event = {"status": "hung", "job_id": "job-a1", "job_status": "RUNNING", "hang": HANG.to_dict(),
+             "message": HANG.message}
+    d = decide(Observation.from_event(event))
+    assert d.action is Action.RETRY and d.stop_job
+    assert d.reason == "hang: no training step for 42m, last step 118"
+    assert d.message.endswith("[infrastructure failure: hang: no training step for 42m, last step 118]: "
+                              "stall limit 30m — the retry provisions a healthy cluster and resumes from the last "
+                              "checkpoint")
+    for wording in ("", "the job is stuck (whatever this says)", "hang: no step for 1m, last step 3 (stall limit 1m)"):
+        assert decide(Observation.from_event({**event, "message": wording})) == d
+    startup = Hang(last_step=None, waited_s=7201.0, limit_s=7200.0)
+    s = decide(obs(WaitEvent.HUNG, "whatever", "PENDING", startup), retry_try=True)
+    assert s.action is Action.RESUBMIT and s.reason == "hang: no training step within 2h1s of the start"
+    assert "watch.startup_timeout 2h" in s.message
+
+
+def test_a_hang_event_of_an_earlier_release_keeps_its_message_as_the_detail() -> None:
+    d = decide(obs(WaitEvent.HUNG, "hang: no training step for 42m, last step 118 (stall limit 30m)", "RUNNING"))
+    assert d.action is Action.RETRY and d.stop_job and d.reason == "hang"
+    assert "[infrastructure failure: hang]: hang: no training step for 42m, last step 118 (stall limit 30m)" in \
+        d.message

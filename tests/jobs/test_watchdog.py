@@ -1,11 +1,18 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from verl_pipeline.exceptions import ConfigError
-from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
+from verl_pipeline.jobs.watchdog import Hang, StallWatch, WatchSettings
 
 MIN = 60.0
+
+
+def said(hang: Hang | None) -> str | None:
+    """What the task log says of a hang (its message), None for no hang."""
+    return hang.message if hang is not None else None
 
 
 def test_defaults_are_two_hours_to_the_first_step_then_max_30_min_or_5x_the_slowest_step() -> None:
@@ -19,7 +26,7 @@ def test_defaults_are_two_hours_to_the_first_step_then_max_30_min_or_5x_the_slow
 def test_startup_window_before_the_first_step() -> None:
     w = StallWatch(WatchSettings(startup_timeout_s=600), started_at=1000.0)
     assert w.hang(1000.0 + 600) is None
-    assert w.hang(1000.0 + 601) == "hang: no training step within 10m1s of the start (watch.startup_timeout 10m)"
+    assert said(w.hang(1000.0 + 601)) == "hang: no training step within 10m1s of the start (watch.startup_timeout 10m)"
 
 
 def test_a_stall_after_steps_names_the_last_step_and_the_limit() -> None:
@@ -29,7 +36,7 @@ def test_a_stall_after_steps_names_the_last_step_and_the_limit() -> None:
         t += 3 * MIN
         w.step(step, t, seconds=3 * MIN)
     assert w.hang(t + 30 * MIN) is None
-    assert w.hang(t + 42 * MIN) == "hang: no training step for 42m, last step 118 (stall limit 30m)"
+    assert said(w.hang(t + 42 * MIN)) == "hang: no training step for 42m, last step 118 (stall limit 30m)"
 
 
 def test_the_limit_grows_with_the_slowest_step_seen_by_gap_or_by_verls_own_timing() -> None:
@@ -46,13 +53,27 @@ def test_a_fixed_stall_timeout_wins_and_old_steps_do_not_reset_the_clock() -> No
     w.step(20, 50.0, seconds=10_000)
     w.step(20, 140.0)  # the same step seen again (the console line after the metrics file)
     w.step(5, 140.0)
-    assert w.hang(151.0) == "hang: no training step for 1m41s, last step 20 (stall limit 1m40s)"
+    assert said(w.hang(151.0)) == "hang: no training step for 1m41s, last step 20 (stall limit 1m40s)"
 
 
 def test_a_reattached_waiter_counts_the_carried_step_as_seen_at_its_start() -> None:
     w = StallWatch(WatchSettings(startup_timeout_s=10, min_stall_timeout_s=50), started_at=500.0, last_step=3)
     assert w.hang(540.0) is None  # not the startup window: step 3 was seen
-    assert "last step 3" in (w.hang(551.0) or "")
+    assert "last step 3" in (said(w.hang(551.0)) or "")
+
+
+def test_a_hang_carries_what_the_decision_reads_and_travels_as_json() -> None:
+    w = StallWatch(WatchSettings(stall_timeout_s=100), started_at=0.0)
+    w.step(7, 10.0)
+    hang = w.hang(160.0)
+    assert hang == Hang(last_step=7, waited_s=150.0, limit_s=100.0)
+    assert (hang.reason, hang.limit) == ("hang: no training step for 2m30s, last step 7", "stall limit 1m40s")
+    assert Hang.from_dict(json.loads(json.dumps(hang.to_dict()))) == hang
+    before_the_first = StallWatch(WatchSettings(startup_timeout_s=60), started_at=0.0).hang(90.0)
+    assert before_the_first == Hang(last_step=None, waited_s=90.0, limit_s=60.0)
+    assert Hang.from_dict(json.loads(json.dumps(before_the_first.to_dict()))) == before_the_first
+    assert before_the_first.limit == "watch.startup_timeout 1m"
+    assert Hang.from_dict(None) is None  # an event of a trigger of an earlier release
 
 
 def test_profile_section() -> None:

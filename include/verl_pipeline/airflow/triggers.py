@@ -6,20 +6,18 @@ import asyncio
 import time
 import traceback
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.outcome import WaitEvent
+from verl_pipeline.jobs.wait_request import WaitRequest
 
+#: Where Airflow finds the trigger again (kept as it is: deferred tasks of a running deployment resume by it).
 CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
 
-#: Log lines forwarded per poll; the rest are counted, and the task log says where the full log is.
-MAX_LINES_PER_POLL = 1000
-#: New log bytes read per poll; a waiter further behind jumps ahead (and says how much it skipped).
-MAX_READ_BYTES = 1024 * 1024
 #: Lines per forwarded log record (one record per batch keeps a chatty job cheap for the triggerer).
 LINES_PER_RECORD = 200
 _METRICS_READ_BYTES = 1024 * 1024
@@ -58,57 +56,33 @@ class RayJobTrigger(BaseTrigger):
 
     ``hung``: the job ran without a new training step for longer than the watchdog allows
     (``watch``, a :class:`~verl_pipeline.jobs.watchdog.WatchSettings` dict; None: no watchdog, as for
-    preflight jobs, which have no steps).
+    preflight jobs, which have no steps). The event's ``hang`` is the watchdog's
+    :class:`~verl_pipeline.jobs.watchdog.Hang` as a dict (the last step, the seconds without one, the
+    limit): what the wait's decision reads; its ``message`` says the same for people.
+
+    The keyword arguments are the fields of :class:`~verl_pipeline.jobs.wait_request.WaitRequest`
+    (their defaults and meaning are written there): ``RayJobTrigger(**request.to_dict())``.
 
     A user who marks the deferred task failed or success, or clears it, ends the wait through
     :meth:`on_kill`, which stops the Ray job. :meth:`cleanup` (every exit, a triggerer restart
     included) stops nothing: the next waiter reattaches.
     """
 
-    def __init__(
-        self,
-        *,
-        cluster: dict[str, Any],
-        job_id: str,
-        conn_id: str | None = None,
-        poll_interval: float = 5.0,
-        log_offset_bytes: int = 0,
-        forward_logs: bool = True,
-        max_poll_errors: int = 12,
-        expected_nodes: int = 0,
-        node_grace_polls: int = 3,
-        max_lines_per_poll: int = MAX_LINES_PER_POLL,
-        max_read_bytes: int = MAX_READ_BYTES,
-        metrics_path: str | None = None,
-        metrics_offset_bytes: int = 0,
-        total_steps: int = 0,
-        progress_interval: float = 60.0,
-        progress: dict[str, Any] | None = None,
-        watch: dict[str, Any] | None = None,
-        cursor_dir: str | None = None,
-        log_offset: int | None = None,
-    ) -> None:
+    def __init__(self, *, log_offset: int | None = None, **kwargs: Any) -> None:
+        """``kwargs``: the fields of :class:`~verl_pipeline.jobs.wait_request.WaitRequest`, as its
+        ``to_dict()`` (and this trigger's :meth:`serialize`) writes them."""
         super().__init__()
-        self.cluster = cluster
-        self.job_id = job_id
-        self.conn_id = conn_id
-        self.poll_interval = poll_interval
-        # ``log_offset`` (characters) is what triggers serialized before the byte cursor carry;
-        # for the ASCII lines Ray's job logs are mostly made of, the two agree.
-        self.log_offset_bytes = log_offset_bytes or (log_offset or 0)
-        self.forward_logs = forward_logs
-        self.max_poll_errors = max_poll_errors
-        self.expected_nodes = expected_nodes
-        self.node_grace_polls = node_grace_polls
-        self.max_lines_per_poll = max_lines_per_poll
-        self.max_read_bytes = max_read_bytes
-        self.metrics_path = metrics_path
-        self.metrics_offset_bytes = metrics_offset_bytes
-        self.total_steps = total_steps
-        self.progress_interval = progress_interval
-        self.progress = progress
-        self.watch = watch
-        self.cursor_dir = cursor_dir
+        request = WaitRequest(**kwargs)
+        if log_offset and not request.log_offset_bytes:
+            # ``log_offset`` (characters) is what triggers serialized before the byte cursor carry;
+            # for the ASCII lines Ray's job logs are mostly made of, the two agree.
+            request = replace(request, log_offset_bytes=log_offset)
+        self.request = request
+        # The cursor moves as the job is read; every event carries it.
+        self.log_offset_bytes = request.log_offset_bytes
+        self.metrics_offset_bytes = request.metrics_offset_bytes
+        self.progress = request.progress
+        self.cursor_dir = request.cursor_dir
         self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
         self._saved_at = float("-inf")
         self._tracker: Any = None
@@ -116,35 +90,20 @@ class RayJobTrigger(BaseTrigger):
         self._reported_step = -1
         self._reported_at = float("-inf")
 
+    @property
+    def job_id(self) -> str:
+        return self.request.job_id
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            CLASSPATH,
-            {
-                "cluster": self.cluster,
-                "job_id": self.job_id,
-                "conn_id": self.conn_id,
-                "poll_interval": self.poll_interval,
-                "log_offset_bytes": self.log_offset_bytes,
-                "forward_logs": self.forward_logs,
-                "max_poll_errors": self.max_poll_errors,
-                "expected_nodes": self.expected_nodes,
-                "node_grace_polls": self.node_grace_polls,
-                "max_lines_per_poll": self.max_lines_per_poll,
-                "max_read_bytes": self.max_read_bytes,
-                "metrics_path": self.metrics_path,
-                "metrics_offset_bytes": self.metrics_offset_bytes,
-                "total_steps": self.total_steps,
-                "progress_interval": self.progress_interval,
-                "progress": self.progress,
-                "watch": self.watch,
-                "cursor_dir": self.cursor_dir,
-            },
-        )
+        """The request, with the cursor as far as this waiter got."""
+        return CLASSPATH, replace(self.request, log_offset_bytes=self.log_offset_bytes,
+                                  metrics_offset_bytes=self.metrics_offset_bytes, progress=self.progress,
+                                  cursor_dir=self.cursor_dir).to_dict()
 
     def _hook(self) -> Any:
         from verl_pipeline.airflow.hooks import RayJobsHook
 
-        return RayJobsHook(self.cluster, conn_id=self.conn_id)
+        return RayJobsHook(self.request.cluster, conn_id=self.request.conn_id)
 
     def _event(self, status: WaitEvent, message: str, **extra: Any) -> TriggerEvent:
         return TriggerEvent({"status": status.value, "job_id": self.job_id, "message": message,
@@ -159,13 +118,13 @@ class RayJobTrigger(BaseTrigger):
 
         forwarded = skipped = 0
         batch: list[str] = []
-        async with hook.alog_stream(info, self.log_offset_bytes, max_bytes=self.max_read_bytes) as stream:
+        async with hook.alog_stream(info, self.log_offset_bytes, max_bytes=self.request.max_read_bytes) as stream:
             reader = LineReader(stream.start, mid_line=stream.mid_line)
             async for chunk in stream.chunks():
                 for line in reader.feed(chunk):
                     if self._tracker is not None and "step:" in line:
                         self._tracker.observe_console(line)
-                    if forwarded < self.max_lines_per_poll:
+                    if forwarded < self.request.max_lines_per_poll:
                         batch.append(line)
                         forwarded += 1
                         if len(batch) >= LINES_PER_RECORD:
@@ -177,16 +136,17 @@ class RayJobTrigger(BaseTrigger):
         if batch:
             self.log.info("[%s] %s", self.job_id, "\n".join(batch))
         if skipped or stream.skipped_bytes:
-            what = [f"{skipped} lines not forwarded (over {self.max_lines_per_poll} per poll)"] if skipped else []
+            req = self.request
+            what = [f"{skipped} lines not forwarded (over {req.max_lines_per_poll} per poll)"] if skipped else []
             if stream.skipped_bytes:
-                what.append(f"{stream.skipped_bytes} bytes skipped (more than {self.max_read_bytes} new bytes)")
+                what.append(f"{stream.skipped_bytes} bytes skipped (more than {req.max_read_bytes} new bytes)")
             self.log.warning("Ray job %s: %s; the full log: %s", self.job_id, ", ".join(what), self._where(info))
 
     def _where(self, info: Any) -> str:
         from verl_pipeline.airflow.links import ray_job_url
         from verl_pipeline.jobs.client import JOB_LOG_FILE
 
-        dashboard = str(self.cluster.get("dashboard_url", ""))
+        dashboard = str(self.request.cluster.get("dashboard_url", ""))
         return (f"{ray_job_url(dashboard, self.job_id)}, `ray job logs {self.job_id} --address {dashboard}`, or "
                 f"{JOB_LOG_FILE.format(submission_id=self.job_id)} in the Ray log directory of node "
                 f"{info.driver_node_id or '(the driver node)'}")
@@ -194,9 +154,9 @@ class RayJobTrigger(BaseTrigger):
     # -- progress -----------------------------------------------------------------------------------
     def _read_metrics(self) -> list[str]:
         """New whole lines of verl's metrics JSONL (blocking file I/O: run in a thread)."""
-        assert self.metrics_path is not None
+        assert self.request.metrics_path is not None
         try:
-            with open(self.metrics_path, "rb") as f:
+            with open(self.request.metrics_path, "rb") as f:
                 size = f.seek(0, 2)
                 if size < self.metrics_offset_bytes:  # truncated: verl started the file again
                     self.metrics_offset_bytes = 0
@@ -209,7 +169,7 @@ class RayJobTrigger(BaseTrigger):
         return data[:end].decode("utf-8", errors="replace").splitlines()
 
     async def _observe_metrics_file(self) -> None:
-        if self._tracker is not None and self.metrics_path:
+        if self._tracker is not None and self.request.metrics_path:
             for line in await asyncio.to_thread(self._read_metrics):
                 self._tracker.observe_jsonl(line)
 
@@ -223,7 +183,7 @@ class RayJobTrigger(BaseTrigger):
         now = time.monotonic()
         if self._stall is not None:
             self._stall.step(last.step, now, self._tracker.slowest_s)
-        if now - self._reported_at >= self.progress_interval:
+        if now - self._reported_at >= self.request.progress_interval:
             self._reported_step, self._reported_at = last.step, now
             self.log.info("Ray job %s progress: %s", self.job_id, last.line())
 
@@ -231,7 +191,7 @@ class RayJobTrigger(BaseTrigger):
         """Forward new lines and update progress; a failed read (False) is retried next poll, never fatal."""
         try:
             await self._observe_metrics_file()  # first, so verl's exact numbers win over its console's
-            if self.forward_logs:
+            if self.request.forward_logs:
                 await self._forward(hook, info)
             self._report_progress()
             return True
@@ -246,15 +206,16 @@ class RayJobTrigger(BaseTrigger):
         try:
             from verl_pipeline.jobs.progress import Progress, ProgressTracker
 
+            req = self.request
             await self._resume_cursor()
-            if self.total_steps or self.metrics_path or self.progress or self.watch:
-                self._tracker = ProgressTracker(self.total_steps, Progress.from_dict(self.progress))
+            if req.total_steps or req.metrics_path or self.progress or req.watch:
+                self._tracker = ProgressTracker(req.total_steps, Progress.from_dict(self.progress))
                 self._reported_step = self._tracker.last.step if self._tracker.last else -1
-            if self.watch is not None and (self.forward_logs or self.metrics_path):  # steps are visible
+            if req.watch is not None and (req.forward_logs or req.metrics_path):  # steps are visible
                 from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
 
                 last_step = self._tracker.last.step if self._tracker.last else None
-                self._stall = StallWatch(WatchSettings.from_dict(self.watch), time.monotonic(), last_step)
+                self._stall = StallWatch(WatchSettings.from_dict(req.watch), time.monotonic(), last_step)
             async with self._hook() as hook:
                 async for event in self._wait(hook):
                     yield event
@@ -301,6 +262,7 @@ class RayJobTrigger(BaseTrigger):
             self.cursor_dir = None
 
     async def _wait(self, hook: Any) -> AsyncIterator[TriggerEvent]:
+        req = self.request
         errors = 0
         short_polls = 0
         while True:
@@ -312,11 +274,11 @@ class RayJobTrigger(BaseTrigger):
             except Exception as e:  # the cluster may be briefly unreachable: retry a few times
                 errors += 1
                 self.log.warning("Polling Ray job %s failed (%d/%d): %s", self.job_id, errors,
-                                 self.max_poll_errors, e)
-                if errors >= self.max_poll_errors:
+                                 req.max_poll_errors, e)
+                if errors >= req.max_poll_errors:
                     yield self._event(WaitEvent.UNREACHABLE, f"Ray Jobs API unreachable: {e}")
                     return
-                await asyncio.sleep(self.poll_interval)
+                await asyncio.sleep(req.poll_interval)
                 continue
             if info is None:
                 yield self._event(WaitEvent.UNREACHABLE, f"Ray job {self.job_id} does not exist on the cluster")
@@ -325,32 +287,30 @@ class RayJobTrigger(BaseTrigger):
             read = await self._poll_logs(hook, info)
             await self._save_cursor(moved=(self.log_offset_bytes, self.metrics_offset_bytes) != before)
             if info.status.is_terminal():
-                status = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
-                          JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.FAILED)
-                yield self._event(status, info.message, job_status=info.status.value,
+                yield self._event(WaitEvent.of_state(info.status), info.message, job_status=info.status.value,
                                   driver_exit_code=info.driver_exit_code)
                 return
-            if self.expected_nodes:
+            if req.expected_nodes:
                 try:
                     alive = await hook.anodes_alive()
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
                     self.log.warning("Could not count the Ray nodes of %s: %s", self.job_id, e)
-                    alive = self.expected_nodes
-                short_polls = short_polls + 1 if alive < self.expected_nodes else 0
-                if short_polls >= self.node_grace_polls:
-                    yield self._event(WaitEvent.NODE_LOST, f"Ray node died: {alive} of {self.expected_nodes} nodes "
+                    alive = req.expected_nodes
+                short_polls = short_polls + 1 if alive < req.expected_nodes else 0
+                if short_polls >= req.node_grace_polls:
+                    yield self._event(WaitEvent.NODE_LOST, f"Ray node died: {alive} of {req.expected_nodes} nodes "
                                       f"alive while job {self.job_id} was {info.status.value}",
                                       job_status=info.status.value)
                     return
             # Steps are only seen through the log: a poll that could not read it says nothing of a hang.
             hang = self._stall.hang(time.monotonic()) if self._stall is not None and read else None
-            if hang:
-                self.log.warning("Ray job %s: %s", self.job_id, hang)
-                yield self._event(WaitEvent.HUNG, hang, job_status=info.status.value)
+            if hang is not None:
+                self.log.warning("Ray job %s: %s", self.job_id, hang.message)
+                yield self._event(WaitEvent.HUNG, hang.message, job_status=info.status.value, hang=hang.to_dict())
                 return
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(req.poll_interval)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed or success, or cleared it: stop the Ray job."""

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.classify import FailureKind, classify
+from verl_pipeline.jobs.watchdog import Hang
 
 
 class WaitEvent(str, Enum):
@@ -48,6 +50,21 @@ class WaitEvent(str, Enum):
         text = str(value)
         return legacy.get(text) or cls(text)
 
+    @classmethod
+    def of_state(cls, state: JobState) -> WaitEvent:
+        """What Ray's state of a job says, for the trigger and the operator's own look alike."""
+        return _EVENT_OF_STATE[state]
+
+
+#: Every Ray job state, once: a terminal state is the event that ends the wait; the others are alive.
+_EVENT_OF_STATE: dict[JobState, WaitEvent] = {
+    JobState.PENDING: WaitEvent.RUNNING,
+    JobState.RUNNING: WaitEvent.RUNNING,
+    JobState.SUCCEEDED: WaitEvent.SUCCEEDED,
+    JobState.FAILED: WaitEvent.FAILED,
+    JobState.STOPPED: WaitEvent.STOPPED,
+}
+
 
 class Action(str, Enum):
     FINISH = "finish"
@@ -66,23 +83,22 @@ class Observation:
     message: str = ""
     #: Ray's status of the job when known (``FAILED``, ``STOPPED`` …).
     job_status: str = ""
+    #: What the watchdog saw (``HUNG`` events of this release; the message says it for people).
+    hang: Hang | None = None
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> Observation:
         return cls(WaitEvent.parse(event.get("status")), str(event.get("job_id", "?")),
-                   str(event.get("message") or ""), str(event.get("job_status") or ""))
+                   str(event.get("message") or ""), str(event.get("job_status") or ""),
+                   Hang.from_dict(event.get("hang")))
 
     @classmethod
     def from_job(cls, job_id: str, info: Any, *, reachable: bool) -> Observation:
         """From a :class:`~verl_pipeline.jobs.client.JobInfo` (None: unknown, or the API unreachable)."""
-        from verl_pipeline.constants import JobState
-
         if info is None:
             why = "the job is unknown to the cluster" if reachable else "the Ray Jobs API is unreachable"
             return cls(WaitEvent.UNREACHABLE, job_id, why)
-        kind = {JobState.SUCCEEDED: WaitEvent.SUCCEEDED, JobState.FAILED: WaitEvent.FAILED,
-                JobState.STOPPED: WaitEvent.STOPPED}.get(info.status, WaitEvent.RUNNING)
-        return cls(kind, job_id, info.message, info.status.value)
+        return cls(WaitEvent.of_state(info.status), job_id, info.message, info.status.value)
 
     @property
     def needs_log(self) -> bool:
@@ -161,8 +177,9 @@ def decide(
     if obs.kind is WaitEvent.NODE_LOST:
         return _infrastructure(obs, "node died", retry_try=retry_try, detail=obs.message, stop_job=True)
     if obs.kind is WaitEvent.HUNG:
-        reason, _, limit = obs.message.partition(" (")
-        return _infrastructure(obs, reason or "hang", retry_try=retry_try, detail=limit.rstrip(")"), stop_job=True)
+        if obs.hang is None:  # an event of a trigger of an earlier release: its message says the rest
+            return _infrastructure(obs, "hang", retry_try=retry_try, detail=obs.message, stop_job=True)
+        return _infrastructure(obs, obs.hang.reason, retry_try=retry_try, detail=obs.hang.limit, stop_job=True)
     if obs.kind is WaitEvent.UNREACHABLE:
         if infrastructure_gone:
             return _infrastructure(obs, infrastructure_gone, retry_try=retry_try, detail=obs.message)

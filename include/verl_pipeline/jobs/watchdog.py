@@ -83,6 +83,48 @@ class WatchSettings:
         return f"no step for {stall}, or none within {format_duration(self.startup_timeout_s)} of the start"
 
 
+@dataclass(frozen=True)
+class Hang:
+    """A job hung: what the wait's decision reads (carried in the trigger event's ``hang``)."""
+
+    #: The last training step seen; None: no step yet (the startup window ran out).
+    last_step: int | None
+    #: Seconds without a new step: since the last one, or since watching began before the first.
+    waited_s: float
+    #: The limit that ran out: the stall limit after a step, ``startup_timeout_s`` before the first.
+    limit_s: float
+
+    @property
+    def reason(self) -> str:
+        """What happened, as the decision names the failure (and the stop record keeps it)."""
+        if self.last_step is None:
+            return f"hang: no training step within {format_duration(self.waited_s)} of the start"
+        return f"hang: no training step for {format_duration(self.waited_s)}, last step {self.last_step}"
+
+    @property
+    def limit(self) -> str:
+        """The limit that ran out, named as the run profile's ``watch:`` sets it."""
+        if self.last_step is None:
+            return f"watch.startup_timeout {format_duration(self.limit_s)}"
+        return f"stall limit {format_duration(self.limit_s)}"
+
+    @property
+    def message(self) -> str:
+        return f"{self.reason} ({self.limit})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Hang | None:
+        """From an event's ``hang`` (None: absent, as in events of triggers of an earlier release)."""
+        if not isinstance(data, dict):
+            return None
+        last = data.get("last_step")
+        return cls(last_step=None if last is None else int(last), waited_s=float(data["waited_s"]),
+                   limit_s=float(data["limit_s"]))
+
+
 class StallWatch:
     """Follows one job's steps on a caller-supplied clock; :meth:`hang` says when it is hung.
 
@@ -107,17 +149,15 @@ class StallWatch:
                 self.slowest_s = max(self.slowest_s or 0.0, value)
         self.last_step, self.last_step_at = step, now
 
-    def hang(self, now: float) -> str | None:
-        """Why the job counts as hung at ``now``, or None."""
+    def hang(self, now: float) -> Hang | None:
+        """The hang at ``now``, or None while the job is within its window."""
         if self.last_step_at is None:
             waited = now - self.started_at
             if waited > self.settings.startup_timeout_s:
-                return (f"hang: no training step within {format_duration(waited)} of the start "
-                        f"(watch.startup_timeout {format_duration(self.settings.startup_timeout_s)})")
+                return Hang(last_step=None, waited_s=waited, limit_s=self.settings.startup_timeout_s)
             return None
         waited = now - self.last_step_at
         limit = self.settings.stall_limit(self.slowest_s)
         if waited > limit:
-            return (f"hang: no training step for {format_duration(waited)}, last step {self.last_step} "
-                    f"(stall limit {format_duration(limit)})")
+            return Hang(last_step=self.last_step, waited_s=waited, limit_s=limit)
         return None

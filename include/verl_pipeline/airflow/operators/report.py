@@ -37,7 +37,8 @@ class ReportRunOperator(PipelineOperator):
         try:
             spec = spec_from_context(context)
         except PipelineError as e:
-            raise AirflowSkipException(f"no run report: the run has no frozen spec (its provision failed), nothing ran ({e})") from e
+            raise AirflowSkipException(f"no run report: the run has no frozen spec (its provision failed), "
+                                       f"nothing ran ({e})") from e
         waited = self._pull(context, self.wait_task_id)
         ok = isinstance(waited, dict) and waited.get("status") == "SUCCEEDED"
         try:

@@ -37,6 +37,7 @@ from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, per
 from verl_pipeline.config import RunSpec
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
+from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
 
 #: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
@@ -73,10 +74,10 @@ class WaitForVerlJobOperator(PipelineOperator):
         submit_task_id: str = SUBMIT_TASK,
         data_task_id: str = PREPROCESS_TASK,
         model_task_id: str = PREFETCH_TASK,
-        poll_interval: float = 5.0,
-        max_poll_errors: int = 12,
-        progress_interval: float = 60.0,
-        max_lines_per_poll: int = 1000,
+        poll_interval: float = WaitRequest.poll_interval,
+        max_poll_errors: int = WaitRequest.max_poll_errors,
+        progress_interval: float = WaitRequest.progress_interval,
+        max_lines_per_poll: int = WaitRequest.max_lines_per_poll,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -238,17 +239,18 @@ class WaitForVerlJobOperator(PipelineOperator):
                       self.poll_interval, cursor.log_offset_bytes,
                       f"; hang watchdog: {spec.watch.describe()}" if training else "")
         self.defer(
-            trigger=RayJobTrigger(cluster=handle.to_dict(), job_id=job_id, conn_id=self.conn_id or handle.conn_id,
-                                  poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors,
-                                  expected_nodes=handle.expected_nodes if handle.owned else 0,
-                                  log_offset_bytes=cursor.log_offset_bytes,
-                                  metrics_offset_bytes=cursor.metrics_offset_bytes, progress=cursor.progress,
-                                  metrics_path=metrics_path,
-                                  total_steps=spec.total_training_steps if metrics_path else 0,
-                                  progress_interval=self.progress_interval,
-                                  max_lines_per_poll=self.max_lines_per_poll,
-                                  watch=spec.watch.to_dict() if training else None,
-                                  cursor_dir=str(spec.run_dir)),
+            trigger=RayJobTrigger(**WaitRequest(
+                cluster=handle.to_dict(), job_id=job_id, conn_id=self.conn_id or handle.conn_id,
+                poll_interval=self.poll_interval, max_poll_errors=self.max_poll_errors,
+                expected_nodes=handle.expected_nodes if handle.owned else 0,
+                log_offset_bytes=cursor.log_offset_bytes,
+                metrics_offset_bytes=cursor.metrics_offset_bytes, progress=cursor.progress,
+                metrics_path=metrics_path,
+                total_steps=spec.total_training_steps if metrics_path else 0,
+                progress_interval=self.progress_interval,
+                max_lines_per_poll=self.max_lines_per_poll,
+                watch=spec.watch.to_dict() if training else None,
+                cursor_dir=str(spec.run_dir)).to_dict()),
             method_name="execute_complete",
             timeout=None,
         )
