@@ -302,7 +302,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                      + ("nothing missing" if env["ok"] else "a GPU training run would miss:"))
         lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
         out.update(mode=done.prepared.mode.value, environment=env)
-    lines.append(f"{sub.action}: {sub.submission_id} ({out.get('mode', 'its mode as submitted')}) on "
+    lines.append(f"{sub.action.value}: {sub.submission_id} ({out.get('mode', 'its mode as submitted')}) on "
                  f"{handle.dashboard_url}")
     lines += [f"{name}: {url}" for name, url in tracker_links.items()]
     _out(args, out, "\n".join(lines))

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.constants import JobState, Mode
+from verl_pipeline.constants import JobState, Mode, SubmitAction
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline, cluster_deadline, earliest, with_deadline
 from verl_pipeline.jobs.ids import attempt_of, submission_id
@@ -22,13 +22,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Submission:
     submission_id: str
-    #: "submitted", "reattached" (a live job of this run) or "already_succeeded".
-    action: str
+    #: submitted, reattached (a live job of this run) or already_succeeded.
+    action: SubmitAction
     attempt: int
     status: str
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "action": self.action.value}
 
 
 def submit_or_reattach(
@@ -94,7 +94,7 @@ def submit_or_reattach(
     if run_dir is not None:
         RunDir(run_dir).record_attempt(Attempt(sub_id, attempt, now(), client.dashboard_url, resume_from,
                                         str(metrics_path) if metrics_path else None, segment, segment_start))
-    return Submission(sub_id, "submitted", attempt, JobState.PENDING.value)
+    return Submission(sub_id, SubmitAction.SUBMITTED, attempt, JobState.PENDING.value)
 
 
 def existing_job(client: RayJobsClient, *, dag_id: str, run_id: str, task_id: str) -> Submission | None:
@@ -117,11 +117,11 @@ def _live_or_succeeded(mine: list[tuple[int, Any]]) -> Submission | None:
     for n, info in mine:
         if not info.status.is_terminal():
             log.info("Reattaching to live Ray job %s (attempt %d, %s)", info.submission_id, n, info.status.value)
-            return Submission(info.submission_id, "reattached", n, info.status.value)
+            return Submission(info.submission_id, SubmitAction.REATTACHED, n, info.status.value)
     if mine and mine[-1][1].status is JobState.SUCCEEDED:
         n, info = mine[-1]
         log.info("Ray job %s of this run already succeeded: not submitting again", info.submission_id)
-        return Submission(info.submission_id, "already_succeeded", n, info.status.value)
+        return Submission(info.submission_id, SubmitAction.ALREADY_SUCCEEDED, n, info.status.value)
     return None
 
 

@@ -19,10 +19,8 @@ from verl_pipeline.airflow.operators.base import (
     wait_deadline,
 )
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
+from verl_pipeline.constants import SubmitAction
 from verl_pipeline.exceptions import PipelineError
-
-#: The submit task's ``action`` for a run on a shared cluster: its job is submitted by the wait task.
-QUEUED = "queued_for_pool"
 
 
 class SubmitVerlJobOperator(PipelineOperator):
@@ -80,8 +78,9 @@ class SubmitVerlJobOperator(PipelineOperator):
                 self._log_job(prepared.job)
                 self.log.info("Cluster %s is shared: %s submits the job once it holds %s", handle.name,
                               WAIT_TASK, spec.admission.describe())
-                return {"submission_id": None, "action": QUEUED, "admission": spec.admission.to_dict(),
-                        "mode": prepared.mode.value, "environment": prepared.environment, **result}
+                return {"submission_id": None, "action": SubmitAction.QUEUED_FOR_POOL.value,
+                        "admission": spec.admission.to_dict(), "mode": prepared.mode.value,
+                        "environment": prepared.environment, **result}
             done = steps.submit_attempt(
                 spec, handle, hook.client, data=data, models=models, dag_id=context["dag"].dag_id,
                 run_id=context["run_id"], task_id=self.task_id, deadline=wait_deadline(context),
@@ -92,7 +91,7 @@ class SubmitVerlJobOperator(PipelineOperator):
         if done.prepared is not None:
             self._log_job(done.prepared.job)
             result["environment"] = done.prepared.environment
-        self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action, sub.attempt)
+        self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action.value, sub.attempt)
         RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
         return {**sub.to_dict(), "mode": self._mode(spec, done), **result}
 

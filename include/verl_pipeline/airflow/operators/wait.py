@@ -35,10 +35,17 @@ from verl_pipeline.airflow.operators.base import (
 )
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.config import RunSpec
+from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
+
+
+def run_mode(sub: dict[str, Any]) -> Mode | None:
+    """The mode the run's job was submitted in (the submit task's result), None before it was decided."""
+    return Mode(sub["mode"]) if sub.get("mode") else None
+
 
 #: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
 STOP_WAIT_S = 60.0
@@ -147,7 +154,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         from verl_pipeline.jobs.outcome import decide
 
         training = (self._training_record(spec, obs.job_id)
-                    if obs.kind is WaitEvent.SUCCEEDED and sub.get("mode") == "train" else None)
+                    if obs.kind is WaitEvent.SUCCEEDED and run_mode(sub) is Mode.TRAIN else None)
         decision = decide(
             obs,
             retry_try=retry_try,
@@ -164,7 +171,7 @@ class WaitForVerlJobOperator(PipelineOperator):
             RunDir(spec.run_dir).record_stop(obs.job_id, decision.reason)
             self._stop(hook, obs.job_id)
         if decision.action is Action.WAIT:
-            return self._defer(context, spec, handle, obs.job_id, sub.get("mode"))
+            return self._defer(context, spec, handle, obs.job_id, run_mode(sub))
         if decision.action is Action.FINISH:
             return self._result(spec, hook, obs.job_id, sub, training)
         if decision.action is Action.RESUBMIT:
@@ -186,7 +193,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         except PipelineError as e:
             raise task_error(e) from e
         self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", why.reason,
-                         new.submission_id, new.action, new.attempt, handle.dashboard_url)
+                         new.submission_id, new.action.value, new.attempt, handle.dashboard_url)
         return self._follow(context, spec, handle, hook, sub, new)
 
     def _submit_admitted(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any]) -> Any:
@@ -197,7 +204,7 @@ class WaitForVerlJobOperator(PipelineOperator):
             raise task_error(e) from e
         self.log.info("Admitted with %s: Ray job %s (%s, attempt %d) on cluster %s",
                       spec.admission.describe() if spec.admission else "no pool", new.submission_id,
-                      new.action, new.attempt, handle.dashboard_url)
+                      new.action.value, new.attempt, handle.dashboard_url)
         return self._follow(context, spec, handle, hook, sub, new)
 
     def _submit_next(self, context: Any, spec: RunSpec, handle: Any, hook: Any) -> Any:
@@ -219,13 +226,13 @@ class WaitForVerlJobOperator(PipelineOperator):
 
     def _follow(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any], new: Any) -> Any:
         """Wait for a job just submitted (or found): defer, or finish when it had already succeeded."""
-        if new.action == "already_succeeded":
+        if new.action is SubmitAction.ALREADY_SUCCEEDED:
             return self._act(context, spec, handle, hook, sub,
                              Observation(WaitEvent.SUCCEEDED, new.submission_id, job_status=new.status),
                              retry_try=True)
-        return self._defer(context, spec, handle, new.submission_id, sub.get("mode"))
+        return self._defer(context, spec, handle, new.submission_id, run_mode(sub))
 
-    def _defer(self, context: Any, spec: RunSpec, handle: Any, job_id: str, mode: str | None) -> None:
+    def _defer(self, context: Any, spec: RunSpec, handle: Any, job_id: str, mode: Mode | None) -> None:
         from verl_pipeline.airflow.triggers import RayJobTrigger
         from verl_pipeline.jobs.logstream import WaitCursor
 
@@ -234,7 +241,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         cursor = WaitCursor.load(spec.run_dir, job_id)
         mine = RunDir(spec.run_dir).attempt_of(job_id)
         metrics_path = mine.metrics_path if mine else None
-        training = mode == "train"
+        training = mode is Mode.TRAIN
         self.log.info("Ray job %s is running: deferring (poll every %.0fs, log from byte %d%s)", job_id,
                       self.poll_interval, cursor.log_offset_bytes,
                       f"; hang watchdog: {spec.watch.describe()}" if training else "")
@@ -305,7 +312,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         result: dict[str, Any] = {"job_id": job_id, "status": "SUCCEEDED", "mode": sub.get("mode"),
                                   "run_dir": sub.get("run_dir"),
                                   "progress": WaitCursor.load(spec.run_dir, job_id).progress}
-        if sub.get("mode") == "preflight":
+        if run_mode(sub) is Mode.PREFLIGHT:
             result["preflight"] = self._preflight(hook, job_id)
         else:
             result["training"] = self._training(spec, job_id, training)
