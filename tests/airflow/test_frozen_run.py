@@ -1,0 +1,99 @@
+"""A run is frozen at provision: a retry days later resubmits what the run started with, on whatever
+cluster it has by then, probed again.
+
+The provision, submit and wait operators run for real against real local Ray heads: attempt 1 is
+submitted, the pipeline stops it (as after a lost node) and its cluster goes away; someone edits the
+run profile under ``configs/`` for the next experiment; the wait task's retry re-provisions a
+cluster, probes it and submits attempt 2 — the same job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+from airflow.sdk.exceptions import TaskDeferred
+
+from tests.airflow.context import task_context
+from tests.trainer.test_cluster_checks import _inputs
+from verl_pipeline import steps
+from verl_pipeline.airflow.operators import (
+    PROVISION_TASK,
+    SUBMIT_TASK,
+    WAIT_TASK,
+    ProvisionRayClusterOperator,
+    SubmitVerlJobOperator,
+    WaitForVerlJobOperator,
+)
+from verl_pipeline.cluster.base import ClusterHandle, get_backend
+from verl_pipeline.config import build_run_spec
+from verl_pipeline.rundir import RunDir
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_retry_resubmits_the_frozen_run_on_a_reprovisioned_cluster_it_probed_again(
+    own_configs: Path, tiny_model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    ctx = task_context({}, {"profile": "smoke"})
+    ctx["ti"].task_id = PROVISION_TASK  # its pushes (the run directory) are read back by task id
+    first = ClusterHandle.from_dict(
+        ProvisionRayClusterOperator(task_id=PROVISION_TASK, validate_with_verl=False).execute(ctx))
+    ctx["ti"].task_id = None
+    handles = [first]
+    try:
+        spec = build_run_spec({"profile": "smoke"}, run_name=f"verl_ppo/{ctx['run_id']}")
+        run_dir = RunDir(spec.run_dir)
+        data, models = _inputs(spec, tiny_model_path)
+        ctx["ti"].xcoms.update({PROVISION_TASK: first.to_dict(), "preprocess_data": data, "prefetch_model": models})
+        sub = SubmitVerlJobOperator(task_id=SUBMIT_TASK).execute(ctx)
+        ctx["ti"].xcoms[SUBMIT_TASK] = sub
+        job_1, probe_1 = run_dir.job(), sub["environment"]["probe_job_id"]
+        assert job_1 is not None and "trainer.total_training_steps=2" in job_1["overrides"]
+
+        # The pipeline stops attempt 1 (as after a lost node) and the cluster goes away with it ...
+        client_1 = first.client()
+        run_dir.record_stop(sub["submission_id"], "node died")
+        client_1.stop(sub["submission_id"])
+        assert steps.wait_job_ended(client_1, sub["submission_id"], 60)
+        get_backend({"backend": first.backend}).teardown(first)
+        # ... while someone edits the run profile for their next experiment.
+        profile = own_configs / "profiles" / "smoke.yaml"
+        edited = yaml.safe_load(profile.read_text())
+        edited["trainer"]["total_training_steps"] = 7
+        profile.write_text(yaml.safe_dump(edited))
+        assert build_run_spec({"profile": "smoke"}, run_name="x/y").total_training_steps == 7
+
+        # The wait task's retry: the cluster is gone, so it provisions one, probes it and resubmits.
+        caplog.clear()
+        ctx["ti"].try_number = 2
+        with pytest.raises(TaskDeferred):
+            WaitForVerlJobOperator(task_id=WAIT_TASK).execute(ctx)
+        second = steps.find_handle(spec)
+        assert second is not None and second.dashboard_url != first.dashboard_url
+        handles.append(second)
+        attempts = run_dir.attempts()
+        assert [a.attempt for a in attempts] == [1, 2] and attempts[1].dashboard_url == second.dashboard_url
+
+        # The same job as attempt 1 (the edited profile is not read) ...
+        job_2 = run_dir.job()
+        assert job_2 is not None
+        assert (job_2["entrypoint"], job_2["overrides"]) == (job_1["entrypoint"], job_1["overrides"])
+        client_2 = second.client()
+        info = client_2.get_job(attempts[1].submission_id)
+        assert info is not None and info.entrypoint == job_1["entrypoint"]
+        assert any("frozen spec" in r.getMessage() and str(run_dir.spec_file) in r.getMessage()
+                   for r in caplog.records)
+        # ... and the cluster it runs on was probed before the submission: a probe job of its own.
+        env = json.loads(run_dir.environment_file.read_text())
+        assert env["probe_job_id"] != probe_1
+        probe_2 = client_2.get_job(env["probe_job_id"])
+        assert probe_2 is not None and probe_2.metadata.get("purpose") == "environment-probe"
+        assert {n["node_id"] for n in env["nodes"]} == {n.node_id for n in client_2.nodes() if n.alive}
+    finally:
+        for handle in handles:  # their jobs end with them
+            get_backend({"backend": handle.backend}).teardown(handle)
