@@ -180,19 +180,3 @@ def promote(storage_root: Path, profile: str, run_dir: Path) -> Path | None:
     _relative_link(latest_link(storage_root, profile), run_dir.resolve())
     log.info("latest/%s -> %s (was %s)", profile, run_dir, previous)
     return previous
-
-
-def list_runs(storage_root: Path, profile: str | None = None) -> list[RunManifest]:
-    """Manifests of all recorded runs (optionally of one profile), oldest first."""
-    runs: list[RunManifest] = []
-    base = storage_root / "runs"
-    if not base.is_dir():
-        return runs
-    for path in base.glob(f"*/{MANIFEST}"):
-        try:
-            m = read_manifest(path.parent)
-        except RunRecordError:
-            continue
-        if profile is None or m.profile == profile:
-            runs.append(m)
-    return sorted(runs, key=lambda m: m.finished_at)
