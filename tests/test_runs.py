@@ -62,7 +62,7 @@ def test_latest_moves_only_to_succeeded_runs_and_keeps_the_previous(tmp_path: Pa
     assert runs.promote(tmp_path, "smoke", good2) == good1.resolve()
     assert runs.latest_run(tmp_path, "smoke") == good2.resolve()
     # Nothing was deleted: both good runs and the failed one are still there, manifests intact.
-    assert [m.run_key for m in runs.list_runs(tmp_path, "smoke")] == ["r1", "r2", "r3"]
+    assert [runs.read_manifest(d).run_key for d in (good1, bad, good2)] == ["r1", "r2", "r3"]
     assert RunDir(good1).manifest_file.is_file() and (good1 / "run_spec.json").is_file()
     # The pointer is a relative symlink (valid wherever the storage root is mounted).
     link = runs.latest_link(tmp_path, "smoke")

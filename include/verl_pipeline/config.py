@@ -518,6 +518,9 @@ def build_run_spec(
     except ValueError:
         raise ConfigError("placement", placement_text, "unknown placement", "colocated or separate") from None
     layers = [mprof.get("verl") or {}, cprof.get("verl") or {}, prof.get("verl") or {}]
+    from verl_pipeline.trainer.owned import check_owned_keys
+
+    check_owned_keys([*layers, overrides])  # a key the pipeline sets is honoured or refused, never replaced
     verl_settings, derived, pools = derive_verl_settings(
         layers, dict(mprof.get("scaling") or {}), facts, hardware, nnodes=nnodes, n_gpus_per_node=n_gpus_per_node,
         overrides=overrides, placement=placement,
@@ -598,8 +601,7 @@ _NUMERIC_KEYS: dict[str, type] = {
     "critic.ppo_mini_batch_size": int, "critic.ppo_micro_batch_size_per_gpu": int,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": int,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": int,
-    "trainer.save_freq": int, "trainer.test_freq": int, "trainer.nnodes": int, "trainer.n_gpus_per_node": int,
-    "trainer.total_training_steps": int,
+    "trainer.save_freq": int, "trainer.test_freq": int,
     "actor_rollout_ref.rollout.gpu_memory_utilization": float, "actor_rollout_ref.actor.optim.lr": float,
     "critic.optim.lr": float,
 }
@@ -740,10 +742,6 @@ def check_shape(spec: RunSpec) -> None:
             raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
                               f"{spec.nnodes} node(s) give {hw.cpus_per_node * spec.nnodes} CPUs; verl needs {why}",
                               f"cpus_per_node >= {-(-need // spec.nnodes)}")
-    save = s.get("trainer.save_freq")
-    if save is not None and int(save) == 0:
-        raise ConfigError("trainer.save_freq", save, "0 never saves: retried runs could not resume",
-                          "trainer.save_freq=10 (or -1: the pipeline then saves at the end)")
 
 
 def check_storage(spec: RunSpec) -> None:

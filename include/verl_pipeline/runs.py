@@ -179,21 +179,3 @@ def promote(storage_root: Path, profile: str, run_dir: Path) -> Path | None:
     _relative_link(latest_link(storage_root, profile), run_dir.resolve())
     log.info("latest/%s -> %s (was %s)", profile, run_dir, previous)
     return previous
-
-
-def list_runs(storage_root: Path, profile: str | None = None) -> list[RunManifest]:
-    """Manifests of all recorded runs (optionally of one profile), oldest first."""
-    runs: list[RunManifest] = []
-    base = storage_root / "runs"
-    if not base.is_dir():
-        return runs
-    for run_dir in base.iterdir():
-        if not RunDir(run_dir).manifest_file.is_file():
-            continue
-        try:
-            m = read_manifest(run_dir)
-        except RunRecordError:
-            continue
-        if profile is None or m.profile == profile:
-            runs.append(m)
-    return sorted(runs, key=lambda m: m.finished_at)

@@ -12,7 +12,7 @@ from tests.conftest import ray_processes
 from verl_pipeline.cluster import procs
 from verl_pipeline.cluster.address import AddressBackend
 from verl_pipeline.cluster.base import ClusterHandle, get_backend, probe
-from verl_pipeline.cluster.local import LocalBackend, free_port
+from verl_pipeline.cluster.local import LocalBackend, free_ports
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ def test_bad_local_settings_are_rejected_before_starting() -> None:
 
 
 def test_address_backend_times_out_with_a_clear_error() -> None:
-    port = free_port()  # nothing listens there
+    (port,) = free_ports(1)  # nothing listens there
     backend = AddressBackend.from_spec({"backend": "address", "dashboard_url": f"http://127.0.0.1:{port}",
                                         "ready_timeout_s": 2})
     t0 = time.monotonic()
@@ -182,7 +182,7 @@ def test_a_port_conflict_that_persists_is_a_clear_error() -> None:
     """Ports pinned in the profile are not changed: two components pinned to one port fail after
     the retries, with Ray's own explanation, and nothing is left running."""
 
-    port = free_port()
+    (port,) = free_ports(1)
     temp_dir = Path("/tmp") / f"vp-t-pinned-{os.getpid()}"
     backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "temp_dir": str(temp_dir),
                                       "ports": {"node_manager": port, "object_manager": port}, "stop_grace_s": 3})

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import psutil
 
-from verl_pipeline.cluster.local import free_port
+from verl_pipeline.cluster.local import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
@@ -200,7 +200,7 @@ class AirflowStack:
     """PostgreSQL + the four Airflow components, each its own process, against a throwaway home."""
 
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vp-stack-")))
-    api_port: int = field(default_factory=free_port)
+    api_port: int = field(default_factory=lambda: free_ports(1)[0])
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     # One secret for every component: the api-server verifies the JWTs the scheduler signs.
     jwt_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
@@ -406,7 +406,7 @@ class AirflowStack:
             if "address already in use" not in log.lower() or start == API_SERVER_STARTS:
                 raise RuntimeError(f"airflow api-server exited with {proc.returncode}:\n{log[-3000:]}")
             print(f"airflow_stack: api port {self.api_port} was taken, retrying on another", file=sys.stderr)
-            self.api_port = free_port()
+            self.api_port = free_ports(1)[0]
 
     def _check_alive(self) -> None:
         for comp, proc in self.procs.items():

@@ -63,7 +63,7 @@ TABLE = [
     Bad("gpu_memory_utilization too high", "actor_rollout_ref.rollout.gpu_memory_utilization",
         "between 0.1 and 0.95", overrides={"actor_rollout_ref.rollout.gpu_memory_utilization": 0.99}),
     Bad("GAE without a critic", "critic.enable", "gae advantages need a critic", overrides={"critic.enable": False}),
-    Bad("checkpoints never saved", "trainer.save_freq", "never saves", overrides={"trainer.save_freq": 0}),
+    Bad("checkpoints never saved", "trainer.save_freq", "never save", overrides={"trainer.save_freq": 0}),
     Bad("too few CPUs per node for the GPU bundles", "clusters/gpu-address.hardware.cpus_per_node",
         "3 CPUs per GPU", edits=(("clusters", "gpu-address", "hardware.cpus_per_node", 16),)),
     Bad("too few CPUs for TransferQueue's storage actors", "clusters/gpu-address.hardware.cpus_per_node",

@@ -65,10 +65,6 @@ class _PortConflict(ClusterError):
     """``ray start`` exited because a port it was given could not be bound."""
 
 
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
 def free_ports(count: int, exclude: Collection[int] = ()) -> list[int]:
     """``count`` distinct ports that are free right now, none of them in ``exclude``.
 

@@ -58,12 +58,6 @@ class Recipe:
             return [f for _, f, _, _ in string.Formatter().parse(self.prompt_template) if f is not None]
         return [str(self.prompt_column)]
 
-    @property
-    def input_columns(self) -> list[str]:
-        """Every source column this recipe reads, in a stable order without repeats."""
-        cols = [*self.template_fields, self.answer_column, *self.extra_columns]
-        return list(dict.fromkeys(cols))
-
 
 def load_recipe(name: str, options: dict[str, Any]) -> Recipe:
     """The recipe ``name`` from ``configs/recipes`` with ``options`` (same keys) applied, validated."""

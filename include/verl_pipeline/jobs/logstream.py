@@ -48,11 +48,6 @@ class LineReader:
         self._pending = b""
         self._dropping = mid_line
 
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes read past the cursor that do not yet end a line (re-read on the next poll)."""
-        return len(self._pending)
-
     def feed(self, chunk: bytes) -> Iterator[str]:
         """The whole lines ``chunk`` completes, decoded (invalid UTF-8 replaced), without newlines.
 

@@ -13,8 +13,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from verl_pipeline.report.metrics import SCORE, THROUGHPUT_PER_GPU
+
 #: Metrics shown after the step and the ETA, when verl reports them.
-SHOWN_METRICS = ("critic/score/mean", "perf/throughput")
+SHOWN_METRICS = (SCORE, THROUGHPUT_PER_GPU)
 #: Seconds per step is the mean of verl's ``perf/time_per_step`` over this many recent steps.
 RECENT_STEPS = 10
 

@@ -31,14 +31,12 @@ from typing import Any
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.jobs.checkpoints import Checkpoint
 from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.report.metrics import SCORE
 from verl_pipeline.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 MERGER_MODULE = "verl.model_merger"
-#: The merged model of a run and its manifest, both in the run directory.
-#: The metric a run's final reward is read from (verl's mean sequence score of the last step).
-REWARD_METRIC = "critic/score/mean"
 #: A merge that takes longer is stuck: the merger of a 7B model takes minutes, not hours.
 MERGE_TIMEOUT_S = 3 * 3600.0
 _TAIL_LINES = 20
@@ -135,7 +133,8 @@ def newest_complete(checkpoints: list[Checkpoint]) -> Checkpoint | None:
 
 
 def final_reward(metrics_files: list[Path]) -> float | None:
-    """``critic/score/mean`` of the highest step any attempt logged (files in attempt order)."""
+    """The final reward: verl's mean sequence score (:data:`~verl_pipeline.report.metrics.SCORE`) of the highest
+    step any attempt logged (files in attempt order)."""
     best: tuple[int, float] | None = None
     for path in metrics_files:
         for line in path.read_text().splitlines() if path.is_file() else ():
@@ -143,10 +142,10 @@ def final_reward(metrics_files: list[Path]) -> float | None:
                 data = json.loads(line).get("data", {})
             except (ValueError, AttributeError):
                 continue  # a line cut by a kill
-            if REWARD_METRIC in data:
+            if SCORE in data:
                 step = int(data.get("training/global_step", 0))
                 if best is None or step >= best[0]:
-                    best = (step, float(data[REWARD_METRIC]))
+                    best = (step, float(data[SCORE]))
     return best[1] if best else None
 
 
@@ -206,7 +205,7 @@ def export_run(
     )
     write_json_atomic(RunDir(run_dir).model_manifest_file, manifest.to_dict())
     log.info("%s: exported step %d of run %s to %s (final %s %s)", job_id, manifest.step, run_key, target,
-             REWARD_METRIC, manifest.final_reward)
+             SCORE, manifest.final_reward)
     return manifest
 
 

@@ -42,11 +42,6 @@ class SafetensorsInfo:
     data_bytes: int
 
 
-def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of ``path``; ModelError naming the file when it is not a safetensors file."""
-    return _header(path)[0]
-
-
 def _header(path: Path) -> tuple[dict[str, Any], int]:
     size = path.stat().st_size
     with path.open("rb") as f:
@@ -164,5 +159,5 @@ def verify_model_dir(path: Path, *, architecture: bool = True) -> dict[str, Any]
     return facts
 
 
-__all__ = ["TOKENIZER_FILES", "check_architecture", "check_files", "check_safetensors", "read_safetensors_header",
+__all__ = ["TOKENIZER_FILES", "check_architecture", "check_files", "check_safetensors",
            "verify_model_dir"]

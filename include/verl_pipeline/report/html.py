@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from verl_pipeline.report import metrics as m
 from verl_pipeline.report.build import Report, Series
 
 _STYLE = """
@@ -60,7 +61,7 @@ def _summary(r: Report) -> str:
         ("steps", f"{r.steps_done} / {r.run.total_steps}"),
         ("training shape", f"{r.run.nnodes} node(s) x {r.run.n_gpus_per_node} GPU(s)"),
         ("wall time", _duration(r.wall_time_s)), ("GPU-hours", _num(r.gpu_hours, digits=3)),
-        ("critic/score/mean", _series(r.score)),
+        (m.SCORE, _series(r.score)),
         *[(name, _series(s)) for name, s in r.validation.items()],
         ("response_length/mean", _series(r.response_length)),
         ("throughput per GPU (perf/throughput, median)", _num(r.throughput_per_gpu, " tokens/s")),

@@ -1,4 +1,5 @@
-"""The verl 0.9.1 metric names the run report reads, each named once.
+"""The verl 0.9.1 metric names the pipeline reads, each named once: the run report, the job's progress
+line and the exported model's final reward all use these.
 
 From verl's ``trainer/ppo/metric_utils.py`` (``compute_data_metrics``, ``compute_timing_metrics``,
 ``compute_throughout_metrics``), its trainers (``perf/mfu/*``, ``val-core/…``) and

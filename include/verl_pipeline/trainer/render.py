@@ -10,8 +10,9 @@ from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import Mode, WorldSizeChange
 from verl_pipeline.paths import package_dir
 from verl_pipeline.rundir import RunDir
-from verl_pipeline.trackers import LOGGER_KEY, PIPELINE_BACKENDS, logger_backends
+from verl_pipeline.trackers import LOGGER_KEY, logger_backends
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
+from verl_pipeline.trainer.owned import DEFAULT_PROJECT, OWNED_KEYS, rule_text
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
 
 #: verl's recommended environment for every worker (see verl's runtime_env.yaml), plus tokenizers
@@ -23,8 +24,6 @@ BASE_ENV = {
 }
 
 PREFLIGHT_COMMAND = ("python", "-m", "verl_pipeline.trainer.preflight")
-#: verl's ``trainer.project_name`` when the profile sets none (a tracker's project / MLflow experiment).
-DEFAULT_PROJECT = "verl_pipeline"
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,11 @@ def job_settings(
     spec: RunSpec, *, train_files: str, val_files: str, model_path: str, critic_path: str | None = None,
     reward_path: str | None = None,
 ) -> dict[str, Any]:
-    """Every verl setting of the run: the profile's, then what the pipeline owns (paths, shape, logging)."""
+    """Every verl setting of the run: the user's, then the keys the pipeline owns (paths, shape, logging).
+
+    Every key set here is in :data:`~verl_pipeline.trainer.owned.OWNED_KEYS`; ``build_run_spec`` has
+    refused a user's value for each of them that is not honoured here.
+    """
     settings = dict(spec.verl)
     project, experiment = tracker_names(spec)
     backends = logger_backends(settings.get(LOGGER_KEY))
@@ -71,7 +74,7 @@ def job_settings(
             LOGGER_KEY: backends,
         }
     )
-    if settings.get("trainer.save_freq") in (None, -1) or int(settings["trainer.save_freq"]) <= 0:
+    if settings.get("trainer.save_freq") is None:
         # Retries resume from checkpoints, so a run must write some: at least one at the end.
         settings["trainer.save_freq"] = max(1, spec.total_training_steps)
     if uses_critic(settings):
@@ -96,22 +99,9 @@ def _pool_note(spec: RunSpec) -> str:
 
 
 def pipeline_rules(spec: RunSpec, settings: dict[str, Any]) -> dict[str, str]:
-    """The rule behind every key the pipeline owns (added to the scaling rules in ``render``)."""
-    return {
-        "trainer.nnodes": f"{spec.train_nnodes} (param nnodes, else the run profile's with its own cluster profile, "
-                          "else the cluster profile's hardware" + _pool_note(spec) + ")",
-        "trainer.n_gpus_per_node": f"{spec.train_gpus_per_node} (param n_gpus_per_node, else the run profile's with "
-                                   "its own cluster profile, else the cluster profile's hardware" + _pool_note(spec)
-                                   + ")",
-        "trainer.default_local_dir": f"{settings['trainer.default_local_dir']!r} — absolute, on shared storage "
-                                     "(checkpoints of this run)",
-        "trainer.resume_mode": "'auto' — a retried job resumes from the latest checkpoint",
-        "trainer.save_freq": f"{settings['trainer.save_freq']!r} — retries resume from checkpoints, so a run "
-                             "always saves (the profile's value, else once at the end)",
-        LOGGER_KEY: f"{settings[LOGGER_KEY]!r} — the run's trackers, plus {list(PIPELINE_BACKENDS)}: `file` writes "
-                    "$VERL_FILE_LOGGER_PATH (the run's metrics), `console` the job log's metric lines (progress, "
-                    "hang watchdog)",
-    }
+    """The rule behind every key the pipeline owns that ``settings`` has (added to the scaling rules in ``render``)."""
+    return {owned.key: rule_text(owned, settings[owned.key], _pool_note(spec) if owned.pool_sized else "")
+            for owned in OWNED_KEYS if owned.key in settings}
 
 
 def render_job(
