@@ -18,7 +18,7 @@ verl job through Ray's Jobs API and waits for it without holding a worker slot, 
 
 On a cluster **without GPUs** the job runs **preflight** (verl's own config composition and
 validation for the target shape, data and model checks, reward scoring of the ground truths)
-instead of training. Profiles live in `configs/`; see the README.
+instead of training. Profiles live in `configs/`; see docs/configuration.md in the repository.
 """
 
 with DAG(

@@ -117,7 +117,7 @@ def _select_backend(args: argparse.Namespace) -> None:
         raise ConfigError("--backend", args.backend,
                           f"{len(matches)} cluster profiles in configs/clusters use this backend: {matches}",
                           "pass --cluster-profile NAME" if matches else
-                          f"add configs/clusters/<name>.yaml with `backend: {args.backend}` (see the README)")
+                          f"add configs/clusters/<name>.yaml with `backend: {args.backend}` (see docs/backends.md)")
     args.cluster_profile = matches[0]
 
 

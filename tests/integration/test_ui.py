@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-#: The README's picture of a run report (refreshed by every run of this test).
+#: docs/reports.md's picture of a run report (refreshed by every run of this test).
 README_REPORT_PICTURE = REPO / "docs" / "images" / "run-report.png"
 DAG = "verl_ppo"
 # A verl key preflight composes and checks, harmless for the run.

@@ -22,8 +22,8 @@ VERL_DEFAULT_ATTN = "flash_attention_2"
 SDPA_OVERRIDE = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
 #: verl's extra that pins flash-attn for its torch 2.11 / CUDA 13 stack (``flash-attn==2.8.3`` in 0.9.1).
 FLASH_ATTN_EXTRA = "flash-attn-cu130torch211"
-#: Where the README says how to get flash-attn when no wheel can be had.
-FLASH_ATTN_DOC = "README: Building the GPU image"
+#: Where the docs say how to get flash-attn when no wheel can be had.
+FLASH_ATTN_DOC = "docs/deployment.md: Building the GPU image"
 GPU_REQUIREMENTS = "requirements/gpu.txt"
 
 # rollout.name -> (module to import, pip distribution, verl extra that installs it)
