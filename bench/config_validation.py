@@ -14,8 +14,8 @@ os.environ.setdefault("VERL_PIPELINE_HOME", tempfile.mkdtemp(prefix="vp-bench-")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from verl_pipeline import steps
-from verl_pipeline.config import build_run_spec, list_profiles
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.profiles import build_run_spec, list_profiles
 from verl_pipeline.trainer.validate import session
 
 NNODES = (1, 2, 4, 8, 16, 32, 64)

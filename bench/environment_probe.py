@@ -30,15 +30,14 @@ def main() -> None:
 
     from verl_pipeline import steps
     from verl_pipeline.cluster.probe import run_probe
-    from verl_pipeline.config import build_run_spec
-    from verl_pipeline.data.preprocess import preprocess_for_spec
     from verl_pipeline.models.prefetch import prefetch_run
+    from verl_pipeline.profiles import build_run_spec
     from verl_pipeline.trainer.environment import evaluate, installed_verl_pins, needs_for
 
     spec = build_run_spec({}, run_name="bench/probe")
     handle = steps.provision(spec)
     try:
-        data = preprocess_for_spec(spec).to_dict()
+        data = steps.preprocess(spec).to_dict()
         models = prefetch_run(spec)
         mode = steps.choose_mode(spec, steps.cluster_status(handle))
         job = steps.render(spec, data=data, models=models, mode=mode)

@@ -95,8 +95,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to build the synthetic model (default: a temp dir)")
     args = ap.parse_args()
 
-    from verl_pipeline.config import ModelSource
     from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.spec import ModelSource
 
     root = Path(tempfile.mkdtemp(prefix="prefetch-bench-", dir=args.dir))
     try:

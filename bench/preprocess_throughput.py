@@ -60,7 +60,7 @@ PROJECT = r'''
 import json, logging, sys, time
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-from verl_pipeline.config import DataSource
+from verl_pipeline.spec import DataSource
 from verl_pipeline.data.preprocess import preprocess
 src, out, tok = sys.argv[1], sys.argv[2], sys.argv[3]
 t0 = time.monotonic()
@@ -111,8 +111,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO / "include"), "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "true"}
-    from verl_pipeline.config import ModelSource
     from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.spec import ModelSource
 
     tok = prefetch(ModelSource("builtin", "tiny-qwen2"), args.work / "models").path
     table = []

@@ -61,9 +61,9 @@ def build_input(rows: int, work: Path, gsm8k: Path, limit: int) -> tuple[Path, s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from verl_pipeline.config import DataSource, ModelSource
     from verl_pipeline.data.preprocess import preprocess
     from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.spec import DataSource, ModelSource
 
     model = prefetch(ModelSource("builtin", "tiny-qwen2"), work / "models").path
     r = preprocess(DataSource.parse(_source(gsm8k, work)), {}, work / "data", tokenizer=model,

@@ -72,8 +72,8 @@ def gsm8k_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
-    from verl_pipeline.config import ModelSource
     from verl_pipeline.models.prefetch import prefetch
+    from verl_pipeline.spec import ModelSource
 
     return Path(prefetch(ModelSource("builtin", "tiny-qwen2"), _TMP / "shared-models").path)
 

@@ -395,7 +395,7 @@ def test_every_path_a_run_writes_is_on_a_shared_mount(
     """Data, model cache, checkpoints, run directory and the latest pointer of a run of the compose
     stack's profile all land on volumes mounted at identical paths in Airflow and Ray containers."""
     from verl_pipeline import runs
-    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.profiles import build_run_spec
 
     spec = build_run_spec({"profile": GPU_PROFILE}, run_name="verl_retrain__x/scheduled__1")
     assert str(spec.storage_root) == "/shared", spec.storage_root
@@ -410,7 +410,7 @@ def test_every_path_a_run_writes_is_on_a_shared_mount(
 def test_the_profiles_ray_connection_points_at_the_ray_head(
     services: dict[str, dict[str, Any]], airflow_services: dict[str, dict[str, Any]]
 ) -> None:
-    from verl_pipeline.config import load_yaml_profile
+    from verl_pipeline.profiles import load_yaml_profile
 
     prof = load_yaml_profile("profiles", GPU_PROFILE)
     cluster = load_yaml_profile("clusters", prof["cluster_profile"])["cluster"]

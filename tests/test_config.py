@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipeline.config import ModelSource, build_run_spec, list_profiles
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.profiles import build_run_spec, list_profiles
+from verl_pipeline.spec import ModelSource
 
 
 def test_default_profile_resolves() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.trackers import (
     Tracker,
     TrackerEnv,

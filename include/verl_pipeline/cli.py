@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.config import RunSpec, build_run_spec
 from verl_pipeline.constants import BackendKind, Mode, Placement
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.spec import RunSpec
 
 CLI_DAG_ID = "cli"
 CLI_TASK_ID = "submit"
@@ -98,8 +99,8 @@ def _handle(spec: RunSpec) -> Any:
 
 def _select_backend(args: argparse.Namespace) -> None:
     """``--backend`` picks the cluster profile: the given one must use it, else the only profile that does."""
-    from verl_pipeline.config import list_profiles, load_yaml_profile
     from verl_pipeline.exceptions import ConfigError
+    from verl_pipeline.profiles import list_profiles, load_yaml_profile
 
     def backend_of(name: str) -> str:
         return str((load_yaml_profile("clusters", name).get("cluster") or {}).get("backend"))
@@ -123,7 +124,7 @@ def _select_backend(args: argparse.Namespace) -> None:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
-    from verl_pipeline.cluster.base import get_backend
+    from verl_pipeline.cluster.registry import get_backend
 
     if args.backend:
         _select_backend(args)
@@ -152,8 +153,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from verl_pipeline.config import DataSource
-    from verl_pipeline.data.preprocess import preprocess_for_spec
+    from verl_pipeline import steps
+    from verl_pipeline.spec import DataSource
 
     spec = _spec(args)
     if args.tokenizer or args.max_prompt_length or args.max_reject_fraction is not None:
@@ -163,7 +164,7 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
                                                        **{k: v for k, v in extra.items() if v is not None}})
     sources = [DataSource.parse(text, key="--input") for text in args.input] if args.input else None
     out = Path(args.output).resolve() if args.output else None
-    result = preprocess_for_spec(spec, sources, out, recipe=args.recipe)
+    result = steps.preprocess(spec, sources, out, recipe=args.recipe)
     c = result.counts
     lines = [f"train: {result.train_path}", f"val:   {result.val_path}",
              f"rows in {c['records_in']}, written {c['written']} (train {c['train_rows']}, val {c['val_rows']}), "
@@ -180,8 +181,8 @@ def _prefetch_all(spec: RunSpec, model: str | None = None, cache: str | None = N
     """Every model of the run by role (``--model`` replaces them all with one actor). Token: ``HF_TOKEN``."""
     import os
 
-    from verl_pipeline.config import ModelSource
     from verl_pipeline.models.prefetch import prefetch, prefetch_run
+    from verl_pipeline.spec import ModelSource
 
     token = os.environ.get("HF_TOKEN") or None
     cache_root = Path(cache).resolve() if cache else spec.model_cache
@@ -202,9 +203,9 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
 
 
 def _inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    from verl_pipeline.data.preprocess import preprocess_for_spec
+    from verl_pipeline import steps
 
-    return preprocess_for_spec(spec).to_dict(), _prefetch_all(spec)
+    return steps.preprocess(spec).to_dict(), _prefetch_all(spec)
 
 
 def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
@@ -214,6 +215,7 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
     present); otherwise planned (data: the content-keyed directory preprocess would write) so that
     rendering for a remote cluster writes nothing here.
     """
+    from verl_pipeline import steps
     from verl_pipeline.data import preprocess as pre
     from verl_pipeline.exceptions import ModelError
     from verl_pipeline.models.prefetch import prefetch
@@ -221,7 +223,7 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
     notes = []
     local = spec.cluster.get("backend") == "local" or all(Path(r).is_dir() for r in spec.shared_roots)
     if local:
-        data = pre.preprocess_for_spec(spec).to_dict()
+        data = steps.preprocess(spec).to_dict()
     else:
         # The directory is keyed by the data's content and the model's tokenizer, which only the
         # preprocess task (on the shared storage) can hash.

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.exceptions import ConfigError
+
 #: Repository root when the package is installed editable from a checkout (``include/verl_pipeline``).
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -77,3 +79,35 @@ def write_json_atomic(dest: Path, data: Any) -> None:
     """Write ``data`` as indented JSON to ``dest`` atomically."""
     with atomic_path(dest) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+#: fsspec protocol → the pip package that implements it (for the missing-backend error).
+FSSPEC_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+                   "abfss": "adlfs", "hdfs": "pyarrow", "http": "aiohttp", "https": "aiohttp", "sftp": "paramiko",
+                   "ssh": "paramiko", "hf": "huggingface_hub", "oci": "ocifs", "oss": "ossfs"}
+
+
+def fsspec_filesystem(url: str) -> tuple[Any, str]:
+    """``(filesystem, path)`` for ``url``; a missing backend raises a ConfigError naming the pip package."""
+    import fsspec
+
+    protocol = url.split("://", 1)[0].lower()
+    hdfs_fix = ("set JAVA_HOME and HADOOP_HOME (pyarrow's libhdfs needs Java and Hadoop's client), "
+                "or copy the data to shared storage and pass its path")
+    if protocol in ("hdfs", "viewfs") and not os.environ.get("JAVA_HOME"):
+        raise ConfigError("data_source", url, f"{protocol}:// needs a Java runtime and JAVA_HOME is not set",
+                          hdfs_fix)
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except OSError as e:  # the backend is installed but cannot start here (a missing JVM, client library …)
+        fix = hdfs_fix if protocol in ("hdfs", "viewfs") else f"configure the {protocol}:// client on this host"
+        raise ConfigError("data_source", url, f"the {protocol}:// filesystem cannot be opened here ({e})",
+                          fix) from None
+    except ImportError as e:
+        package = FSSPEC_PACKAGES.get(protocol, f"the fsspec backend for {protocol}://")
+        raise ConfigError("data_source", url, f"no fsspec backend for {protocol}:// is installed ({e})",
+                          f"pip install {package}") from None
+    except ValueError as e:
+        raise ConfigError("data_source", url, f"unknown URL protocol {protocol}:// ({e})",
+                          "a local path, s3://, gs://, file://, memory:// … (fsspec)") from None
+    return fs, path

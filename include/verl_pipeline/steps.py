@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_pipeline.cluster.address import Endpoint
-from verl_pipeline.cluster.base import ClusterHandle, ClusterHealth, ClusterStatus, get_backend, probe
-from verl_pipeline.config import RunSpec
+from verl_pipeline.cluster.base import ClusterHandle, ClusterHealth, ClusterStatus, probe
+from verl_pipeline.cluster.registry import cluster_deadline, get_backend
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
 from verl_pipeline.exceptions import ClusterError, ConfigError, PipelineError
 from verl_pipeline.jobs.client import RayJobsClient
-from verl_pipeline.jobs.deadlines import Deadline
+from verl_pipeline.jobs.deadlines import Deadline, earliest
 from verl_pipeline.jobs.ids import submission_prefix
 from verl_pipeline.jobs.submit import Submission, existing_job, submit_or_reattach
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.spec import DataSource, ModelSource, RunSpec
 from verl_pipeline.trainer.render import RenderedJob, render_job
+
+if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
+    from verl_pipeline.data.preprocess import PreprocessResult
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +35,9 @@ def validate_spec_with_verl(spec: RunSpec) -> dict[str, Any]:
     model here (a seconds-long structural check of batch sizes, parallelism and keys); the job
     repeats the validation on the cluster with the real model and data.
     """
-    from verl_pipeline.config import ModelSource
     from verl_pipeline.models.prefetch import prefetch
     from verl_pipeline.paths import pipeline_home
+    from verl_pipeline.spec import ModelSource
     from verl_pipeline.trainer.overrides import render_overrides
     from verl_pipeline.trainer.render import job_settings
     from verl_pipeline.trainer.validate import validate
@@ -86,6 +90,31 @@ def load_frozen(run_dir: Path) -> RunSpec:
     log.info("Run %s: frozen spec %s used (saved at provision; configs/ is not read again)", spec.run_name,
              RunDir(run_dir).spec_file)
     return spec
+
+
+def tokenizer_for_model(model: ModelSource, cache_root: Path) -> str:
+    """The directory whose tokenizer the run's model uses (the built-in model is built if needed)."""
+    from verl_pipeline.models.prefetch import prefetch
+
+    if model.kind == "path":
+        return str(model.ref)
+    return prefetch(model, cache_root).path
+
+
+def preprocess(spec: RunSpec, sources: DataSource | Sequence[DataSource] | None = None,
+               out_root: Path | None = None, recipe: str | None = None) -> PreprocessResult:
+    """The run's data as verl's parquet (:func:`verl_pipeline.data.preprocess.preprocess`): its data
+    options, its model's tokenizer (prefetched, or the built-in model built) and its max_prompt_length."""
+    from verl_pipeline.data.preprocess import preprocess as write_parquet
+
+    options = dict(spec.data_options)
+    if recipe:
+        options["recipe"] = recipe
+    max_len = options.get("max_prompt_length") or spec.verl.get("data.max_prompt_length")
+    tokenizer = options.get("tokenizer") or (tokenizer_for_model(spec.model, spec.model_cache) if max_len else None)
+    return write_parquet(sources if sources is not None else spec.data, options,
+                          out_root if out_root is not None else spec.data_root, tokenizer=tokenizer,
+                          max_prompt_length=int(max_len) if max_len else None)
 
 
 def provision(spec: RunSpec, *, endpoint: tuple[str, str | None] | Endpoint | None = None) -> ClusterHandle:
@@ -235,7 +264,7 @@ def cluster_status(handle: ClusterHandle, client: RayJobsClient) -> ClusterStatu
 
 def check_paths_visible(spec: RunSpec, paths: dict[str, str]) -> None:
     """Data and model paths must be on storage every Ray node mounts (a local head shares this disk)."""
-    from verl_pipeline.config import under_shared
+    from verl_pipeline.spec import under_shared
 
     if spec.cluster.get("backend") == "local":
         return
@@ -410,16 +439,17 @@ def submit_attempt(
     A live (or succeeded) job of the run is reattached to as it is. Otherwise the cluster as it is
     now (a re-provisioned one included) is probed, the job rendered and saved (:func:`prepare_job`),
     and the next attempt submitted (:func:`~verl_pipeline.jobs.submit.submit_or_reattach`: resumed
-    from the newest complete checkpoint, told its ``deadline``, tracker credentials in a private
-    file, recorded in the run's attempts).
+    from the newest complete checkpoint, told the earliest of ``deadline`` and the end of the
+    cluster's allocation, tracker credentials in a private file, recorded in the run's attempts).
     """
     found = existing_job(client, dag_id=dag_id, run_id=run_id, task_id=task_id)
     if found is not None:
         return Submitted(found, None)
     prepared = prepare_job(spec, handle, client, data=data, models=models,
                            id_prefix=submission_prefix(dag_id, run_id, task_id))
+    ends = earliest([deadline, cluster_deadline(handle, _backend_spec(handle))])
     sub = submit_or_reattach(client, prepared.job, dag_id=dag_id, run_id=run_id, task_id=task_id,
-                             run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=deadline,
+                             run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=ends,
                              secret_env=secret_env)
     return Submitted(sub, prepared)
 
@@ -476,6 +506,25 @@ def wait_job_ended(client: Any, job_id: str, timeout_s: float = 30.0) -> bool:
     return False
 
 
-__all__ = ["PreparedJob", "Submitted", "check_environment", "check_paths_visible", "choose_mode", "cluster_problems",
-           "ensure_cluster", "find_handle", "freeze", "frozen_or", "load_frozen", "prepare_job", "provision", "render",
-           "save_run_files", "submit_attempt", "teardown", "validate_spec_with_verl", "wait_job_ended"]
+__all__ = [
+    "PreparedJob",
+    "Submitted",
+    "check_environment",
+    "check_paths_visible",
+    "choose_mode",
+    "cluster_problems",
+    "ensure_cluster",
+    "find_handle",
+    "freeze",
+    "frozen_or",
+    "load_frozen",
+    "prepare_job",
+    "preprocess",
+    "provision",
+    "render",
+    "save_run_files",
+    "submit_attempt",
+    "teardown",
+    "validate_spec_with_verl",
+    "wait_job_ended",
+]

@@ -321,7 +321,7 @@ def with_secret_env(runtime_env: Mapping[str, Any], values: Mapping[str, str], *
     import os
     from pathlib import Path
 
-    from verl_pipeline.cluster.auth import private_dir
+    from verl_pipeline.auth import private_dir
     from verl_pipeline.paths import atomic_path
 
     path = private_dir(Path(directory)) / name

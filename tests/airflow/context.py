@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_pipeline import steps
-from verl_pipeline.airflow.operators.base import PROVISION_TASK, RUN_DIR_KEY, spec_from_params
-from verl_pipeline.config import RunSpec
+from verl_pipeline.airflow.operators.base import RUN_DIR_KEY, spec_from_params
+from verl_pipeline.airflow.task_ids import PROVISION_TASK
+from verl_pipeline.spec import RunSpec
 
 #: Airflow's key of a task's return value.
 RETURN_VALUE = "return_value"

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import ray_processes
 from verl_pipeline import steps
 from verl_pipeline.airflow.operators import cleanup_failed_run
-from verl_pipeline.config import build_run_spec
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import Attempt, RunDir
 
 pytestmark = pytest.mark.integration

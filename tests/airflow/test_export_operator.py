@@ -13,10 +13,11 @@ from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from tests.airflow.context import FakeDag, FakeTI, provisioned
 from verl_pipeline.airflow.assets import TRAINED_MODEL_ALIAS, trained_model_alias, trained_model_uri
-from verl_pipeline.airflow.operators import EXPORT_TASK, ExportModelOperator
+from verl_pipeline.airflow.operators import ExportModelOperator
 from verl_pipeline.airflow.operators.export import skip_reason
-from verl_pipeline.config import build_run_spec
+from verl_pipeline.airflow.task_ids import EXPORT_TASK
 from verl_pipeline.models.export import ExportManifest
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 
 

@@ -20,16 +20,11 @@ from airflow.sdk.exceptions import TaskDeferred
 from tests.airflow.context import task_context
 from tests.trainer.test_cluster_checks import _inputs
 from verl_pipeline import steps
-from verl_pipeline.airflow.operators import (
-    PROVISION_TASK,
-    SUBMIT_TASK,
-    WAIT_TASK,
-    ProvisionRayClusterOperator,
-    SubmitVerlJobOperator,
-    WaitForVerlJobOperator,
-)
-from verl_pipeline.cluster.base import ClusterHandle, get_backend
-from verl_pipeline.config import build_run_spec
+from verl_pipeline.airflow.operators import ProvisionRayClusterOperator, SubmitVerlJobOperator, WaitForVerlJobOperator
+from verl_pipeline.airflow.task_ids import PROVISION_TASK, SUBMIT_TASK, WAIT_TASK
+from verl_pipeline.cluster.base import ClusterHandle
+from verl_pipeline.cluster.registry import get_backend
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from verl_pipeline.airflow.operators import (
 )
 from verl_pipeline.airflow.triggers import RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.config import build_run_spec
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import Attempt, RunDir
 
 

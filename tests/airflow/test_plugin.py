@@ -3,9 +3,11 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
-from verl_pipeline.airflow.links import RayJobLink, RunReportLink, ray_job_url
+from verl_pipeline.airflow.links import RayJobLink
 from verl_pipeline.airflow.operators import SubmitVerlJobOperator, WaitForVerlJobOperator
+from verl_pipeline.airflow.report_link import RunReportLink
 from verl_pipeline.airflow.tracker_links import MlflowRunLink
+from verl_pipeline.jobs.ids import job_page_url
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +30,7 @@ def test_plugin_registers_the_links_the_report_app_and_the_run_view() -> None:
 def test_operators_carry_the_link_and_it_points_at_the_job_page() -> None:
     for op in (SubmitVerlJobOperator, WaitForVerlJobOperator):
         assert any(isinstance(link, RayJobLink) for link in op.operator_extra_links)
-    assert ray_job_url("http://127.0.0.1:8265/", "verl-x-a1") == "http://127.0.0.1:8265/#/jobs/verl-x-a1"
+    assert job_page_url("http://127.0.0.1:8265/", "verl-x-a1") == "http://127.0.0.1:8265/#/jobs/verl-x-a1"
 
 
 def test_link_is_persisted_under_its_xcom_key() -> None:

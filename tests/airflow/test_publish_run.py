@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from tests.airflow.context import FakeDag, FakeTI, provisioned
 from verl_pipeline import runs
 from verl_pipeline.airflow.retrain import PublishRunOperator, promotion_blocker
-from verl_pipeline.config import build_run_spec
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 
 

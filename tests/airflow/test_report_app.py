@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from verl_pipeline.airflow.links import RunReportLink
 from verl_pipeline.airflow.report_app import (
     URL_PREFIX,
     ReportNotFound,
@@ -22,6 +21,7 @@ from verl_pipeline.airflow.report_app import (
     report_url,
     view_href,
 )
+from verl_pipeline.airflow.report_link import RunReportLink
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "vp_report_app_test"
@@ -111,7 +111,7 @@ def test_wait_task_gets_both_links_when_the_api_server_loads_the_dag(repo_plugin
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from verl_pipeline.airflow.operators import WAIT_TASK
+    from verl_pipeline.airflow.task_ids import WAIT_TASK
 
     dag = DagBag(dag_folder=str(REPO / "dags" / "verl_ppo.py")).dags["verl_ppo"]
     served = DagSerialization.from_dict(DagSerialization.to_dict(dag))
@@ -142,7 +142,7 @@ def report_run(airflow_db: Path, tmp_path: Path) -> tuple[str, RunReport]:
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunTriggeredByType, DagRunType
 
-    from verl_pipeline.airflow.operators import REPORT_TASK
+    from verl_pipeline.airflow.task_ids import REPORT_TASK
 
     report = make_report(tmp_path)
     dag_file = tmp_path / "dags" / "report_app_test_dag.py"
@@ -234,7 +234,7 @@ def test_run_report_button_points_at_the_page_once_there_is_a_report(report_run:
     from airflow.configuration import conf
     from airflow.models.taskinstancekey import TaskInstanceKey
 
-    from verl_pipeline.airflow.operators import WAIT_TASK
+    from verl_pipeline.airflow.task_ids import WAIT_TASK
 
     run_id, _ = report_run
     link = RunReportLink()

@@ -11,7 +11,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
 from tests.airflow.context import provisioned, task_context
-from verl_pipeline.airflow.operators import REPORT_TASK, ReportRunOperator
+from verl_pipeline.airflow.operators import ReportRunOperator
+from verl_pipeline.airflow.task_ids import REPORT_TASK
 from verl_pipeline.rundir import Attempt, RunDir
 
 

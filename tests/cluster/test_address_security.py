@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from verl_pipeline.cluster import auth
+from verl_pipeline import auth
 from verl_pipeline.cluster.address import AddressBackend
 from verl_pipeline.exceptions import ClusterError, ConfigError
 

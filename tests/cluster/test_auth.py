@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 import requests
 
-from verl_pipeline.cluster import auth
+from verl_pipeline import auth
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.cluster.local import LocalBackend
 from verl_pipeline.constants import JobState

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from verl_pipeline.cluster.base import ClusterHandle, get_backend
+from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.cluster.kuberay import KubeRayBackend
+from verl_pipeline.cluster.registry import get_backend
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

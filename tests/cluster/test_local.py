@@ -11,8 +11,9 @@ import pytest
 from tests.conftest import ray_processes
 from verl_pipeline.cluster import procs
 from verl_pipeline.cluster.address import AddressBackend
-from verl_pipeline.cluster.base import ClusterHandle, get_backend, probe
+from verl_pipeline.cluster.base import ClusterHandle, probe
 from verl_pipeline.cluster.local import LocalBackend, free_ports
+from verl_pipeline.cluster.registry import get_backend
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
 pytestmark = pytest.mark.integration

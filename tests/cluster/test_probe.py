@@ -22,8 +22,8 @@ from tests.trainer.test_cluster_checks import _inputs
 from verl_pipeline import steps
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.cluster.probe import run_probe
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import Mode
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.trainer.environment import evaluate, needs_for
 

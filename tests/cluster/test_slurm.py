@@ -12,8 +12,8 @@ import pytest
 
 from tests.cluster.slurm_fixture import SlurmCluster, processes_of_job, slurm_cluster
 from tests.conftest import ray_processes
-from verl_pipeline.cluster.base import get_backend
 from verl_pipeline.cluster.local import free_ports
+from verl_pipeline.cluster.registry import get_backend
 from verl_pipeline.cluster.slurm import SlurmBackend, parse_scontrol_job
 from verl_pipeline.exceptions import ClusterError, ConfigError
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cluster.slurm_fixture import SlurmCluster, slurm_cluster
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.jobs.deadlines import cluster_deadline
+from verl_pipeline.cluster.registry import cluster_deadline
 
 pytestmark = pytest.mark.integration
 

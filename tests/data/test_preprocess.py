@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verl_pipeline.config import DataSource
 from verl_pipeline.data.checks import SeenHashes
 from verl_pipeline.data.generator import generate_problems
 from verl_pipeline.data.preprocess import DATA_SOURCE, ROW_SCHEMA, extract_ground_truth, preprocess
 from verl_pipeline.data.recipes import last_boxed
 from verl_pipeline.exceptions import ConfigError, DataError
+from verl_pipeline.spec import DataSource
 
 
 def test_generator_is_deterministic_and_gsm8k_shaped() -> None:
@@ -394,7 +394,7 @@ def test_operator_outlet_asset_and_recipe_param(tmp_path: Path, monkeypatch: pyt
     from verl_pipeline.airflow.assets import PREPROCESSED_DATA_ALIAS, preprocessed_data_uri
     from verl_pipeline.airflow.operators import PreprocessDataOperator
     from verl_pipeline.airflow.params import build_params
-    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.profiles import build_run_spec
 
     assert build_params()["recipe"].schema["enum"] == [None, "generic", "gsm8k", "math"]
     with pytest.raises(ConfigError, match="recipe='nope'"):

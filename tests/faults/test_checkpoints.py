@@ -15,16 +15,17 @@ import pytest
 from tests.fakes.fake_verl_trainer import save_checkpoint
 from tests.faults.conftest import metric_lines, record_result
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.config import RunSpec, build_run_spec
 from verl_pipeline.constants import JobState, Mode
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.checkpoints import list_checkpoints, tracker_step
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline
 from verl_pipeline.jobs.submit import Submission, submit_or_reattach
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.write import write_report
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.spec import RunSpec
 from verl_pipeline.trainer.render import render_job
 
 pytestmark = pytest.mark.integration

@@ -18,10 +18,10 @@ import yaml
 
 from tests.faults.conftest import metric_lines
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import JobState, Mode
 from verl_pipeline.jobs.checkpoints import list_checkpoints, read_segments
 from verl_pipeline.jobs.submit import submit_or_reattach
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.trainer.render import render_job
 

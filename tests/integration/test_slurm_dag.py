@@ -103,7 +103,8 @@ def test_cli_backend_slurm_cancel_from_outside_then_a_fresh_allocation(
     does) gets a fresh allocation."""
 
     from verl_pipeline.cli import main
-    from verl_pipeline.cluster.base import ClusterHandle, get_backend
+    from verl_pipeline.cluster.base import ClusterHandle
+    from verl_pipeline.cluster.registry import get_backend
 
     run = ["--run-name", "cli/slurm", "--json"]
     rc = main(["cluster", "up", "--backend", "slurm", *run])
@@ -166,7 +167,7 @@ def test_provision_killed_while_waiting_still_gets_its_allocation_cancelled(
     import sys
 
     from verl_pipeline.cli import main
-    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.profiles import build_run_spec
 
     run = ["--profile", "slurm-smoke", "--run-name", "pytest/killed", "--json"]
     spec = build_run_spec({"profile": "slurm-smoke"}, run_name="pytest/killed")
@@ -270,7 +271,8 @@ def test_slurmrestd_submits_watches_and_cancels_the_allocation(slurm: SlurmClust
     import os
     import tempfile
 
-    from verl_pipeline.cluster.base import ClusterHandle, get_backend
+    from verl_pipeline.cluster.base import ClusterHandle
+    from verl_pipeline.cluster.registry import get_backend
 
     sock = slurm.start_rest()
     shared = Path(tempfile.mkdtemp(prefix="vp-rest-"))

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from tests.integration.airflow_stack import ADMIN_USER, STACK_TRAIN_PROFILE, AirflowStack
-from verl_pipeline.airflow.operators import REPORT_TASK, WAIT_TASK
 from verl_pipeline.airflow.params import build_params
 from verl_pipeline.airflow.report_app import report_path
+from verl_pipeline.airflow.task_ids import REPORT_TASK, WAIT_TASK
 
 # Above the sum of the waits below; pytest-timeout also counts the session's Airflow stack start.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]

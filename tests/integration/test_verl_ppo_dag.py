@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import ray_processes
 from verl_pipeline.cluster.local import LocalBackend
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.data.preprocess import ROW_SCHEMA
+from verl_pipeline.profiles import build_run_spec
 
 pytestmark = pytest.mark.integration
 

@@ -7,13 +7,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from verl_pipeline.cluster.slurm import slurm_end_time
+from verl_pipeline.cluster.slurm_rest import slurm_rest_end_time
 from verl_pipeline.constants import Mode
 from verl_pipeline.jobs.deadlines import (
     DEADLINE_ENV,
     Deadline,
     earliest,
-    slurm_end_time,
-    slurm_rest_end_time,
     task_deadline,
     with_deadline,
 )

@@ -99,7 +99,7 @@ def test_bad_settings_name_the_key(section: object, key: str) -> None:
 
 
 def test_a_profiles_watch_section_reaches_the_run_spec() -> None:
-    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.profiles import build_run_spec
 
     spec = build_run_spec({"profile": "gsm8k-qwen2.5-0.5b-ppo"}, run_name="t/watch")
     assert spec.watch == WatchSettings(stall_timeout_s=None, startup_timeout_s=7200, min_stall_timeout_s=1800,

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.checkpoints import (
@@ -19,6 +18,7 @@ from verl_pipeline.jobs.checkpoints import (
     read_segments,
     tracker_step,
 )
+from verl_pipeline.profiles import build_run_spec
 
 
 def test_another_world_size_is_merged_only_when_the_profile_says_so(fsdp_checkpoint: Path) -> None:

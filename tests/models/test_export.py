@@ -11,14 +11,9 @@ import pytest
 
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.jobs.checkpoints import list_checkpoints
-from verl_pipeline.models.export import (
-    export_run,
-    final_reward,
-    merge_checkpoint,
-    merge_command,
-    read_export,
-)
+from verl_pipeline.models.export import export_run, final_reward, read_export
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.trainer.merge import merge_checkpoint, merge_command
 
 
 def _metrics(path: Path, rewards: dict[int, float]) -> None:

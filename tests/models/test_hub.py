@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.models.hub_server import FakeHub, Repo
-from verl_pipeline.config import ModelSource
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.models.hub import ModelAccessError
 from verl_pipeline.models.prefetch import prefetch
+from verl_pipeline.spec import ModelSource
 
 TOKEN = "hf_test_secret_token_do_not_log_123"
 

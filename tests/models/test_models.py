@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipeline.config import ModelSource
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.models.prefetch import prefetch, verify_model_dir
 from verl_pipeline.models.tiny import build_tiny_model
+from verl_pipeline.spec import ModelSource
 
 
 def _digest(path: Path) -> dict[str, str]:

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from tests.models.hub_server import FakeHub, Repo
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.models.prefetch import plan_models, prefetch_run
+from verl_pipeline.profiles import build_run_spec
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "hf_conn_secret_never_logged_456"

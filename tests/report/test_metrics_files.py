@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from verl_pipeline import runs
-from verl_pipeline.config import build_run_spec
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from verl_pipeline import steps
 from verl_pipeline.cluster.base import ClusterHandle, ClusterStatus, probe
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.trainer.scaling import parse_version, required_cpus
 
 

@@ -192,7 +192,7 @@ def test_a_node_that_did_not_answer_is_reported_but_is_not_the_users_error() -> 
 
 def test_the_smoke_profiles_needs() -> None:
     """The embedded default trains PPO with a critic through vLLM: it needs vllm and flash-attn."""
-    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.profiles import build_run_spec
     from verl_pipeline.trainer.render import job_settings
 
     spec = build_run_spec({}, run_name="env/smoke")
@@ -213,8 +213,8 @@ def test_render_says_which_packages_the_gpu_nodes_need() -> None:
 
 
 def test_every_backend_accepts_the_probe_timeout_in_its_cluster_profile() -> None:
-    from verl_pipeline.cluster.base import get_backend
-    from verl_pipeline.config import list_profiles, load_yaml_profile
+    from verl_pipeline.cluster.registry import get_backend
+    from verl_pipeline.profiles import list_profiles, load_yaml_profile
 
     kinds = set()
     for name in list_profiles("clusters"):

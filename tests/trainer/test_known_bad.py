@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from verl_pipeline import steps
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.trainer.validate import VerlConfigError
 
 PPO = ("qwen2.5-0.5b-ppo", "gpu-address")

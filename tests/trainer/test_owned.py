@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from verl_pipeline.config import build_run_spec, list_profiles, load_yaml_profile
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.checkpoints import ResumeMode, ResumePlan, Segment
 from verl_pipeline.paths import configs_dir
+from verl_pipeline.profiles import build_run_spec, list_profiles, load_yaml_profile
 from verl_pipeline.trainer.owned import DEFAULT_PROJECT, OWNED, Ownership, check_owned_keys
 from verl_pipeline.trainer.render import job_settings, render_job
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from verl_pipeline.config import DataSource, build_run_spec
 from verl_pipeline.constants import Mode
 from verl_pipeline.data.preprocess import preprocess
+from verl_pipeline.profiles import build_run_spec
+from verl_pipeline.spec import DataSource
 from verl_pipeline.trainer.prefilter import filter_already_done
 from verl_pipeline.trainer.render import render_job
 

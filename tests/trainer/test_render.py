@@ -4,8 +4,8 @@ import shlex
 
 import pytest
 
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.constants import Mode
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.trainer.render import BASE_ENV, render_job
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_pipeline.config import build_run_spec
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.scaling import Hardware, ModelFacts
 

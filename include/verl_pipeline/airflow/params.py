@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from verl_pipeline.config import DEFAULT_PROFILE, list_profiles
+from verl_pipeline.profiles import DEFAULT_PROFILE, list_profiles
 
 MAX_ACTIVE_RUNS_ENV = "VERL_PIPELINE_MAX_ACTIVE_RUNS"
 DEFAULT_MAX_ACTIVE_RUNS = 4

@@ -3,7 +3,7 @@
 A task's pool is fixed when the DAG is parsed; the cluster a run targets is a param of the run. So
 the pool is set per run, when the scheduler (or the API server that triggers the run) creates the
 run's task instances: :func:`task_instance_mutation_hook` gives the run's wait task the pool its
-cluster profile names (:mod:`verl_pipeline.cluster.admission`) and as many slots as GPUs the run
+cluster profile names (:mod:`verl_pipeline.admission`) and as many slots as GPUs the run
 needs. The wait task is the one that submits a pooled run's job (see the submit and wait
 operators), and the pool counts deferred tasks, so the slots are held for the job's whole life
 and a second run's wait queues until they are free.
@@ -27,7 +27,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from verl_pipeline.cluster.admission import Admission
+    from verl_pipeline.admission import Admission
 
 # Airflow imports airflow_local_settings while it initialises itself: this module imports nothing
 # of Airflow (or of the pipeline) at the top.
@@ -45,7 +45,7 @@ def admission_for(task_instance: Any, dag_run: Any) -> Admission | None:
     """The admission of the run ``dag_run`` when ``task_instance`` is its wait task (None otherwise).
 
     Raises what building the run's spec raises (a run with invalid params fails in its provision task)."""
-    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.profiles import build_run_spec
 
     params = run_params(task_instance.task, dag_run)
     spec = build_run_spec(params, run_name=f"{dag_run.dag_id}/{dag_run.run_id}")
@@ -54,7 +54,8 @@ def admission_for(task_instance: Any, dag_run: Any) -> Admission | None:
 
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
     """Airflow's per-task-instance policy: put a pooled run's wait task in its cluster's pool."""
-    from verl_pipeline.airflow.operators import WAIT_TASK, WaitForVerlJobOperator
+    from verl_pipeline.airflow.operators import WaitForVerlJobOperator
+    from verl_pipeline.airflow.task_ids import WAIT_TASK
 
     # TaskInstance.operator is the class name of the task's operator.
     if getattr(task_instance, "task_id", None) != WAIT_TASK or \

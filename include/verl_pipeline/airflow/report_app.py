@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from verl_pipeline.airflow.task_ids import REPORT_TASK
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
     from sqlalchemy.orm import Session
@@ -112,8 +114,6 @@ def report_file(report: RunReport, name: str) -> Path:
 def find_report(dag_id: str, run_id: str, *, session: Session) -> RunReport:
     """The report of a DAG run, from the XCom return value of its report task."""
     from airflow.models.xcom import XComModel
-
-    from verl_pipeline.airflow.operators import REPORT_TASK
 
     row = session.execute(
         XComModel.get_many(key="return_value", run_id=run_id, dag_ids=dag_id, task_ids=REPORT_TASK,

@@ -33,19 +33,13 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from verl_pipeline.airflow.operators import (
-    EXPORT_TASK,
-    PREFETCH_TASK,
-    PREPROCESS_TASK,
-    SUBMIT_TASK,
-    WAIT_TASK,
-    spec_from_context,
-)
+from verl_pipeline.airflow.operators import spec_from_context
 from verl_pipeline.airflow.operators.export import run_skip_reason
-from verl_pipeline.config import list_profiles, load_yaml_profile
+from verl_pipeline.airflow.task_ids import EXPORT_TASK, PREFETCH_TASK, PREPROCESS_TASK, SUBMIT_TASK, WAIT_TASK
 from verl_pipeline.durations import format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError, PipelineError
 from verl_pipeline.paths import slug
+from verl_pipeline.profiles import list_profiles, load_yaml_profile
 
 PUBLISH_TASK = "publish_run"
 DAG_ID_PREFIX = "verl_retrain__"

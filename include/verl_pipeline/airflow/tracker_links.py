@@ -27,7 +27,7 @@ from verl_pipeline.trackers import (
 )
 
 if TYPE_CHECKING:
-    from verl_pipeline.config import RunSpec
+    from verl_pipeline.spec import RunSpec
 
 log = logging.getLogger(__name__)
 

@@ -143,11 +143,11 @@ class RayJobTrigger(BaseTrigger):
             self.log.warning("Ray job %s: %s; the full log: %s", self.job_id, ", ".join(what), self._where(info))
 
     def _where(self, info: Any) -> str:
-        from verl_pipeline.airflow.links import ray_job_url
         from verl_pipeline.jobs.client import JOB_LOG_FILE
+        from verl_pipeline.jobs.ids import job_page_url
 
         dashboard = str(self.request.cluster.get("dashboard_url", ""))
-        return (f"{ray_job_url(dashboard, self.job_id)}, `ray job logs {self.job_id} --address {dashboard}`, or "
+        return (f"{job_page_url(dashboard, self.job_id)}, `ray job logs {self.job_id} --address {dashboard}`, or "
                 f"{JOB_LOG_FILE.format(submission_id=self.job_id)} in the Ray log directory of node "
                 f"{info.driver_node_id or '(the driver node)'}")
 

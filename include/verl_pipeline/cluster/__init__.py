@@ -1,7 +1,5 @@
-"""Ray cluster backends behind one lifecycle: provision → wait ready → address → teardown."""
+"""Ray cluster backends behind one lifecycle: provision → wait ready → address → teardown.
 
-from __future__ import annotations
-
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, get_backend
-
-__all__ = ["ClusterBackend", "ClusterHandle", "get_backend"]
+``base`` holds the lifecycle and the handle; each backend is a module of its own; ``registry`` looks
+them up by name.
+"""

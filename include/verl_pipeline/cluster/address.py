@@ -1,7 +1,7 @@
 """An existing Ray cluster reached by its dashboard URL. The pipeline never tears it down.
 
 A dashboard with auth disabled is used only on loopback or over https, unless the profile says
-``allow_insecure: true`` (:func:`verl_pipeline.cluster.auth.exposure_problem`).
+``allow_insecure: true`` (:func:`verl_pipeline.auth.exposure_problem`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from verl_pipeline.cluster import auth
-from verl_pipeline.cluster.admission import POOL_KEY
+from verl_pipeline import auth
+from verl_pipeline.admission import POOL_KEY
 from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 

@@ -10,9 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.cluster.auth import AuthMode, read_token_file
-from verl_pipeline.constants import BackendKind
-from verl_pipeline.exceptions import ClusterError, ConfigError
+from verl_pipeline.auth import AuthMode, read_token_file
+from verl_pipeline.exceptions import ClusterError
 from verl_pipeline.jobs.client import RayJobsClient
 
 log = logging.getLogger(__name__)
@@ -167,6 +166,11 @@ class ClusterBackend(abc.ABC):
 
     kind: str
 
+    @classmethod
+    @abc.abstractmethod
+    def from_spec(cls, spec: dict[str, Any]) -> ClusterBackend:
+        """The backend a cluster profile's ``cluster`` section describes; ConfigError naming a bad key."""
+
     @abc.abstractmethod
     def provision(self, name: str) -> ClusterHandle:
         """Create (or reach) the cluster and return once it is ready."""
@@ -188,25 +192,6 @@ class ClusterBackend(abc.ABC):
         """This backend bound to a run directory (backends that keep files per run override it)."""
         return self
 
-
-def get_backend(spec: dict[str, Any]) -> ClusterBackend:
-    """The backend for a cluster profile's ``backend`` section."""
-    kind = spec.get("backend")
-    if kind == BackendKind.SLURM.value:
-        from verl_pipeline.cluster.slurm import SlurmBackend
-
-        return SlurmBackend.from_spec(spec)
-    if kind == BackendKind.KUBERAY.value:
-        from verl_pipeline.cluster.kuberay import KubeRayBackend
-
-        return KubeRayBackend.from_spec(spec)
-    if kind == "local":
-        from verl_pipeline.cluster.local import LocalBackend
-
-        return LocalBackend.from_spec(spec)
-    if kind == "address":
-        from verl_pipeline.cluster.address import AddressBackend
-
-        return AddressBackend.from_spec(spec)
-    raise ConfigError("cluster.backend", kind, "unknown backend",
-                      f"use one of: {', '.join(k.value for k in BackendKind)}")
+    def end_time(self, handle: ClusterHandle) -> float | None:
+        """When the cluster's allocation ends (epoch seconds), None when it has no end (the default)."""
+        return None

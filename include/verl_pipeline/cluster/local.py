@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.cluster import auth, procs
+from verl_pipeline import auth
+from verl_pipeline.cluster import procs
 from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic

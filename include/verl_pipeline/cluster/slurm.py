@@ -23,10 +23,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.cluster import auth
+from verl_pipeline import auth
 from verl_pipeline.cluster.base import (
     COMMON_SETTINGS,
     ClusterBackend,
@@ -36,7 +37,7 @@ from verl_pipeline.cluster.base import (
     probe,
     wait_ready,
 )
-from verl_pipeline.cluster.slurm_rest import SlurmRest, state_of
+from verl_pipeline.cluster.slurm_rest import SlurmRest, slurm_rest_end_time, state_of
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
 from verl_pipeline.rundir import RunDir, retire
@@ -700,8 +701,6 @@ class SlurmBackend(ClusterBackend):
 
     def end_time(self, handle: ClusterHandle) -> float | None:
         """When the allocation ends (epoch seconds: Slurm's EndTime), None without a time limit."""
-        from verl_pipeline.jobs.deadlines import slurm_end_time, slurm_rest_end_time
-
         b = self._for_handle(handle)
         job_id = str(handle.extra.get("job_id"))
         if b.rest:
@@ -713,3 +712,12 @@ class SlurmBackend(ClusterBackend):
     def status(self, handle: ClusterHandle) -> ClusterStatus:
         st = probe(handle.client())
         return replace(st, detail=f"{st.detail}; {self.health(handle).detail}")
+
+
+def slurm_end_time(fields: dict[str, str]) -> float | None:
+    """``EndTime`` of ``scontrol show job -o`` fields (the local time scontrol prints), None when unknown."""
+    text = fields.get("EndTime", "")
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None  # "Unknown" (no time limit), "None"

@@ -140,3 +140,11 @@ def state_of(record: dict[str, Any]) -> tuple[str, str, str, str]:
     """(state, reason, exit code, nodes) of a slurmrestd v0.0.38 job record."""
     return (str(record.get("job_state", "UNKNOWN")), str(record.get("state_reason", "")),
             str(record.get("exit_code", "")), str(record.get("nodes", "")))
+
+
+def slurm_rest_end_time(record: dict[str, Any]) -> float | None:
+    """slurmrestd's ``end_time``: an epoch number (v0.0.38) or ``{"set": …, "number": …}`` (v0.0.40+)."""
+    value = record.get("end_time")
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    return float(value) if isinstance(value, int | float) and value > 0 else None

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -31,8 +30,6 @@ log = logging.getLogger(__name__)
 
 VERL_SCORED_EXAMPLES = ("openai/gsm8k", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                         "HuggingFaceH4/MATH-500", "math_dapo", "aime*", "numina_*", "hiyouga/geometry3k", "searchR1_*")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
 class RewardCheck:
@@ -138,21 +135,6 @@ def _load_custom(path_text: str, name: str) -> Callable[..., Any]:
         raise ConfigError("data.custom_reward_name", name, f"is not a function in {path_text}",
                           "compute_score(data_source, solution_str, ground_truth, extra_info=None)")
     return fn
-
-
-def tokenizer_digest(path: str) -> str:
-    """A hash of the files that decide token counts (vocabulary, merges, chat template, config)."""
-    h = hashlib.sha256()
-    root = Path(path)
-    found = False
-    for name in _TOKENIZER_FILES:
-        f = root / name
-        if f.is_file():
-            found = True
-            h.update(name.encode() + b"\0" + f.read_bytes())
-    if not found:
-        raise ConfigError("data.tokenizer", path, "has no tokenizer files", "a model directory with tokenizer.json")
-    return h.hexdigest()[:16]
 
 
 class PromptLengths:

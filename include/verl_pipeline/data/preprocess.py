@@ -43,11 +43,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from verl_pipeline.config import DataSource
 from verl_pipeline.data.recipes import GSM8K_PATTERN, RECIPE_KEYS, Recipe, extract_gsm8k, last_boxed, load_recipe
 from verl_pipeline.data.sources import Batch, Columns, Part, fingerprint, read_part, resolve_parts
 from verl_pipeline.exceptions import ConfigError, DataError
 from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.spec import DataSource
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ def preprocess(
         write_json_atomic(fp_path, {**fp_cache, **new_fp})
     tok_hash = ""
     if tokenizer and max_len:
-        from verl_pipeline.data.checks import tokenizer_digest
+        from verl_pipeline.trainer.prefilter import tokenizer_digest
 
         tok_hash = tokenizer_digest(str(tokenizer))
     h = hashlib.sha256()
@@ -465,25 +465,3 @@ def preprocess(
              counts["val_rows"], dict(run.rejected), dict(run.filtered), run.longest, out_dir)
     return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
                             False, counts, round(time.monotonic() - t0, 3))
-
-
-def tokenizer_for_model(model: Any, cache_root: Path) -> str:
-    """The directory whose tokenizer the run's model uses (the built-in model is built if needed)."""
-    from verl_pipeline.models.prefetch import prefetch
-
-    if model.kind == "path":
-        return str(model.ref)
-    return prefetch(model, cache_root).path
-
-
-def preprocess_for_spec(spec: Any, sources: DataSource | Sequence[DataSource] | None = None,
-                        out_root: Path | None = None, recipe: str | None = None) -> PreprocessResult:
-    """:func:`preprocess` for a run: its data options, its model's tokenizer and its max_prompt_length."""
-    options = dict(spec.data_options)
-    if recipe:
-        options["recipe"] = recipe
-    max_len = options.get("max_prompt_length") or spec.verl.get("data.max_prompt_length")
-    tokenizer = options.get("tokenizer") or (tokenizer_for_model(spec.model, spec.model_cache) if max_len else None)
-    return preprocess(sources if sources is not None else spec.data, options,
-                      out_root if out_root is not None else spec.data_root, tokenizer=tokenizer,
-                      max_prompt_length=int(max_len) if max_len else None)

@@ -29,9 +29,10 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 import pyarrow as pa
 
-from verl_pipeline.config import DataSource
 from verl_pipeline.data.generator import generate_problems
 from verl_pipeline.exceptions import ConfigError, DataError
+from verl_pipeline.paths import fsspec_filesystem
+from verl_pipeline.spec import DataSource
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,6 @@ VAL_SPLIT_NAMES = ("validation", "val", "test")
 _JSONL_CHUNK = 8 << 20
 #: Arrow's JSON parse unit: several per chunk so that its thread pool parses them in parallel.
 _ARROW_JSON_BLOCK = 1 << 20
-#: fsspec protocol → the pip package that implements it (for the missing-backend error).
-FSSPEC_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
-                   "abfss": "adlfs", "hdfs": "pyarrow", "http": "aiohttp", "https": "aiohttp", "sftp": "paramiko",
-                   "ssh": "paramiko", "hf": "huggingface_hub", "oci": "ocifs", "oss": "ossfs"}
 
 
 @dataclass
@@ -83,32 +80,6 @@ class Columns:
 
 
 # -- resolving a source into splits of parts -------------------------------------------------------
-
-def fsspec_filesystem(url: str) -> tuple[Any, str]:
-    """``(filesystem, path)`` for ``url``; a missing backend raises a ConfigError naming the pip package."""
-    import fsspec
-
-    protocol = url.split("://", 1)[0].lower()
-    hdfs_fix = ("set JAVA_HOME and HADOOP_HOME (pyarrow's libhdfs needs Java and Hadoop's client), "
-                "or copy the data to shared storage and pass its path")
-    if protocol in ("hdfs", "viewfs") and not os.environ.get("JAVA_HOME"):
-        raise ConfigError("data_source", url, f"{protocol}:// needs a Java runtime and JAVA_HOME is not set",
-                          hdfs_fix)
-    try:
-        fs, path = fsspec.core.url_to_fs(url)
-    except OSError as e:  # the backend is installed but cannot start here (a missing JVM, client library …)
-        fix = hdfs_fix if protocol in ("hdfs", "viewfs") else f"configure the {protocol}:// client on this host"
-        raise ConfigError("data_source", url, f"the {protocol}:// filesystem cannot be opened here ({e})",
-                          fix) from None
-    except ImportError as e:
-        package = FSSPEC_PACKAGES.get(protocol, f"the fsspec backend for {protocol}://")
-        raise ConfigError("data_source", url, f"no fsspec backend for {protocol}:// is installed ({e})",
-                          f"pip install {package}") from None
-    except ValueError as e:
-        raise ConfigError("data_source", url, f"unknown URL protocol {protocol}:// ({e})",
-                          "a local path, s3://, gs://, file://, memory:// … (fsspec)") from None
-    return fs, path
-
 
 def file_format(name: str) -> str:
     base = name.lower()

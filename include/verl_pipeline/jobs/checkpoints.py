@@ -280,7 +280,7 @@ def current_segment(checkpoint_dir: Path) -> tuple[Path, int, int]:
 
 def new_segment(checkpoint_dir: Path, plan: ResumePlan, *, world_size: int, job_id: str) -> Segment:
     """Merge ``plan``'s checkpoint (``plan.merge``) into the next segment's starting weights and record it."""
-    from verl_pipeline.models.export import merge_checkpoint
+    from verl_pipeline.trainer.merge import merge_checkpoint
 
     if not plan.merge or plan.path is None:
         raise ValueError("new_segment needs a merge plan")

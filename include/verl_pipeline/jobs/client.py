@@ -30,7 +30,7 @@ from verl_pipeline.exceptions import ClusterError, JobError
 
 if TYPE_CHECKING:
     # Imported where used: ``verl_pipeline.cluster`` imports this module (cluster.base).
-    from verl_pipeline.cluster.auth import AuthMode
+    from verl_pipeline.auth import AuthMode
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class RayJobsClient:
 
     def __init__(self, dashboard_url: str, *, token: str | None = None, auth_mode: AuthMode | str | None = None,
                  timeout_s: float = 30.0, session: Any = None, ca_bundle: str | None = None) -> None:
-        from verl_pipeline.cluster.auth import AuthMode
+        from verl_pipeline.auth import AuthMode
 
         self.dashboard_url = dashboard_url.rstrip("/")
         if auth_mode is None:

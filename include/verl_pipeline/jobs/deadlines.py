@@ -8,8 +8,8 @@ calls it; the default V1 trainer ignores the deadline (the pipeline says so in t
 
 The pipeline knows the end of an allocation from:
 
-- the Slurm job running the cluster: its ``EndTime`` (``scontrol show job``, or slurmrestd's
-  ``end_time``), read at each submit, so a retry on a new allocation gets the new end;
+- the cluster's backend (``ClusterBackend.end_time``: a Slurm job's ``EndTime``), read at each
+  submit (``cluster.registry.cluster_deadline``), so a retry on a new allocation gets the new end;
 - the Airflow task's ``execution_timeout``: its start + the timeout (Airflow stops the job then),
   passed by the caller.
 
@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from verl_pipeline.trainer.render import RenderedJob, with_settings
 
@@ -52,46 +51,12 @@ def earliest(deadlines: Iterable[Deadline | None]) -> Deadline | None:
     return min(known, key=lambda d: d.at) if known else None
 
 
-def slurm_end_time(fields: dict[str, str]) -> float | None:
-    """``EndTime`` of ``scontrol show job -o`` fields (the local time scontrol prints), None when unknown."""
-    text = fields.get("EndTime", "")
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None  # "Unknown" (no time limit), "None"
-
-
-def slurm_rest_end_time(record: dict[str, Any]) -> float | None:
-    """slurmrestd's ``end_time``: an epoch number (v0.0.38) or ``{"set": …, "number": …}`` (v0.0.40+)."""
-    value = record.get("end_time")
-    if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) else None
-    return float(value) if isinstance(value, int | float) and value > 0 else None
-
-
 def task_deadline(start: datetime | None, execution_timeout: timedelta | None) -> Deadline | None:
     """The Airflow task's end: its start + ``execution_timeout`` (None without a timeout)."""
     if start is None or execution_timeout is None:
         return None
     return Deadline((start + execution_timeout).timestamp(), f"the Airflow task's execution_timeout "
                     f"{execution_timeout}")
-
-
-def cluster_deadline(handle: Any) -> Deadline | None:
-    """When the cluster's allocation ends, if its backend has one (Slurm); never raises."""
-    if getattr(handle, "backend", None) != "slurm":
-        return None
-    from verl_pipeline.cluster.base import get_backend
-    from verl_pipeline.cluster.slurm import SlurmBackend
-    from verl_pipeline.exceptions import PipelineError
-
-    try:
-        backend = get_backend({"backend": "slurm"})
-        end = backend.end_time(handle) if isinstance(backend, SlurmBackend) else None
-    except (PipelineError, OSError) as e:
-        log.warning("Cannot read the end time of Slurm job %s: %s", handle.extra.get("job_id"), e)
-        return None
-    return Deadline(end, f"Slurm job {handle.extra.get('job_id')} EndTime") if end else None
 
 
 def with_deadline(job: RenderedJob, deadline: Deadline | None, *, job_id: str) -> RenderedJob:
@@ -113,5 +78,4 @@ def with_deadline(job: RenderedJob, deadline: Deadline | None, *, job_id: str) -
     return replace(job, runtime_env=env)
 
 
-__all__ = ["DEADLINE_ENV", "Deadline", "cluster_deadline", "earliest", "slurm_end_time", "slurm_rest_end_time",
-           "task_deadline", "with_deadline"]
+__all__ = ["DEADLINE_ENV", "Deadline", "earliest", "task_deadline", "with_deadline"]

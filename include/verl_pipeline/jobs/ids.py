@@ -26,3 +26,8 @@ def attempt_of(sub_id: str, prefix: str) -> int | None:
         return None
     m = _ATTEMPT.search(sub_id)
     return int(m.group(1)) if m else None
+
+
+def job_page_url(dashboard_url: str, submission_id: str) -> str:
+    """The Ray dashboard's page of a job (its status, logs, driver)."""
+    return f"{dashboard_url.rstrip('/')}/#/jobs/{submission_id}"

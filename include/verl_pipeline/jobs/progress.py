@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verl_pipeline.report.metrics import SCORE, THROUGHPUT_PER_GPU
+from verl_pipeline.trainer.metrics import SCORE, THROUGHPUT_PER_GPU
 
 #: Metrics shown after the step and the ETA, when verl reports them.
 SHOWN_METRICS = (SCORE, THROUGHPUT_PER_GPU)

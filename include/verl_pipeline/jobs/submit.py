@@ -11,7 +11,7 @@ from typing import Any
 
 from verl_pipeline.constants import JobState, Mode, SubmitAction
 from verl_pipeline.jobs.client import RayJobsClient
-from verl_pipeline.jobs.deadlines import Deadline, cluster_deadline, earliest, with_deadline
+from verl_pipeline.jobs.deadlines import Deadline, with_deadline
 from verl_pipeline.jobs.ids import attempt_of, submission_id
 from verl_pipeline.rundir import Attempt, RunDir, now, tracker_step
 from verl_pipeline.trainer.render import RenderedJob
@@ -52,9 +52,9 @@ def submit_or_reattach(
     attempt is recorded with the checkpoint step it will resume from.
 
     A training job resumes from the run's newest complete checkpoint (:mod:`verl_pipeline.jobs.checkpoints`;
-    ConfigError when it was written by another world size) and is told when its allocation ends: the
-    earliest of ``deadline`` (e.g. the Airflow task's execution_timeout) and the end of the cluster
-    recorded in ``run_dir`` (a Slurm job's EndTime), see :mod:`verl_pipeline.jobs.deadlines`.
+    ConfigError when it was written by another world size) and is told ``deadline``, when its allocation
+    ends (the earliest of the Airflow task's execution_timeout and the cluster's end, which the caller
+    knows: :func:`verl_pipeline.steps.submit_attempt`), see :mod:`verl_pipeline.jobs.deadlines`.
 
     ``secret_env`` (tracker credentials, :mod:`verl_pipeline.trackers`) reaches the job's workers
     through a 0600 file in ``run_dir/secrets`` (:func:`~verl_pipeline.trackers.with_secret_env`): neither
@@ -72,7 +72,7 @@ def submit_or_reattach(
     if checkpoint_dir is not None and job.mode is Mode.TRAIN:
         job, resume_from, segment, segment_start = _resume_complete(job, checkpoint_dir, sub_id)
     if job.mode is Mode.TRAIN:
-        job = with_deadline(job, earliest([deadline, _cluster_deadline(run_dir)]), job_id=sub_id)
+        job = with_deadline(job, deadline, job_id=sub_id)
     runtime_env = copy.deepcopy(job.runtime_env)
     metrics_path = None
     if run_dir is not None:
@@ -123,14 +123,6 @@ def _live_or_succeeded(mine: list[tuple[int, Any]]) -> Submission | None:
         log.info("Ray job %s of this run already succeeded: not submitting again", info.submission_id)
         return Submission(info.submission_id, SubmitAction.ALREADY_SUCCEEDED, n, info.status.value)
     return None
-
-
-def _cluster_deadline(run_dir: Path | None) -> Deadline | None:
-    """The end of the run's current cluster (``cluster.json`` in the run directory), if it has one."""
-    from verl_pipeline.cluster.base import ClusterHandle
-
-    recorded = RunDir(run_dir).cluster() if run_dir is not None else None
-    return cluster_deadline(ClusterHandle.from_dict(recorded)) if recorded is not None else None
 
 
 def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int, int, int]:

@@ -18,69 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
-from verl_pipeline.exceptions import ConfigError
-
-#: The run profile's section (``watch:``) and its keys.
-SECTION = "watch"
-_KEYS = ("stall_timeout", "startup_timeout", "min_stall_timeout", "stall_factor")
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    #: Seconds without a new step after which a job is hung; None: derived from step times.
-    stall_timeout_s: float | None = None
-    startup_timeout_s: float = 2 * 3600.0
-    min_stall_timeout_s: float = 30 * 60.0
-    stall_factor: float = 5.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> WatchSettings:
-        return cls(**(data or {}))
-
-    @classmethod
-    def from_profile(cls, section: Any, profile: str) -> WatchSettings:
-        """Settings from a run profile's ``watch:`` section (durations as strings, the factor a number)."""
-        where = f"profiles/{profile}.{SECTION}"
-        if section is None:
-            return cls()
-        if not isinstance(section, dict):
-            raise ConfigError(where, section, "must be a mapping", "watch: {stall_timeout: 45m}")
-        unknown = sorted(set(section) - set(_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}", section[unknown[0]], "is not a watch setting",
-                              f"one of {list(_KEYS)}")
-        out: dict[str, Any] = {}
-        for key in ("stall_timeout", "startup_timeout", "min_stall_timeout"):
-            value = section.get(key)
-            if value is None or (key == "stall_timeout" and value == "auto"):
-                continue
-            seconds = parse_duration(value) if isinstance(value, str) else None
-            if not seconds:
-                raise ConfigError(f"{where}.{key}", value, "is not a duration longer than zero",
-                                  f"{key}: one of {EXAMPLES}" + (" or auto" if key == "stall_timeout" else ""))
-            out[f"{key}_s"] = float(seconds)
-        factor = section.get("stall_factor")
-        if factor is not None:
-            if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
-                raise ConfigError(f"{where}.stall_factor", factor, "must be a number of at least 1",
-                                  "stall_factor: 5")
-            out["stall_factor"] = float(factor)
-        return cls(**out)
-
-    def stall_limit(self, slowest_step_s: float | None) -> float:
-        """Seconds without a new step that count as a hang, given the slowest step seen."""
-        if self.stall_timeout_s is not None:
-            return self.stall_timeout_s
-        return max(self.min_stall_timeout_s, self.stall_factor * (slowest_step_s or 0.0))
-
-    def describe(self) -> str:
-        stall = (format_duration(self.stall_timeout_s) if self.stall_timeout_s is not None
-                 else f"max({format_duration(self.min_stall_timeout_s)}, {self.stall_factor:g} x the slowest step)")
-        return f"no step for {stall}, or none within {format_duration(self.startup_timeout_s)} of the start"
+from verl_pipeline.durations import format_duration
+from verl_pipeline.spec import WatchSettings
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 ``python -m verl.model_merger merge --backend fsdp --local_dir <global_step_N>/actor --target_dir …``
 (verl's own merger, run as a subprocess; every output line goes to the log with the job id) turns the
 FSDP shards ``model_world_size_{W}_rank_{r}.pt`` plus ``fsdp_config.json`` and ``huggingface/`` into a
-model transformers and vLLM load. The result is checked with :func:`verl_pipeline.models.verify.verify_model_dir`
+model transformers and vLLM load. The result is checked with :func:`verl_pipeline.trainer.verify.verify_model_dir`
 before it is moved into place, so a directory at the final path is always a merged, verified model.
 
 A run's export is ``<run_dir>/model/`` with its manifest ``<run_dir>/model.json`` beside it (run, step,
@@ -18,11 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,16 +26,11 @@ from typing import Any
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.jobs.checkpoints import Checkpoint
 from verl_pipeline.paths import write_json_atomic
-from verl_pipeline.report.metrics import SCORE
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.trainer.merge import merge_checkpoint
+from verl_pipeline.trainer.metrics import SCORE
 
 log = logging.getLogger(__name__)
-
-MERGER_MODULE = "verl.model_merger"
-#: A merge that takes longer is stuck: the merger of a 7B model takes minutes, not hours.
-MERGE_TIMEOUT_S = 3 * 3600.0
-_TAIL_LINES = 20
-
 
 @dataclass(frozen=True)
 class ExportManifest:
@@ -64,68 +54,6 @@ class ExportManifest:
         return asdict(self)
 
 
-def merge_command(actor_dir: Path, target_dir: Path, *, python: str = sys.executable) -> list[str]:
-    """verl's FSDP merger as an argument list."""
-    return [python, "-m", MERGER_MODULE, "merge", "--backend", "fsdp", "--local_dir", str(actor_dir),
-            "--target_dir", str(target_dir)]
-
-
-def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_s: float = MERGE_TIMEOUT_S) -> dict[
-        str, Any]:
-    """Merge ``actor_dir`` (a ``global_step_N/actor`` folder) into ``target_dir`` and verify it.
-
-    Written to a sibling temporary directory and renamed, so ``target_dir`` is complete or absent.
-    Returns the verification's facts. ModelError naming the checkpoint and the merger's last lines
-    when it fails, or naming the file when the merged model does not verify.
-    """
-    from verl_pipeline.models.verify import verify_model_dir
-
-    for need in ("fsdp_config.json", "huggingface/config.json"):
-        if not (actor_dir / need).is_file():
-            raise ModelError(f"{actor_dir} has no {need}: not a verl FSDP checkpoint the merger can read "
-                             "(verl writes it with the shards on every save)")
-    tmp = target_dir.with_name(f".{target_dir.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    cmd = merge_command(actor_dir, tmp)
-    log.info("%s: merging %s with verl's merger: %s", job_id, actor_dir, " ".join(cmd))
-    started = time.monotonic()
-    tail: list[str] = []
-    # verl's merger works on CPU (map_location="cpu"): it must not take a GPU of the worker's host.
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
-        # A merger that stops printing must still end: killed at the timeout, from another thread.
-        watchdog = threading.Timer(timeout_s, proc.kill)
-        watchdog.start()
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = line.rstrip()
-                if line:
-                    log.info("%s: merger: %s", job_id, line)
-                    tail = [*tail, line][-_TAIL_LINES:]
-            code = proc.wait()
-        finally:
-            watchdog.cancel()
-    if code != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        why = f"killed after {timeout_s:.0f}s" if time.monotonic() - started >= timeout_s else f"exit {code}"
-        raise ModelError(f"verl's merger failed on {actor_dir} ({why}): " + " | ".join(tail[-5:]))
-    try:
-        facts = verify_model_dir(tmp)
-    except ModelError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for p in tmp.iterdir():  # the merger writes weights 0600; every Ray node's user must read them
-        os.chmod(p, p.stat().st_mode | 0o644)
-    if target_dir.exists():
-        shutil.rmtree(target_dir)
-    os.replace(tmp, target_dir)
-    log.info("%s: merged %s into %s in %.1fs (%d tensors)", job_id, actor_dir, target_dir,
-             time.monotonic() - started, facts.get("tensors", 0))
-    return facts
-
-
 def newest_complete(checkpoints: list[Checkpoint]) -> Checkpoint | None:
     """The checkpoint to export: the newest complete one (an incomplete newer one is passed over)."""
     complete = [c for c in checkpoints if c.complete]
@@ -133,7 +61,7 @@ def newest_complete(checkpoints: list[Checkpoint]) -> Checkpoint | None:
 
 
 def final_reward(metrics_files: list[Path]) -> float | None:
-    """The final reward: verl's mean sequence score (:data:`~verl_pipeline.report.metrics.SCORE`) of the highest
+    """The final reward: verl's mean sequence score (:data:`~verl_pipeline.trainer.metrics.SCORE`) of the highest
     step any attempt logged (files in attempt order)."""
     best: tuple[int, float] | None = None
     for path in metrics_files:
@@ -209,5 +137,4 @@ def export_run(
     return manifest
 
 
-__all__ = ["ExportManifest", "export_run", "final_reward", "merge_checkpoint",
-           "merge_command", "newest_complete", "read_export"]
+__all__ = ["ExportManifest", "export_run", "final_reward", "newest_complete", "read_export"]

@@ -26,11 +26,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.config import ModelSource
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.models.cache import ProgressLog, check_free_space, disk_full_error, ensure_writable, model_lock
 from verl_pipeline.models.manifest import FileEntry, Manifest, check_against_disk, read_manifest
-from verl_pipeline.models.verify import verify_model_dir
+from verl_pipeline.spec import ModelSource
+from verl_pipeline.trainer.verify import verify_model_dir
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The manifest of a prefetched model: what was fetched (revision, files, sizes, hashes) and that it was verified.
 
 It is written atomically, beside the model directory, only after the download completed and the
-directory passed :func:`verl_pipeline.models.verify.verify_model_dir`. A directory without a
+directory passed :func:`verl_pipeline.trainer.verify.verify_model_dir`. A directory without a
 manifest is incomplete. A repeat run checks the manifest against the files on disk (stat and
 safetensors headers, never a hash of the weights).
 """
@@ -91,7 +91,7 @@ def list_files(root: Path) -> dict[str, Path]:
 def check_against_disk(manifest: Manifest, root: Path) -> None:
     """Every file of the manifest exists under ``root`` with its size (and mtime when recorded) and every
     safetensors header still fits its file. ModelError naming the first file that does not match."""
-    from verl_pipeline.models.verify import check_safetensors
+    from verl_pipeline.trainer.verify import check_safetensors
 
     for rel, entry in manifest.files.items():
         p = root / rel

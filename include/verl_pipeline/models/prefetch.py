@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.config import ModelSource, RunSpec
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.models.cache import (
     ProgressLog,
@@ -27,8 +26,9 @@ from verl_pipeline.models.cache import (
 from verl_pipeline.models.hub import DEFAULT_ALLOW_PATTERNS, fetch_hub
 from verl_pipeline.models.manifest import FileEntry, Manifest, check_against_disk, list_files, read_manifest
 from verl_pipeline.models.tiny import TINY_MODEL_VERSION, build_tiny_model
-from verl_pipeline.models.verify import TOKENIZER_FILES, verify_model_dir
 from verl_pipeline.paths import short_hash, slug
+from verl_pipeline.spec import ModelSource, RunSpec
+from verl_pipeline.trainer.verify import TOKENIZER_FILES, verify_model_dir
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-from verl_pipeline.report import metrics as m
 from verl_pipeline.report import scaling
+from verl_pipeline.trainer import metrics as m
 
 REPORT_VERSION = 1
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from verl_pipeline.report import metrics as m
 from verl_pipeline.report.build import Report, Series
+from verl_pipeline.trainer import metrics as m
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.report import metrics as m
 from verl_pipeline.report.build import AttemptInfo, StepRow
+from verl_pipeline.trainer import metrics as m
 
 log = logging.getLogger(__name__)
 

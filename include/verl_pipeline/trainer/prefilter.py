@@ -11,7 +11,11 @@ so the pipeline renders ``data.filter_overlong_prompts=false``.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
+
+from verl_pipeline.exceptions import ConfigError
 
 FILTER_KEY = "data.filter_overlong_prompts"
 #: verl settings that change the text verl's filter measures, so a preprocessing record cannot stand in.
@@ -37,15 +41,32 @@ def filter_already_done(length_filter: Any, settings: dict[str, Any], tokenizer_
             f"({tokenizer_digest}); verl would re-tokenize the whole dataset at every trainer start to drop none")
 
 
+#: The files that decide token counts: preprocessing's length filter is valid for the same digest of them.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def tokenizer_digest(path: str) -> str:
+    """A hash of the files that decide token counts (vocabulary, merges, chat template, config)."""
+    h = hashlib.sha256()
+    root = Path(path)
+    found = False
+    for name in _TOKENIZER_FILES:
+        f = root / name
+        if f.is_file():
+            found = True
+            h.update(name.encode() + b"\0" + f.read_bytes())
+    if not found:
+        raise ConfigError("data.tokenizer", path, "has no tokenizer files", "a model directory with tokenizer.json")
+    return h.hexdigest()[:16]
+
+
 def model_tokenizer_digest(model_path: str) -> str | None:
     """The digest of the tokenizer files in ``model_path``; None when it is not a readable directory here."""
-    from verl_pipeline.data.checks import tokenizer_digest
-    from verl_pipeline.exceptions import ConfigError
-
     try:
         return tokenizer_digest(model_path)
     except (ConfigError, OSError):
         return None
 
 
-__all__ = ["FILTER_KEY", "filter_already_done", "model_tokenizer_digest"]
+__all__ = ["FILTER_KEY", "filter_already_done", "model_tokenizer_digest", "tokenizer_digest"]

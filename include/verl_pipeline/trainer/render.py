@@ -6,10 +6,10 @@ import shlex
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import Mode, WorldSizeChange
 from verl_pipeline.paths import package_dir
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.spec import RunSpec
 from verl_pipeline.trackers import LOGGER_KEY, logger_backends
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
 from verl_pipeline.trainer.owned import DEFAULT_PROJECT, OWNED_KEYS, rule_text

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.spec import Hardware, ModelFacts, PoolSplit
 
-#: Bytes per parameter of the rollout engine's weights (bf16).
-ROLLOUT_BYTES_PER_PARAM = 2
 #: Share of a GPU's memory the rollout weights may take; the rest is KV cache and the actor.
 ROLLOUT_WEIGHT_SHARE = 0.35
 #: Hard limit for an explicit TP: weights may take at most this share of vLLM's memory (rest: KV cache).
@@ -41,86 +40,6 @@ MIN_RAY_VERSION = (2, 41)
 
 # gpu_memory_utilization by GPU memory (GB): bigger GPUs keep a smaller share free for the actor.
 _UTILIZATION = ((24, 0.8), (48, 0.85), (96, 0.9), (math.inf, 0.95))
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the scaling rules need to know about a model (from its profile; weights are not read)."""
-
-    params_b: float
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-
-    #: True when params_b was estimated from the shape rather than given.
-    estimated: bool = False
-
-    @classmethod
-    def from_profile(cls, section: dict[str, Any], profile: str) -> ModelFacts:
-        """Read the size facts; ``params_b`` may be left out and is then estimated from the shape."""
-        values: dict[str, Any] = {}
-        for name, kind, example in (("hidden_size", int, "3584"), ("num_layers", int, "28"),
-                                    ("num_attention_heads", int, "28"), ("params_b", float, "7.6")):
-            raw = section.get(name)
-            key = f"models/{profile}.model.{name}"
-            if raw is None:
-                if name == "params_b":
-                    continue
-                raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it",
-                                  f"{name}: {example}")
-            try:
-                value = kind(raw)
-            except (TypeError, ValueError):
-                raise ConfigError(key, raw, f"must be a number ({kind.__name__})", f"{name}: {example}") from None
-            if value <= 0:
-                raise ConfigError(key, raw, "must be positive", f"{name}: {example}")
-            values[name] = value
-        if "params_b" not in values:
-            values["params_b"] = estimate_params_b(values["hidden_size"], values["num_layers"])
-            values["estimated"] = True
-        return cls(**values)
-
-    @property
-    def weights_gb(self) -> float:
-        return self.params_b * ROLLOUT_BYTES_PER_PARAM
-
-
-def estimate_params_b(hidden_size: int, num_layers: int) -> float:
-    """Transformer blocks only: 12 x layers x hidden^2 (attention 4h^2 + a 4h MLP 8h^2), in billions.
-
-    A lower bound (no embeddings, wider MLPs count more): profiles should give ``params_b``.
-    """
-    return 12 * num_layers * hidden_size**2 / 1e9
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """A cluster profile's ``hardware`` and ``network`` sections."""
-
-    gpu_memory_gb: float
-    cpus_per_node: int | None
-    infiniband: bool = False
-    ib_hcas: tuple[str, ...] = ()
-    nccl_proto: str | None = None
-
-    @classmethod
-    def from_profile(cls, cprof: dict[str, Any], profile: str) -> Hardware:
-        hw = dict(cprof.get("hardware") or {})
-        net = dict(cprof.get("network") or {})
-        mem = hw.get("gpu_memory_gb")
-        if mem is None or isinstance(mem, bool) or not isinstance(mem, int | float) or mem <= 0:
-            raise ConfigError(f"clusters/{profile}.hardware.gpu_memory_gb", mem,
-                              "is required and must be a positive number (GB per GPU)", "gpu_memory_gb: 80")
-        cpus = hw.get("cpus_per_node")
-        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
-            raise ConfigError(f"clusters/{profile}.hardware.cpus_per_node", cpus, "must be a positive integer",
-                              "cpus_per_node: 96")
-        ib = bool(net.get("infiniband", False))
-        hcas = tuple(str(h) for h in (net.get("ib_hcas") or []))
-        if ib and not hcas:
-            raise ConfigError(f"clusters/{profile}.network.ib_hcas", [], "InfiniBand needs the HCAs NCCL may use",
-                              "ib_hcas: [mlx5_0, mlx5_1]")
-        return cls(float(mem), cpus, ib, hcas, net.get("nccl_proto"))
 
 
 @dataclass(frozen=True)
@@ -148,21 +67,6 @@ class Derivation:
             return
         self.settings[key] = value
         self.rules.append(Rule(key, value, rule))
-
-
-@dataclass(frozen=True)
-class PoolSplit:
-    """``placement: separate``: the cluster's GPUs split into a training pool and a rollout pool."""
-
-    train_nnodes: int
-    train_gpus_per_node: int
-    rollout_nnodes: int
-    rollout_gpus_per_node: int
-    reason: str
-
-    @property
-    def train_gpus(self) -> int:
-        return self.train_nnodes * self.train_gpus_per_node
 
 
 ROLLOUT_NODES_KEY = "actor_rollout_ref.rollout.nnodes"

@@ -21,27 +21,26 @@ module              step
 
 from __future__ import annotations
 
-from verl_pipeline.airflow.operators.base import (
-    HF_CONN_ID,
+from verl_pipeline.airflow.operators.base import HF_CONN_ID, PipelineOperator, run_name, spec_from_context
+from verl_pipeline.airflow.operators.export import ExportModelOperator
+from verl_pipeline.airflow.operators.models import PlanModelsOperator, PrefetchModelOperator
+from verl_pipeline.airflow.operators.preprocess import PreprocessDataOperator
+from verl_pipeline.airflow.operators.provision import ProvisionRayClusterOperator
+from verl_pipeline.airflow.operators.report import ReportRunOperator
+from verl_pipeline.airflow.operators.submit import SubmitVerlJobOperator
+from verl_pipeline.airflow.operators.teardown import TeardownRayClusterOperator, cleanup_failed_run
+from verl_pipeline.airflow.operators.wait import WaitForVerlJobOperator
+from verl_pipeline.airflow.task_ids import (
+    EXPORT_TASK,
     PLAN_MODELS_TASK,
     PREFETCH_TASK,
     PREPROCESS_TASK,
     PROVISION_TASK,
+    REPORT_TASK,
     SUBMIT_TASK,
     TEARDOWN_TASK,
     WAIT_TASK,
-    PipelineOperator,
-    run_name,
-    spec_from_context,
 )
-from verl_pipeline.airflow.operators.export import EXPORT_TASK, ExportModelOperator
-from verl_pipeline.airflow.operators.models import PlanModelsOperator, PrefetchModelOperator
-from verl_pipeline.airflow.operators.preprocess import PreprocessDataOperator
-from verl_pipeline.airflow.operators.provision import ProvisionRayClusterOperator
-from verl_pipeline.airflow.operators.report import REPORT_TASK, ReportRunOperator
-from verl_pipeline.airflow.operators.submit import SubmitVerlJobOperator
-from verl_pipeline.airflow.operators.teardown import TeardownRayClusterOperator, cleanup_failed_run
-from verl_pipeline.airflow.operators.wait import WaitForVerlJobOperator
 
 __all__ = [
     "EXPORT_TASK",

@@ -14,19 +14,17 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from verl_pipeline import steps
-from verl_pipeline.config import RunSpec, build_run_spec
+from verl_pipeline.airflow.task_ids import (
+    PROVISION_TASK,
+    WAIT_TASK,
+)
 from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError, PipelineError
 from verl_pipeline.jobs.deadlines import Deadline, task_deadline
+from verl_pipeline.profiles import build_run_spec
+from verl_pipeline.spec import RunSpec
 
-PROVISION_TASK = "provision_ray_cluster"
-PREPROCESS_TASK = "preprocess_data"
-PLAN_MODELS_TASK = "plan_models"
-PREFETCH_TASK = "prefetch_model"
 #: Airflow connection holding the hub token (password); optional.
 HF_CONN_ID = "hf_default"
-SUBMIT_TASK = "submit_verl_job"
-WAIT_TASK = "wait_for_verl_job"
-TEARDOWN_TASK = "teardown_ray_cluster"
 
 
 def connection(conn_id: str) -> Any:

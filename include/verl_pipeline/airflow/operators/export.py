@@ -15,20 +15,12 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 
-from verl_pipeline.airflow.operators.base import (
-    PREFETCH_TASK,
-    PREPROCESS_TASK,
-    SUBMIT_TASK,
-    PipelineOperator,
-    spec_from_context,
-    task_error,
-)
-from verl_pipeline.config import RunSpec
+from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error
+from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, SUBMIT_TASK
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.rundir import RunDir
-
-EXPORT_TASK = "export_model"
+from verl_pipeline.spec import RunSpec
 
 
 def skip_reason(submitted: dict[str, Any] | None, *, export: bool = True, strategy: str = "fsdp") -> str | None:

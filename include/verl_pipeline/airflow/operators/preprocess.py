@@ -32,11 +32,11 @@ class PreprocessDataOperator(PipelineOperator):
         self.emit_asset = emit_asset
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from verl_pipeline.data.preprocess import preprocess_for_spec
+        from verl_pipeline import steps
 
         try:
             spec = spec_from_context(context)
-            result = preprocess_for_spec(spec, recipe=self.recipe or None)
+            result = steps.preprocess(spec, recipe=self.recipe or None)
         except PipelineError as e:
             raise task_error(e) from e
         c = result.counts

@@ -10,10 +10,9 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
-from verl_pipeline.airflow.operators.base import WAIT_TASK, PipelineOperator, spec_from_context
+from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context
+from verl_pipeline.airflow.task_ids import WAIT_TASK
 from verl_pipeline.exceptions import PipelineError
-
-REPORT_TASK = "report_run"
 
 
 class ReportRunOperator(PipelineOperator):

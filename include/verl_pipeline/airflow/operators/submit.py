@@ -7,20 +7,13 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from verl_pipeline.airflow.links import RayJobLink, ray_job_url
-from verl_pipeline.airflow.operators.base import (
-    PREFETCH_TASK,
-    PREPROCESS_TASK,
-    PROVISION_TASK,
-    WAIT_TASK,
-    PipelineOperator,
-    spec_from_context,
-    task_error,
-    wait_deadline,
-)
+from verl_pipeline.airflow.links import RayJobLink
+from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error, wait_deadline
+from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, PROVISION_TASK, WAIT_TASK
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.constants import SubmitAction
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.jobs.ids import job_page_url
 
 
 class SubmitVerlJobOperator(PipelineOperator):
@@ -92,7 +85,7 @@ class SubmitVerlJobOperator(PipelineOperator):
             self._log_job(done.prepared.job)
             result["environment"] = done.prepared.environment
         self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action.value, sub.attempt)
-        RayJobLink().persist(context, ray_job_url(handle.dashboard_url, sub.submission_id))
+        RayJobLink().persist(context, job_page_url(handle.dashboard_url, sub.submission_id))
         return {**sub.to_dict(), "mode": self._mode(spec, done), **result}
 
     def _log_job(self, job: Any) -> None:

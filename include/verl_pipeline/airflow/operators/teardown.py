@@ -7,16 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.airflow.operators.base import (
-    PROVISION_TASK,
-    RUN_DIR_KEY,
-    SUBMIT_TASK,
-    PipelineOperator,
-    task_error,
-)
-from verl_pipeline.config import RunSpec, build_run_spec
+from verl_pipeline.airflow.operators.base import RUN_DIR_KEY, PipelineOperator, task_error
+from verl_pipeline.airflow.task_ids import PROVISION_TASK, SUBMIT_TASK
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.spec import RunSpec
 
 log = logging.getLogger(__name__)
 

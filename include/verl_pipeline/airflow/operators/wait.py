@@ -22,24 +22,17 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from verl_pipeline.airflow.links import RayJobLink, ray_job_url
-from verl_pipeline.airflow.operators.base import (
-    PREFETCH_TASK,
-    PREPROCESS_TASK,
-    PROVISION_TASK,
-    SUBMIT_TASK,
-    PipelineOperator,
-    spec_from_context,
-    task_error,
-    wait_deadline,
-)
+from verl_pipeline.airflow.links import RayJobLink
+from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error, wait_deadline
+from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, PROVISION_TASK, SUBMIT_TASK
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
-from verl_pipeline.config import RunSpec
 from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.jobs.ids import job_page_url
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.spec import RunSpec
 
 
 def run_mode(sub: dict[str, Any]) -> Mode | None:
@@ -237,7 +230,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         from verl_pipeline.jobs.logstream import WaitCursor
 
         self._job_id, self._cluster = job_id, handle.to_dict()
-        RayJobLink().persist(context, ray_job_url(handle.dashboard_url, job_id))
+        RayJobLink().persist(context, job_page_url(handle.dashboard_url, job_id))
         cursor = WaitCursor.load(spec.run_dir, job_id)
         mine = RunDir(spec.run_dir).attempt_of(job_id)
         metrics_path = mine.metrics_path if mine else None

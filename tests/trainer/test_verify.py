@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipeline.config import ModelSource
 from verl_pipeline.exceptions import ConfigError, ModelError
 from verl_pipeline.models.prefetch import models_by_role, prefetch
-from verl_pipeline.models.verify import check_safetensors, verify_model_dir
+from verl_pipeline.spec import ModelSource
+from verl_pipeline.trainer.verify import check_safetensors, verify_model_dir
 
 
 @pytest.fixture

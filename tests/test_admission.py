@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_pooled_cluster
+from verl_pipeline.admission import Admission, admission_of
 from verl_pipeline.cluster.address import AddressBackend
-from verl_pipeline.cluster.admission import Admission, admission_of
 from verl_pipeline.exceptions import ConfigError
 
 SHARED = {"backend": "address", "conn_id": "ray_default", "auth_mode": "token", "pool": "gpus_a", "expected_gpus": 8}
@@ -41,7 +41,7 @@ def test_a_pool_that_cannot_work_fails_in_one_line(cluster: dict, n_gpus: int, k
 
 
 def test_the_run_spec_carries_the_admission(own_configs: Path) -> None:
-    from verl_pipeline.config import build_run_spec
+    from verl_pipeline.profiles import build_run_spec
 
     write_pooled_cluster(own_configs, "shared_h100")
     spec = build_run_spec({"cluster_profile": "shared", "n_gpus_per_node": 4}, run_name="verl_ppo/r1")

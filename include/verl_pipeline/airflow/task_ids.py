@@ -1,0 +1,13 @@
+"""The pipeline DAG's task ids: tasks find each other's results by id (``xcom_pull``), the UI finds the report."""
+
+from __future__ import annotations
+
+PROVISION_TASK = "provision_ray_cluster"
+PREPROCESS_TASK = "preprocess_data"
+PLAN_MODELS_TASK = "plan_models"
+PREFETCH_TASK = "prefetch_model"
+SUBMIT_TASK = "submit_verl_job"
+WAIT_TASK = "wait_for_verl_job"
+TEARDOWN_TASK = "teardown_ray_cluster"
+EXPORT_TASK = "export_model"
+REPORT_TASK = "report_run"

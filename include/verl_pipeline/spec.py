@@ -1,0 +1,513 @@
+"""The run's spec: what a run is, once resolved — its sources, shape, cluster, storage and settings.
+
+The types only (``profiles.build_run_spec`` builds one from ``configs/`` and the params, once, at
+provision; ``RunSpec.load`` reads the frozen one back). Each type validates what it reads and raises
+:class:`~verl_pipeline.exceptions.ConfigError` naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.admission import Admission
+from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
+from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
+from verl_pipeline.rundir import RunDir
+from verl_pipeline.trackers import TrackerSettings
+
+_HF_SOURCE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<rev>[\w.\-/]+))?$")
+
+#: A URL fsspec reads (``s3://``, ``gs://``, ``file://``, ...): copied into the shared cache.
+_URL_SOURCE = re.compile(r"^(?P<proto>[a-z][a-z0-9+.\-]*)://(?P<rest>.+)$")
+
+#: Roles a run's models play, in the order the DAG prefetches them.
+MODEL_ROLES = ("actor", "critic", "reward")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: ``builtin:tiny-qwen2``, ``hf://org/name@rev``, a local directory or an fsspec URL.
+
+    ``allow_patterns`` (hub and fsspec sources) replaces the default file patterns; it does not take
+    part in equality, so the same model with different patterns is still one model.
+    """
+
+    kind: str
+    ref: str
+    revision: str | None = None
+    allow_patterns: tuple[str, ...] | None = field(default=None, compare=False)
+
+    @classmethod
+    def parse(cls, text: str, *, key: str = "model_source",
+              allow_patterns: list[str] | tuple[str, ...] | None = None) -> ModelSource:
+        text = str(text).strip()
+        patterns = _patterns(allow_patterns, key)
+        if text == "builtin:tiny-qwen2":
+            return cls("builtin", "tiny-qwen2")
+        if text.startswith("builtin:"):
+            raise ConfigError(key, text, "unknown built-in model", "builtin:tiny-qwen2")
+        if text.startswith("hf://"):
+            m = _HF_SOURCE.match(text)
+            if not m:
+                raise ConfigError(key, text, "is not a hub reference", "hf://Qwen/Qwen2.5-0.5B-Instruct@main")
+            return cls("hf", m["repo"], m["rev"] or "main", patterns)
+        url = _URL_SOURCE.match(text)
+        if url:
+            proto = url["proto"]
+            if proto == "file":
+                return cls.parse(url["rest"], key=key)
+            import fsspec
+
+            if proto not in fsspec.available_protocols():
+                raise ConfigError(key, text, f"unknown URL scheme {proto!r}",
+                                  "hf://org/name@rev, an absolute directory, or an fsspec URL such as "
+                                  "s3://bucket/models/name (with the fsspec backend installed)")
+            return cls("fsspec", text.rstrip("/"), None, patterns)
+        path = Path(text).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(key, text, "a local model must be an absolute directory path",
+                              "/shared/models/my-model (with config.json), hf://org/name@rev or builtin:tiny-qwen2")
+        return cls("path", str(path))
+
+    def __str__(self) -> str:
+        if self.kind == "builtin":
+            return f"builtin:{self.ref}"
+        if self.kind == "hf":
+            return f"hf://{self.ref}@{self.revision}"
+        return self.ref
+
+
+def _patterns(value: object, key: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value \
+            or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{key} allow_patterns", value, "must be a non-empty list of glob patterns",
+                          "allow_patterns: ['*.json', '*.safetensors', 'tokenizer*']")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where the data comes from.
+
+    ``builtin:arithmetic``; an absolute local file, glob or directory (train.* + test.*/val.*) of
+    JSONL/JSON/CSV/Parquet (``files``), or a directory saved by ``datasets`` ``save_to_disk``
+    (``hf_disk``); an fsspec URL such as ``s3://bucket/data/*.parquet`` (``url``); or a
+    HuggingFace dataset ``hf://name?config=main&revision=…&split=…`` (``hf``).
+    """
+
+    kind: str
+    ref: str
+
+    @classmethod
+    def parse(cls, text: str, *, key: str = "data_source") -> DataSource:
+        import glob
+
+        text = str(text).strip()
+        if text == "builtin:arithmetic":
+            return cls("builtin", "arithmetic")
+        if text.startswith("builtin:"):
+            raise ConfigError(key, text, "unknown built-in data source", "builtin:arithmetic")
+        if text.startswith("hf://"):
+            if not re.fullmatch(r"hf://[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?(\?[\w.\-=&/]*)?", text):
+                raise ConfigError(key, text, "is not a dataset reference",
+                                  "hf://openai/gsm8k?config=main&revision=<commit>")
+            return cls("hf", text)
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", text):
+            fsspec_filesystem(text)  # an unknown protocol or a missing backend fails here, naming the package
+            return cls("url", text)
+        path = Path(text).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(key, text, "a local data source must be an absolute path",
+                              "/data/gsm8k (with train.jsonl/test.jsonl) or builtin:arithmetic")
+        if glob.has_magic(text):
+            if not glob.glob(str(path)):
+                raise ConfigError(key, text, "the glob matches no file", "a glob that matches your data files")
+            return cls("files", str(path))
+        if path.is_dir():
+            if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+                return cls("hf_disk", str(path))
+            if not any((path / f"train.{ext}").is_file() for ext in ("jsonl", "json", "csv", "parquet")):
+                raise ConfigError(key, text, "the directory has no train.jsonl (or train.json/.csv/.parquet)",
+                                  "a directory with train.jsonl (and optionally test.jsonl)")
+        elif not path.is_file():
+            raise ConfigError(key, text, "no such file or directory", "an existing JSONL file or directory")
+        return cls("files", str(path))
+
+    def __str__(self) -> str:
+        return "builtin:arithmetic" if self.kind == "builtin" else self.ref
+
+
+#: Bytes per parameter of the rollout engine's weights (bf16).
+ROLLOUT_BYTES_PER_PARAM = 2
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the scaling rules need to know about a model (from its profile; weights are not read)."""
+
+    params_b: float
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+
+    #: True when params_b was estimated from the shape rather than given.
+    estimated: bool = False
+
+    @classmethod
+    def from_profile(cls, section: dict[str, Any], profile: str) -> ModelFacts:
+        """Read the size facts; ``params_b`` may be left out and is then estimated from the shape."""
+        values: dict[str, Any] = {}
+        for name, kind, example in (("hidden_size", int, "3584"), ("num_layers", int, "28"),
+                                    ("num_attention_heads", int, "28"), ("params_b", float, "7.6")):
+            raw = section.get(name)
+            key = f"models/{profile}.model.{name}"
+            if raw is None:
+                if name == "params_b":
+                    continue
+                raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it",
+                                  f"{name}: {example}")
+            try:
+                value = kind(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(key, raw, f"must be a number ({kind.__name__})", f"{name}: {example}") from None
+            if value <= 0:
+                raise ConfigError(key, raw, "must be positive", f"{name}: {example}")
+            values[name] = value
+        if "params_b" not in values:
+            values["params_b"] = estimate_params_b(values["hidden_size"], values["num_layers"])
+            values["estimated"] = True
+        return cls(**values)
+
+    @property
+    def weights_gb(self) -> float:
+        return self.params_b * ROLLOUT_BYTES_PER_PARAM
+
+
+def estimate_params_b(hidden_size: int, num_layers: int) -> float:
+    """Transformer blocks only: 12 x layers x hidden^2 (attention 4h^2 + a 4h MLP 8h^2), in billions.
+
+    A lower bound (no embeddings, wider MLPs count more): profiles should give ``params_b``.
+    """
+    return 12 * num_layers * hidden_size**2 / 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A cluster profile's ``hardware`` and ``network`` sections."""
+
+    gpu_memory_gb: float
+    cpus_per_node: int | None
+    infiniband: bool = False
+    ib_hcas: tuple[str, ...] = ()
+    nccl_proto: str | None = None
+
+    @classmethod
+    def from_profile(cls, cprof: dict[str, Any], profile: str) -> Hardware:
+        hw = dict(cprof.get("hardware") or {})
+        net = dict(cprof.get("network") or {})
+        mem = hw.get("gpu_memory_gb")
+        if mem is None or isinstance(mem, bool) or not isinstance(mem, int | float) or mem <= 0:
+            raise ConfigError(f"clusters/{profile}.hardware.gpu_memory_gb", mem,
+                              "is required and must be a positive number (GB per GPU)", "gpu_memory_gb: 80")
+        cpus = hw.get("cpus_per_node")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
+            raise ConfigError(f"clusters/{profile}.hardware.cpus_per_node", cpus, "must be a positive integer",
+                              "cpus_per_node: 96")
+        ib = bool(net.get("infiniband", False))
+        hcas = tuple(str(h) for h in (net.get("ib_hcas") or []))
+        if ib and not hcas:
+            raise ConfigError(f"clusters/{profile}.network.ib_hcas", [], "InfiniBand needs the HCAs NCCL may use",
+                              "ib_hcas: [mlx5_0, mlx5_1]")
+        return cls(float(mem), cpus, ib, hcas, net.get("nccl_proto"))
+
+
+@dataclass(frozen=True)
+class PoolSplit:
+    """``placement: separate``: the cluster's GPUs split into a training pool and a rollout pool."""
+
+    train_nnodes: int
+    train_gpus_per_node: int
+    rollout_nnodes: int
+    rollout_gpus_per_node: int
+    reason: str
+
+    @property
+    def train_gpus(self) -> int:
+        return self.train_nnodes * self.train_gpus_per_node
+
+
+#: The run profile's section (``watch:``) and its keys.
+SECTION = "watch"
+_KEYS = ("stall_timeout", "startup_timeout", "min_stall_timeout", "stall_factor")
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    #: Seconds without a new step after which a job is hung; None: derived from step times.
+    stall_timeout_s: float | None = None
+    startup_timeout_s: float = 2 * 3600.0
+    min_stall_timeout_s: float = 30 * 60.0
+    stall_factor: float = 5.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> WatchSettings:
+        return cls(**(data or {}))
+
+    @classmethod
+    def from_profile(cls, section: Any, profile: str) -> WatchSettings:
+        """Settings from a run profile's ``watch:`` section (durations as strings, the factor a number)."""
+        where = f"profiles/{profile}.{SECTION}"
+        if section is None:
+            return cls()
+        if not isinstance(section, dict):
+            raise ConfigError(where, section, "must be a mapping", "watch: {stall_timeout: 45m}")
+        unknown = sorted(set(section) - set(_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", section[unknown[0]], "is not a watch setting",
+                              f"one of {list(_KEYS)}")
+        out: dict[str, Any] = {}
+        for key in ("stall_timeout", "startup_timeout", "min_stall_timeout"):
+            value = section.get(key)
+            if value is None or (key == "stall_timeout" and value == "auto"):
+                continue
+            seconds = parse_duration(value) if isinstance(value, str) else None
+            if not seconds:
+                raise ConfigError(f"{where}.{key}", value, "is not a duration longer than zero",
+                                  f"{key}: one of {EXAMPLES}" + (" or auto" if key == "stall_timeout" else ""))
+            out[f"{key}_s"] = float(seconds)
+        factor = section.get("stall_factor")
+        if factor is not None:
+            if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
+                raise ConfigError(f"{where}.stall_factor", factor, "must be a number of at least 1",
+                                  "stall_factor: 5")
+            out["stall_factor"] = float(factor)
+        return cls(**out)
+
+    def stall_limit(self, slowest_step_s: float | None) -> float:
+        """Seconds without a new step that count as a hang, given the slowest step seen."""
+        if self.stall_timeout_s is not None:
+            return self.stall_timeout_s
+        return max(self.min_stall_timeout_s, self.stall_factor * (slowest_step_s or 0.0))
+
+    def describe(self) -> str:
+        stall = (format_duration(self.stall_timeout_s) if self.stall_timeout_s is not None
+                 else f"max({format_duration(self.min_stall_timeout_s)}, {self.stall_factor:g} x the slowest step)")
+        return f"no step for {stall}, or none within {format_duration(self.startup_timeout_s)} of the start"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, fully resolved: what to train, where, on what shape, and where outputs go."""
+
+    run_name: str
+    profile: str
+    model_profile: str
+    cluster_profile: str
+    model: ModelSource
+    critic_model: ModelSource | None
+    data: DataSource
+    data_options: dict[str, Any]
+    cluster: dict[str, Any]
+    storage_root: Path
+    runtime: dict[str, Any]
+    nnodes: int
+    n_gpus_per_node: int
+    total_training_steps: int
+    mode: Mode
+    verl: dict[str, Any] = field(default_factory=dict)
+    #: derived (or explicitly kept) verl key -> the rule behind its value
+    derived: dict[str, str] = field(default_factory=dict)
+    trainer_command: tuple[str, ...] = DEFAULT_TRAINER_COMMAND
+    reward_model: ModelSource | None = None
+
+    def model_sources(self) -> dict[str, ModelSource]:
+        """The run's models by role (``actor`` always; ``critic``/``reward`` when the model profile sets them)."""
+        out = {"actor": self.model}
+        if self.critic_model is not None:
+            out["critic"] = self.critic_model
+        if self.reward_model is not None:
+            out["reward"] = self.reward_model
+        return out
+    model_facts: ModelFacts | None = None
+    hardware: Hardware | None = None
+    #: Explicit storage locations from the cluster profile (data, models, checkpoints).
+    storage_paths: dict[str, str] = field(default_factory=dict)
+    #: Mount points every Ray node and the Airflow workers see at the same path.
+    shared_roots: tuple[str, ...] = ()
+    nccl_debug: bool = False
+    placement: Placement = Placement.COLOCATED
+    #: ``placement: separate``: how the cluster's GPUs are split between training and rollout.
+    pools: PoolSplit | None = None
+    #: The hang watchdog of the wait step (the run profile's ``watch:`` section).
+    watch: WatchSettings = field(default_factory=WatchSettings)
+    #: The Airflow connection of each tracker in ``trainer.logger`` (the run profile's ``trackers:`` section).
+    trackers: TrackerSettings = field(default_factory=TrackerSettings)
+    #: What a retry does on a cluster of another world size (the run profile's ``on_world_size_change``).
+    on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL
+    #: Merge and publish the trained model after a successful training run (the run profile's ``export``).
+    export_model: bool = True
+    #: A shared cluster's Airflow pool and the slots this run takes (the cluster profile's ``pool``).
+    admission: Admission | None = None
+
+    # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
+    @property
+    def train_nnodes(self) -> int:
+        return self.pools.train_nnodes if self.pools else self.nnodes
+
+    @property
+    def train_gpus_per_node(self) -> int:
+        return self.pools.train_gpus_per_node if self.pools else self.n_gpus_per_node
+
+    @property
+    def train_gpus(self) -> int:
+        return self.train_nnodes * self.train_gpus_per_node
+
+    # -- where things go --------------------------------------------------------------------------
+    @property
+    def run_key(self) -> str:
+        return f"{slug(self.run_name, 32)}-{short_hash(self.run_name, length=8)}"
+
+    @property
+    def cluster_name(self) -> str:
+        """Names the run's cluster: unique per run and per storage root (two homes never share one)."""
+        return f"{self.run_name}#{short_hash(self.storage_root, length=6)}"
+
+    @property
+    def run_dir(self) -> Path:
+        """Per-run files: merged config, job summary, attempts and their metrics, the report."""
+        return self.storage_root / "runs" / self.run_key
+
+    @property
+    def data_root(self) -> Path:
+        return Path(self.storage_paths["data"]) if "data" in self.storage_paths else self.storage_root / "data"
+
+    @property
+    def model_cache(self) -> Path:
+        return Path(self.storage_paths["models"]) if "models" in self.storage_paths else self.storage_root / "models"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        base = self.storage_paths.get("checkpoints")
+        return (Path(base) if base else self.storage_root / "checkpoints") / self.run_key
+
+    def metrics_path(self, attempt: int) -> Path:
+        """verl's file-logger output of the run's attempt ``attempt`` (one file per attempt)."""
+        return RunDir(self.run_dir).metrics_file(attempt)
+
+    @property
+    def report_dir(self) -> Path:
+        """The run report: ``report.json``, its plots and ``report.html``."""
+        return RunDir(self.run_dir).report_dir
+
+    @property
+    def n_gpus(self) -> int:
+        return self.nnodes * self.n_gpus_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_name": self.run_name,
+            "profile": self.profile,
+            "model_profile": self.model_profile,
+            "cluster_profile": self.cluster_profile,
+            "model": str(self.model),
+            "critic_model": str(self.critic_model) if self.critic_model else None,
+            "reward_model": str(self.reward_model) if self.reward_model else None,
+            "data": str(self.data),
+            "data_options": self.data_options,
+            "cluster": self.cluster,
+            "storage_root": str(self.storage_root),
+            "runtime": self.runtime,
+            "nnodes": self.nnodes,
+            "n_gpus_per_node": self.n_gpus_per_node,
+            "total_training_steps": self.total_training_steps,
+            "mode": self.mode.value,
+            "verl": self.verl,
+            "derived": self.derived,
+            "trainer_command": list(self.trainer_command),
+            "model_facts": asdict(self.model_facts) if self.model_facts else None,
+            "hardware": asdict(self.hardware) if self.hardware else None,
+            "storage_paths": self.storage_paths,
+            "shared_roots": list(self.shared_roots),
+            "nccl_debug": self.nccl_debug,
+            "placement": self.placement.value,
+            "pools": asdict(self.pools) if self.pools else None,
+            "watch": self.watch.to_dict(),
+            "trackers": self.trackers.to_dict(),
+            "on_world_size_change": self.on_world_size_change.value,
+            "export_model": self.export_model,
+            "admission": self.admission.to_dict() if self.admission else None,
+            # The sources exactly (kind, patterns): the strings above are for people and reports.
+            "sources": {role: _source_dict(s) for role, s in
+                        (("model", self.model), ("critic_model", self.critic_model),
+                         ("reward_model", self.reward_model), ("data", self.data)) if s is not None},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        """The spec :meth:`to_dict` wrote (the run's frozen ``run_spec.json``): nothing is read from
+        ``configs/`` and nothing is validated again — it was, once, when the run was provisioned."""
+        sources = d["sources"]
+
+        def model(role: str) -> ModelSource | None:
+            s = sources.get(role)
+            return None if s is None else ModelSource(s["kind"], s["ref"], s.get("revision"),
+                                                      tuple(s["allow_patterns"]) if s.get("allow_patterns") else None)
+
+        actor = model("model")
+        if actor is None:
+            raise ConfigError("run_spec.json sources.model", None, "the frozen spec names no model",
+                              "start a new run (the spec of this one is damaged)")
+        hardware = dict(d["hardware"]) if d.get("hardware") else None
+        if hardware is not None:
+            hardware["ib_hcas"] = tuple(hardware.get("ib_hcas") or ())
+        return cls(
+            run_name=d["run_name"], profile=d["profile"], model_profile=d["model_profile"],
+            cluster_profile=d["cluster_profile"], model=actor, critic_model=model("critic_model"),
+            data=DataSource(sources["data"]["kind"], sources["data"]["ref"]), data_options=dict(d["data_options"]),
+            cluster=dict(d["cluster"]), storage_root=Path(d["storage_root"]), runtime=dict(d["runtime"]),
+            nnodes=int(d["nnodes"]), n_gpus_per_node=int(d["n_gpus_per_node"]),
+            total_training_steps=int(d["total_training_steps"]), mode=Mode(d["mode"]), verl=dict(d["verl"]),
+            derived=dict(d["derived"]), trainer_command=tuple(d["trainer_command"]),
+            reward_model=model("reward_model"),
+            model_facts=ModelFacts(**d["model_facts"]) if d.get("model_facts") else None,
+            hardware=Hardware(**hardware) if hardware is not None else None,
+            storage_paths=dict(d["storage_paths"]), shared_roots=tuple(d["shared_roots"]),
+            nccl_debug=bool(d["nccl_debug"]), placement=Placement(d["placement"]),
+            pools=PoolSplit(**d["pools"]) if d.get("pools") else None,
+            watch=WatchSettings.from_dict(d["watch"]),
+            trackers=TrackerSettings({name: entry["conn_id"] for name, entry in d["trackers"].items()}),
+            on_world_size_change=WorldSizeChange(d["on_world_size_change"]), export_model=bool(d["export_model"]),
+            admission=Admission(**d["admission"]) if d.get("admission") else None,
+        )
+
+    @classmethod
+    def load(cls, run_dir: RunDir) -> RunSpec:
+        """The run's frozen spec, as provision saved it (``steps.freeze``)."""
+        try:
+            return cls.from_dict(run_dir.spec_dict())
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(str(run_dir.spec_file), type(e).__name__, f"the run's frozen spec cannot be read: {e}",
+                              "start a new run") from e
+
+
+def _source_dict(source: ModelSource | DataSource) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": source.kind, "ref": source.ref}
+    if isinstance(source, ModelSource):
+        out["revision"] = source.revision
+        out["allow_patterns"] = list(source.allow_patterns) if source.allow_patterns else None
+    return out
+
+
+def under_shared(path: str | Path, roots: tuple[str, ...]) -> bool:
+    p = Path(path)
+    return any(p == Path(r) or Path(r) in p.parents for r in roots)

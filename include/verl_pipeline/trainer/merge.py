@@ -1,0 +1,90 @@
+"""verl's FSDP checkpoint merger: a ``global_step_N/actor`` folder into HuggingFace safetensors, verified.
+
+Used to export a run's trained model and to start a new run segment from merged weights when a
+retry lands on a cluster of another world size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.exceptions import ModelError
+from verl_pipeline.trainer.verify import verify_model_dir
+
+log = logging.getLogger(__name__)
+
+MERGER_MODULE = "verl.model_merger"
+#: A merge that takes longer is stuck: the merger of a 7B model takes minutes, not hours.
+MERGE_TIMEOUT_S = 3 * 3600.0
+_TAIL_LINES = 20
+
+
+def merge_command(actor_dir: Path, target_dir: Path, *, python: str = sys.executable) -> list[str]:
+    """verl's FSDP merger as an argument list."""
+    return [python, "-m", MERGER_MODULE, "merge", "--backend", "fsdp", "--local_dir", str(actor_dir),
+            "--target_dir", str(target_dir)]
+
+
+def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_s: float = MERGE_TIMEOUT_S) -> dict[
+        str, Any]:
+    """Merge ``actor_dir`` (a ``global_step_N/actor`` folder) into ``target_dir`` and verify it.
+
+    Written to a sibling temporary directory and renamed, so ``target_dir`` is complete or absent.
+    Returns the verification's facts. ModelError naming the checkpoint and the merger's last lines
+    when it fails, or naming the file when the merged model does not verify.
+    """
+    for need in ("fsdp_config.json", "huggingface/config.json"):
+        if not (actor_dir / need).is_file():
+            raise ModelError(f"{actor_dir} has no {need}: not a verl FSDP checkpoint the merger can read "
+                             "(verl writes it with the shards on every save)")
+    tmp = target_dir.with_name(f".{target_dir.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    cmd = merge_command(actor_dir, tmp)
+    log.info("%s: merging %s with verl's merger: %s", job_id, actor_dir, " ".join(cmd))
+    started = time.monotonic()
+    tail: list[str] = []
+    # verl's merger works on CPU (map_location="cpu"): it must not take a GPU of the worker's host.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        # A merger that stops printing must still end: killed at the timeout, from another thread.
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip()
+                if line:
+                    log.info("%s: merger: %s", job_id, line)
+                    tail = [*tail, line][-_TAIL_LINES:]
+            code = proc.wait()
+        finally:
+            watchdog.cancel()
+    if code != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = f"killed after {timeout_s:.0f}s" if time.monotonic() - started >= timeout_s else f"exit {code}"
+        raise ModelError(f"verl's merger failed on {actor_dir} ({why}): " + " | ".join(tail[-5:]))
+    try:
+        facts = verify_model_dir(tmp)
+    except ModelError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for p in tmp.iterdir():  # the merger writes weights 0600; every Ray node's user must read them
+        os.chmod(p, p.stat().st_mode | 0o644)
+    if target_dir.exists():
+        shutil.rmtree(target_dir)
+    os.replace(tmp, target_dir)
+    log.info("%s: merged %s into %s in %.1fs (%d tensors)", job_id, actor_dir, target_dir,
+             time.monotonic() - started, facts.get("tensors", 0))
+    return facts
+
+
+__all__ = ["MERGER_MODULE", "MERGE_TIMEOUT_S", "merge_checkpoint", "merge_command"]

@@ -1,0 +1,106 @@
+"""The batch, parallelism and memory rules verl enforces only once GPUs are up (or never), for a run's
+target shape: checked when the run's spec is built, so a bad shape fails in seconds, before any cluster.
+"""
+
+from __future__ import annotations
+
+import math
+
+from verl_pipeline.constants import Mode
+from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.spec import RunSpec
+from verl_pipeline.trainer import scaling
+
+
+def check_shape(spec: RunSpec) -> None:
+    """The batch/parallelism/memory rules verl enforces only once GPUs are up (or never), for the target shape."""
+    s = spec.verl
+    g, gpus = spec.train_gpus_per_node, spec.train_gpus  # the GPUs that train (all, unless rollout has a pool)
+    tbs = int(s.get("data.train_batch_size", 0) or 0)
+    n = int(s.get("actor_rollout_ref.rollout.n", 1) or 1)
+    step = scaling.batch_step(g, n)
+    if tbs <= 0:
+        raise ConfigError("data.train_batch_size", tbs, "must be a positive number of prompts",
+                          f"data.train_batch_size={step * spec.train_nnodes}")
+    if n < 1:
+        raise ConfigError("actor_rollout_ref.rollout.n", n, "must be >= 1", "actor_rollout_ref.rollout.n=1")
+    if (tbs * n) % gpus:
+        good = _round_up(tbs, max(1, gpus // math.gcd(gpus, n)))
+        raise ConfigError(
+            "data.train_batch_size", tbs,
+            f"train_batch_size x rollout.n ({tbs} x {n}) must be divisible by nnodes x n_gpus_per_node ({gpus})",
+            f"data.train_batch_size={good}",
+        )
+    estimator = str(s.get("algorithm.adv_estimator", "gae"))
+    if estimator in ("grpo", "rloo", "grpo_passk") and n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n", n,
+                          f"{estimator} normalises rewards within a group of responses per prompt: needs n >= 2",
+                          "actor_rollout_ref.rollout.n=5")
+    if estimator == "gae" and s.get("critic.enable") is False:
+        raise ConfigError("critic.enable", False, "gae advantages need a critic", "critic.enable=true "
+                          "(or algorithm.adv_estimator=grpo with rollout.n >= 2)")
+    roles = ["actor_rollout_ref.actor"] + (["critic"] if scaling.uses_critic(s) else [])
+    for prefix in roles:
+        mini_key = f"{prefix}.ppo_mini_batch_size"
+        mini = int(s.get(mini_key, s.get("actor_rollout_ref.actor.ppo_mini_batch_size", tbs)) or 0)
+        if mini < 1 or mini > tbs:
+            raise ConfigError(mini_key, mini, f"must be between 1 and data.train_batch_size ({tbs})",
+                              f"{mini_key}={tbs}")
+        if (mini * n) % gpus:
+            good = _round_up(mini, max(1, gpus // math.gcd(gpus, n)))
+            raise ConfigError(mini_key, mini,
+                              f"ppo_mini_batch_size x rollout.n ({mini} x {n}) must split evenly over {gpus} GPU(s) "
+                              "(verl divides it per GPU when the workers start)",
+                              f"{mini_key}={min(good, tbs) if (min(good, tbs) * n) % gpus == 0 else good}")
+        per_gpu = mini * n // gpus
+        micro_key = f"{prefix}.ppo_micro_batch_size_per_gpu"
+        micro = s.get(micro_key)
+        if micro is not None and not s.get(f"{prefix}.use_dynamic_bsz"):
+            micro = int(micro)
+            if micro < 1 or per_gpu % micro:
+                good = max(d for d in range(1, min(per_gpu, max(micro, 1)) + 1) if per_gpu % d == 0)
+                raise ConfigError(micro_key, micro,
+                                  f"must divide the per-GPU mini-batch ({mini} x rollout.n {n} / {gpus} GPU(s) = "
+                                  f"{per_gpu} samples)", f"{micro_key}={good}")
+    tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    tp = int(s.get(tp_key, 1) or 1)
+    divisors = [d for d in range(1, g + 1) if g % d == 0]
+    if tp < 1 or g % tp:
+        raise ConfigError(tp_key, tp, f"must divide n_gpus_per_node ({g})", f"one of {divisors}")
+    facts, hw = spec.model_facts, spec.hardware
+    if facts is not None:
+        if facts.num_attention_heads % tp:
+            ok = [d for d in divisors if facts.num_attention_heads % d == 0]
+            raise ConfigError(tp_key, tp, f"must divide the model's num_attention_heads ({facts.num_attention_heads})",
+                              f"one of {ok}")
+        util_now = float(s.get("actor_rollout_ref.rollout.gpu_memory_utilization", 0.9) or 0.9)
+        limit = scaling.ROLLOUT_WEIGHT_LIMIT * util_now * hw.gpu_memory_gb if hw else 0.0
+        if hw is not None and facts.weights_gb / tp > limit:
+            best, _why = scaling.rollout_tp(facts, hw, g)
+            raise ConfigError(tp_key, tp,
+                              f"bf16 weights {facts.weights_gb:.1f} GB / tp {tp} do not fit: vLLM's share of a "
+                              f"{hw.gpu_memory_gb:g} GB GPU ({util_now}) must keep half for the KV cache "
+                              f"(limit {limit:.1f} GB)", f"{tp_key}={best}" if best else
+                              f"n_gpus_per_node >= {scaling.min_gpus_per_node(facts, hw)}")
+    util_key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    util = s.get(util_key)
+    if util is not None and not 0.1 <= float(util) <= 0.95:
+        util_ok = scaling.memory_utilization(hw.gpu_memory_gb)[0] if hw else 0.85
+        raise ConfigError(util_key, util, "must be between 0.1 and 0.95 (vLLM needs headroom for CUDA graphs)",
+                          f"{util_key}={util_ok}")
+    if hw is not None and hw.cpus_per_node is not None and spec.mode is not Mode.PREFLIGHT:
+        per_node = scaling.CPUS_PER_GPU_BUNDLE * spec.n_gpus_per_node  # both pools' GPUs hold a bundle
+        if hw.cpus_per_node < per_node:
+            raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
+                              f"verl reserves {scaling.CPUS_PER_GPU_BUNDLE} CPUs per GPU: {spec.n_gpus_per_node} "
+                              "GPU(s) per node need "
+                              f"{per_node}", f"n_gpus_per_node <= {max(1, hw.cpus_per_node // 3)} or more CPUs")
+        need, why = scaling.required_cpus(spec.n_gpus, s)
+        if hw.cpus_per_node * spec.nnodes < need:
+            raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
+                              f"{spec.nnodes} node(s) give {hw.cpus_per_node * spec.nnodes} CPUs; verl needs {why}",
+                              f"cpus_per_node >= {-(-need // spec.nnodes)}")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
