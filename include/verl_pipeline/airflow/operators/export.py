@@ -10,7 +10,6 @@ checkpoints are not FSDP's (Megatron).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowSkipException
@@ -44,10 +43,7 @@ def run_skip_reason(spec: RunSpec, submitted: dict[str, Any] | None) -> str | No
     """:func:`skip_reason` for a run: its profile's ``export`` and its rendered job's actor strategy."""
     if skip_reason(submitted) is not None:
         return skip_reason(submitted)
-    try:
-        settings = json.loads((spec.run_dir / "job.json").read_text()).get("settings", {})
-    except (OSError, ValueError):
-        settings = {}
+    settings = (RunDir(spec.run_dir).job() or {}).get("settings", {})
     return skip_reason(submitted, export=spec.export_model,
                        strategy=str(settings.get("actor_rollout_ref.actor.strategy", "fsdp")))
 
@@ -85,7 +81,7 @@ class ExportModelOperator(PipelineOperator):
             reason = run_skip_reason(spec, submitted)
             if reason:
                 raise AirflowSkipException(f"no model exported: {reason}")
-            settings = json.loads((spec.run_dir / "job.json").read_text()).get("settings", {})
+            settings = (RunDir(spec.run_dir).job() or {}).get("settings", {})
             # After a merge on a changed world size the newest checkpoints are the newest segment's.
             ckpt, start, _ = current_segment(spec.checkpoint_dir)
             checkpoints = list_checkpoints(ckpt, contents=save_contents(settings), critic=uses_critic(settings))
