@@ -29,7 +29,6 @@ from typing import Any
 
 from verl_pipeline import auth
 from verl_pipeline.cluster.base import (
-    COMMON_SETTINGS,
     ClusterBackend,
     ClusterHandle,
     ClusterHealth,
@@ -37,6 +36,7 @@ from verl_pipeline.cluster.base import (
     probe,
     wait_ready,
 )
+from verl_pipeline.cluster.settings import Key, absolute_path, environment, read_settings, setting
 from verl_pipeline.cluster.slurm_rest import SlurmRest, slurm_rest_end_time, state_of
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
@@ -65,7 +65,6 @@ HOPELESS_REASONS = {"PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig
                     "InvalidAccount", "InvalidQOS", "QOSMaxNodePerJobLimit", "QOSMaxGRESPerJob", "BadConstraints",
                     "ReqNodeNotAvail", "JobHeldAdmin", "DependencyNeverSatisfied"}
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTAINER_RUNTIMES = ("apptainer", "enroot", "docker")
 
 
@@ -153,170 +152,109 @@ class Container:
         return flags
 
 
+def _time_limit(key: Key, value: Any) -> str:
+    # A whole number is minutes (and what YAML makes of an unquoted 04:00:00: quote it).
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise key.refuse(value, "is not a Slurm time limit", "'1-00:00:00' or '04:00:00'")
+    time_limit_minutes(str(value))  # raises a ConfigError naming cluster.time when it is not one
+    return str(value)
+
+
+def _extra_sbatch(key: Key, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(a, str) and a.startswith("--") and "\n" not in a
+                                              for a in value):
+        raise key.refuse(value, "must be a list of sbatch options starting with --", "['--exclusive']")
+    return tuple(value)
+
+
+def _env(key: Key, value: Any) -> dict[str, str]:
+    env = environment(key, value)
+    for name in env:
+        if name.startswith("RAY_AUTH_"):
+            # A token here would be written into the sbatch script in clear.
+            raise ConfigError(f"{key.path}.{name}", "***", "Ray's auth is set by the pipeline, not by env",
+                              "remove it and set cluster.auth_mode: token (a fresh token per allocation) or disabled")
+    return env
+
+
+def _container(key: Key, value: Any) -> Container | None:
+    if not value:
+        return None
+    if not isinstance(value, dict) or value.get("runtime") not in CONTAINER_RUNTIMES or not value.get("image"):
+        raise key.refuse(value, f"needs runtime ({'/'.join(CONTAINER_RUNTIMES)}) and image",
+                         "{runtime: apptainer, image: /shared/images/verl.sif}")
+    unknown = sorted(set(value) - {"runtime", "image", "mounts", "shm_size"})
+    if unknown:
+        raise ConfigError(f"{key.path}.{unknown[0]}", value[unknown[0]], "unknown container setting",
+                          "use runtime, image, mounts, shm_size")
+    mounts = value.get("mounts") or []
+    if not isinstance(mounts, list) or not all(isinstance(m, str) and ":" in m for m in mounts):
+        raise ConfigError(f"{key.path}.mounts", mounts, "must be a list of host:container paths",
+                          "mounts: ['/shared:/shared']")
+    shm = str(value.get("shm_size", Container.shm_size))
+    if not re.fullmatch(r"\d+[kmgKMG]?", shm):
+        raise ConfigError(f"{key.path}.shm_size", shm, "must be a size like 64g", "shm_size: 64g")
+    return Container(str(value["runtime"]), str(value["image"]), tuple(mounts), shm)
+
+
+def _port_base(key: Key, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (value == 0 or 1024 <= value <= 65535):
+        raise key.refuse(value, "must be 0 (pick free ports at submit time) or 1024-65535", key.default)
+    return value
+
+
+_PORT = setting(ge=1024, le=65535)
+_DIR = setting(parse=absolute_path())
+
+
 @dataclass(frozen=True)
 class SlurmBackend(ClusterBackend):
     """Settings of the ``slurm`` cluster profile (see configs/clusters/slurm-*.yaml)."""
 
-    nodes: int = 1
-    cpus_per_node: int = 8
-    gpus_per_node: int = 0
-    time_limit: str = "04:00:00"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    mem: str | None = None
-    extra_sbatch: tuple[str, ...] = ()
-    container: Container | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    python: str | None = None
-    dashboard_host: str = "0.0.0.0"
-    gcs_port: int = 6379
-    dashboard_port: int = 8265
-    client_server_port: int = 10001
-    port_base: int = 30000
-    port_stride: int = 0
-    object_store_memory_mb: int | None = None
-    temp_dir: str | None = None
-    shared_dir: str | None = None
-    slurm_conf: str | None = None
-    slurm_bin: str | None = None
-    pending_timeout_s: float = 900.0
-    ready_timeout_s: float = 600.0
-    cancel_timeout_s: float = 120.0
-    poll_s: float = 2.0
+    nodes: int = field(default=1, metadata=setting(ge=1, le=4096))
+    cpus_per_node: int = field(default=8, metadata=setting(ge=1, le=4096))
+    gpus_per_node: int = field(default=0, metadata=setting(ge=0, le=16))
+    time_limit: str = field(default="04:00:00", metadata=setting(key="time", parse=_time_limit))
+    partition: str | None = field(default=None, metadata=setting(pattern=_NAME, example="gpu"))
+    account: str | None = field(default=None, metadata=setting(pattern=_NAME, example="ml-team"))
+    qos: str | None = field(default=None, metadata=setting(pattern=_NAME, example="normal"))
+    mem: str | None = field(default=None, metadata=setting(pattern=re.compile(r"\d+[KMGT]?"), example="64G"))
+    extra_sbatch: tuple[str, ...] = field(default=(), metadata=setting(parse=_extra_sbatch))
+    container: Container | None = field(default=None, metadata=setting(parse=_container))
+    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=_env))
+    python: str | None = field(default=None, metadata=setting(parse=absolute_path(
+        rule="must be an absolute path to the nodes' python",
+        example="/opt/verl/.venv/bin/python (null = the submitting environment's)")))
+    dashboard_host: str = field(default="0.0.0.0", metadata=setting(pattern=re.compile(r"[0-9.]+|[A-Za-z0-9.\-]+"),
+                                                                     rule="must be an address"))
+    gcs_port: int = field(default=6379, metadata=_PORT)
+    dashboard_port: int = field(default=8265, metadata=_PORT)
+    client_server_port: int = field(default=10001, metadata=_PORT)
+    port_base: int = field(default=30000, metadata=setting(parse=_port_base))
+    port_stride: int = field(default=0, metadata=setting(ge=0, le=10000))
+    object_store_memory_mb: int | None = field(default=None, metadata=setting(ge=80, rule="Ray needs at least 80 MB",
+                                                                             example="4096"))
+    temp_dir: str | None = field(default=None, metadata=_DIR)
+    shared_dir: str | None = field(default=None, metadata=_DIR)
+    slurm_conf: str | None = field(default=None, metadata=_DIR)
+    slurm_bin: str | None = field(default=None, metadata=_DIR)
+    pending_timeout_s: float = field(default=900.0, metadata=setting(gt=0))
+    ready_timeout_s: float = field(default=600.0, metadata=setting(gt=0))
+    cancel_timeout_s: float = field(default=120.0, metadata=setting(gt=0))
+    poll_s: float = field(default=2.0, metadata=setting(gt=0))
     #: Submit, watch and cancel through slurmrestd instead of sbatch/scontrol/scancel.
-    rest: SlurmRest | None = None
+    rest: SlurmRest | None = field(default=None, metadata=setting(
+        key="slurmrestd", parse=lambda _key, value: SlurmRest.from_spec(value)))
     #: Ray's token auth (a fresh token per allocation, in the work dir) unless the profile says disabled.
-    auth_mode: auth.AuthMode = auth.AuthMode.TOKEN
+    auth_mode: auth.AuthMode = field(default=auth.AuthMode.TOKEN, metadata=setting())
     #: Set by :meth:`for_run`: the run directory the script, logs and head address go to.
     run_dir: str | None = None
     kind: str = "slurm"
 
-    KNOWN = ("nodes", "cpus_per_node", "gpus_per_node", "time", "partition", "account", "qos", "mem",
-             "extra_sbatch", "container", "env", "python", "dashboard_host", "gcs_port", "dashboard_port",
-             "client_server_port", "port_base", "port_stride", "object_store_memory_mb", "temp_dir", "shared_dir",
-             "slurm_conf", "slurm_bin", "pending_timeout_s", "ready_timeout_s", "cancel_timeout_s", "poll_s",
-             "slurmrestd", "auth_mode", *COMMON_SETTINGS)
-
     # -- configuration -----------------------------------------------------------------------------
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> SlurmBackend:
-        for key in spec:
-            if key != "backend" and key not in cls.KNOWN:
-                raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the slurm backend",
-                                  f"use one of {sorted(cls.KNOWN)}")
-
-        def integer(key: str, default: int, lo: int, hi: int) -> int:
-            value = spec.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise ConfigError(f"cluster.{key}", value, f"must be an integer between {lo} and {hi}",
-                                  f"{key}: {default}")
-            return value
-
-        def text(key: str, default: str | None = None, pattern: re.Pattern[str] = _NAME) -> str | None:
-            value = spec.get(key, default)
-            if value is None:
-                return None
-            if not isinstance(value, str | int) or not pattern.match(str(value)):
-                raise ConfigError(f"cluster.{key}", value, f"must match {pattern.pattern}", f"{key}: <name>")
-            return str(value)
-
-        def seconds(key: str, default: float) -> float:
-            value = spec.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"cluster.{key}", value, "must be a positive number of seconds", f"{key}: {default}")
-            return float(value)
-
-        def port(key: str, default: int, allow_zero: bool = False) -> int:
-            value = spec.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int) or not (
-                1024 <= value <= 65535 or (allow_zero and value == 0)
-            ):
-                rule = ("must be 0 (pick free ports at submit time) or 1024-65535" if allow_zero
-                        else "must be 1024-65535")
-                raise ConfigError(f"cluster.{key}", value, rule, f"{key}: {default}")
-            return value
-
-        extra = spec.get("extra_sbatch") or []
-        if not isinstance(extra, list) or not all(isinstance(a, str) and a.startswith("--") and "\n" not in a
-                                                  for a in extra):
-            raise ConfigError("cluster.extra_sbatch", extra, "must be a list of sbatch options starting with --",
-                              "extra_sbatch: ['--exclusive']")
-        env = spec.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_KEY.match(k) for k in env):
-            raise ConfigError("cluster.env", env, "must map environment variable names to values",
-                              "env: {NCCL_IB_HCA: mlx5, NCCL_SOCKET_IFNAME: ib0}")
-        for key in env:
-            if key.startswith("RAY_AUTH_"):
-                # A token here would be written into the sbatch script in clear.
-                raise ConfigError(f"cluster.env.{key}", "***", "Ray's auth is set by the pipeline, not by env",
-                                  "remove it and set cluster.auth_mode: token (a fresh token per allocation) "
-                                  "or disabled")
-        container = None
-        c = spec.get("container")
-        if c:
-            if not isinstance(c, dict) or c.get("runtime") not in CONTAINER_RUNTIMES or not c.get("image"):
-                raise ConfigError("cluster.container", c, f"needs runtime ({'/'.join(CONTAINER_RUNTIMES)}) and image",
-                                  "container: {runtime: apptainer, image: /shared/images/verl.sif}")
-            unknown = set(c) - {"runtime", "image", "mounts", "shm_size"}
-            if unknown:
-                raise ConfigError(f"cluster.container.{sorted(unknown)[0]}", c[sorted(unknown)[0]],
-                                  "unknown container setting", "use runtime, image, mounts, shm_size")
-            mounts = c.get("mounts") or []
-            if not isinstance(mounts, list) or not all(isinstance(m, str) and ":" in m for m in mounts):
-                raise ConfigError("cluster.container.mounts", mounts, "must be a list of host:container paths",
-                                  "mounts: ['/shared:/shared']")
-            shm = str(c.get("shm_size", "64g"))
-            if not re.fullmatch(r"\d+[kmgKMG]?", shm):
-                raise ConfigError("cluster.container.shm_size", shm, "must be a size like 64g", "shm_size: 64g")
-            container = Container(str(c["runtime"]), str(c["image"]), tuple(mounts), shm)
-        python = spec.get("python")
-        if python is not None and not Path(str(python)).is_absolute():
-            raise ConfigError("cluster.python", python, "must be an absolute path to the nodes' python",
-                              "python: /opt/verl/.venv/bin/python (null = the submitting environment's)")
-        for key in ("temp_dir", "shared_dir", "slurm_conf", "slurm_bin"):
-            value = spec.get(key)
-            if value is not None and not Path(str(value)).expanduser().is_absolute():
-                raise ConfigError(f"cluster.{key}", value, "must be an absolute path", f"{key}: /shared/...")
-        time_limit = str(spec.get("time", "04:00:00"))
-        time_limit_minutes(time_limit)  # raises a ConfigError naming cluster.time when it is not one
-        dash_host = str(spec.get("dashboard_host", "0.0.0.0"))
-        if not re.fullmatch(r"[0-9.]+|[A-Za-z0-9.\-]+", dash_host):
-            raise ConfigError("cluster.dashboard_host", dash_host, "must be an address", "dashboard_host: 0.0.0.0")
-        osm = spec.get("object_store_memory_mb")
-        if osm is not None and (not isinstance(osm, int) or osm < 80):
-            raise ConfigError("cluster.object_store_memory_mb", osm, "Ray needs at least 80 MB", "null or 4096")
-        b = cls(
-            nodes=integer("nodes", 1, 1, 4096),
-            cpus_per_node=integer("cpus_per_node", 8, 1, 4096),
-            gpus_per_node=integer("gpus_per_node", 0, 0, 16),
-            time_limit=time_limit,
-            partition=text("partition"),
-            account=text("account"),
-            qos=text("qos"),
-            mem=text("mem", pattern=re.compile(r"^\d+[KMGT]?$")),
-            extra_sbatch=tuple(extra),
-            container=container,
-            env={str(k): str(v) for k, v in env.items()},
-            python=str(python) if python else None,
-            dashboard_host=dash_host,
-            gcs_port=port("gcs_port", 6379),
-            dashboard_port=port("dashboard_port", 8265),
-            client_server_port=port("client_server_port", 10001),
-            port_base=port("port_base", 30000, allow_zero=True),
-            port_stride=integer("port_stride", 0, 0, 10000),
-            object_store_memory_mb=osm,
-            temp_dir=spec.get("temp_dir"),
-            shared_dir=spec.get("shared_dir"),
-            slurm_conf=spec.get("slurm_conf"),
-            slurm_bin=spec.get("slurm_bin"),
-            pending_timeout_s=seconds("pending_timeout_s", 900),
-            ready_timeout_s=seconds("ready_timeout_s", 600),
-            cancel_timeout_s=seconds("cancel_timeout_s", 120),
-            poll_s=seconds("poll_s", 2),
-            rest=SlurmRest.from_spec(spec["slurmrestd"]) if spec.get("slurmrestd") is not None else None,
-            auth_mode=auth.auth_mode(spec, default=auth.AuthMode.TOKEN),
-        )
+        b = read_settings(cls, spec)
         if b.rest and b.extra_sbatch:
             raise ConfigError("cluster.extra_sbatch", list(b.extra_sbatch),
                               "slurmrestd does not read #SBATCH lines, so extra sbatch options cannot be passed "
