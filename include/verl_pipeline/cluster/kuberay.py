@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.settings import Key, Parser, environment, read_settings, setting
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug
 
@@ -28,10 +29,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 PLURALS = {"RayCluster": "rayclusters", "RayJob": "rayjobs"}
 DASHBOARD_PORT = 8265
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_RULE = "must be a DNS-1123 label (lowercase letters, digits, '-', <= 63)"
 _QUANTITY = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE])?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
 MODES = ("raycluster", "rayjob")
@@ -64,181 +65,145 @@ def _cpu_count(quantity: str) -> float:
     return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
 
 
+def _label(path: str, value: Any, example: str) -> str:
+    if not isinstance(value, str) or not _DNS_LABEL.fullmatch(value):
+        raise ConfigError(path, value, _LABEL_RULE, f"{path.rsplit('.', 1)[-1]}: {example}")
+    return value
+
+
+def _group(*, replicas: bool) -> Parser:
+    """A parser of the head's (``replicas=False``) or the workers' pod shape: what it leaves out is the default's."""
+
+    def parse(key: Key, value: Any) -> Group:
+        default: Group = key.default
+        if not isinstance(value, dict):
+            raise key.refuse(value, "must be a mapping", "{cpu: '8', memory: 64Gi}")
+        allowed = {"cpu", "memory", "gpus"} | ({"replicas"} if replicas else set())
+        for k in value:
+            if k not in allowed:
+                raise ConfigError(f"{key.path}.{k}", value[k], f"unknown setting of {key.name}",
+                                  f"use one of {sorted(allowed)}")
+        cpu, memory = str(value.get("cpu", default.cpu)), str(value.get("memory", default.memory))
+        for k, v in (("cpu", cpu), ("memory", memory)):
+            if not _QUANTITY.match(v) or (k == "cpu" and _cpu_count(v) <= 0):
+                raise ConfigError(f"{key.path}.{k}", value.get(k), "must be a positive Kubernetes quantity",
+                                  "cpu: '8' or '500m'; memory: 64Gi")
+        gpus = value.get("gpus", default.gpus)
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 16:
+            raise ConfigError(f"{key.path}.gpus", gpus, "must be an integer 0-16", "gpus: 8")
+        n = value.get("replicas", default.replicas)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1000:
+            raise ConfigError(f"{key.path}.replicas", n, "must be an integer 0-1000", "replicas: 2")
+        return Group(cpu, memory, gpus, n)
+
+    return parse
+
+
+def _volumes(key: Key, value: Any) -> tuple[Volume, ...]:
+    if not isinstance(value, list):
+        raise key.refuse(value, "must be a list", "[{name: shared, claim: verl-shared, mount_path: /shared}]")
+    volumes = []
+    for i, v in enumerate(value):
+        if not isinstance(v, dict) or set(v) != {"name", "claim", "mount_path"}:
+            raise ConfigError(f"{key.path}[{i}]", v, "needs exactly name, claim (a PVC) and mount_path",
+                              "{name: shared, claim: verl-shared, mount_path: /shared}")
+        if not str(v["mount_path"]).startswith("/"):
+            raise ConfigError(f"{key.path}[{i}].mount_path", v["mount_path"], "must be absolute "
+                              "(and the same path the Airflow workers use)", "mount_path: /shared")
+        volumes.append(Volume(_label(f"{key.path}[{i}].name", v["name"], "shared"),
+                              _label(f"{key.path}[{i}].claim", v["claim"], "verl-shared"), str(v["mount_path"])))
+    return tuple(volumes)
+
+
+def _tolerations(key: Key, value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list):
+        raise key.refuse(value, "must be a list", "[]")
+    for i, t in enumerate(value):
+        if not isinstance(t, dict) or not set(t) <= _TOLERATION_KEYS:
+            raise ConfigError(f"{key.path}[{i}]", t, f"may only have {sorted(_TOLERATION_KEYS)}",
+                              "{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}")
+        if t.get("operator", "Equal") not in ("Equal", "Exists"):
+            raise ConfigError(f"{key.path}[{i}].operator", t.get("operator"), "must be Equal or Exists",
+                              "operator: Exists")
+        if "effect" in t and t["effect"] not in _EFFECTS:
+            raise ConfigError(f"{key.path}[{i}].effect", t["effect"], f"must be one of {sorted(_EFFECTS)}",
+                              "effect: NoSchedule")
+        if "tolerationSeconds" in t and not isinstance(t["tolerationSeconds"], int):
+            raise ConfigError(f"{key.path}[{i}].tolerationSeconds", t["tolerationSeconds"], "must be an integer",
+                              "tolerationSeconds: 300")
+    return tuple(dict(t) for t in value)
+
+
+def _node_selector(key: Key, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and _LABEL_KEY.match(k) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise key.refuse(value, "must map label keys to string values",
+                         "{nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}")
+    return dict(value)
+
+
+def _image_pull_secrets(key: Key, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise key.refuse(value, "must be a list of Secret names", "[regcred]")
+    return tuple(_label(key.path, s, "regcred") for s in value)
+
+
+def _dashboard_url(key: Key, value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise key.refuse(value, "must be an http(s) URL", "http://127.0.0.1:8265")
+    return value.rstrip("/")
+
+
+_SECONDS = setting(gt=0)
+_LABEL = setting(pattern=_DNS_LABEL, rule=_LABEL_RULE)
+_RAYJOB_COUNT = setting(section="rayjob", ge=0)
+
+
 @dataclass(frozen=True)
 class KubeRayBackend(ClusterBackend):
     """Settings of a ``kuberay`` cluster profile (see configs/clusters/kuberay-*.yaml)."""
 
-    namespace: str = "default"
-    image: str = "rayproject/ray:2.60.0-py311-gpu"
-    ray_version: str = "2.60.0"
-    mode: str = "raycluster"
-    name_prefix: str = "verl"
-    head: Group = Group("4", "16Gi", 0, 1)
-    workers: Group = Group("8", "64Gi", 0, 1)
+    namespace: str = field(default="default", metadata=_LABEL)
+    image: str = field(default="rayproject/ray:2.60.0-py311-gpu",
+                       metadata=setting(pattern=re.compile(r"\S+"), rule="must be a container image reference"))
+    ray_version: str = field(default="2.60.0", metadata=setting())
+    mode: str = field(default="raycluster", metadata=setting(choices=MODES))
+    name_prefix: str = field(default="verl", metadata=_LABEL)
+    head: Group = field(default=Group("4", "16Gi", 0, 1), metadata=setting(parse=_group(replicas=False)))
+    workers: Group = field(default=Group("8", "64Gi", 0, 1), metadata=setting(parse=_group(replicas=True)))
     worker_group: str = "workers"
-    volumes: tuple[Volume, ...] = ()
-    shm_size: str = "16Gi"
-    env: dict[str, str] = field(default_factory=dict)
-    tolerations: tuple[dict[str, Any], ...] = ()
-    node_selector: dict[str, str] = field(default_factory=dict)
-    service_account: str | None = None
-    image_pull_secrets: tuple[str, ...] = ()
-    reuse: bool = True
-    dashboard_url: str | None = None
-    conn_id: str | None = None
-    in_cluster: bool = False
-    kube_config_path: str | None = None
-    kube_context: str | None = None
-    ready_timeout_s: float = 900.0
-    request_timeout_s: float = 30.0
-    poll_s: float = 5.0
-    shutdown_after_job_finishes: bool = True
-    ttl_seconds_after_finished: int = 600
-    active_deadline_seconds: int | None = None
-    backoff_limit: int = 0
+    volumes: tuple[Volume, ...] = field(default=(), metadata=setting(parse=_volumes))
+    shm_size: str = field(default="16Gi", metadata=setting(pattern=_QUANTITY, rule="must be a Kubernetes quantity",
+                                                          example="64Gi"))
+    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=environment))
+    tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata=setting(parse=_tolerations))
+    node_selector: dict[str, str] = field(default_factory=dict, metadata=setting(parse=_node_selector))
+    service_account: str | None = field(default=None, metadata=setting(pattern=_DNS_LABEL, rule=_LABEL_RULE,
+                                                                       example="verl-ray"))
+    image_pull_secrets: tuple[str, ...] = field(default=(), metadata=setting(parse=_image_pull_secrets))
+    reuse: bool = field(default=True, metadata=setting())
+    dashboard_url: str | None = field(default=None, metadata=setting(parse=_dashboard_url))
+    conn_id: str | None = field(default=None, metadata=setting(example="kubernetes_default"))
+    in_cluster: bool = field(default=False, metadata=setting())
+    kube_config_path: str | None = field(default=None, metadata=setting(example="~/.kube/config"))
+    kube_context: str | None = field(default=None, metadata=setting(example="<a context of the kubeconfig>"))
+    ready_timeout_s: float = field(default=900.0, metadata=_SECONDS)
+    request_timeout_s: float = field(default=30.0, metadata=_SECONDS)
+    poll_s: float = field(default=5.0, metadata=_SECONDS)
+    shutdown_after_job_finishes: bool = field(default=True, metadata=setting(section="rayjob"))
+    ttl_seconds_after_finished: int = field(default=600, metadata=_RAYJOB_COUNT)
+    active_deadline_seconds: int | None = field(default=None, metadata=setting(section="rayjob", ge=0,
+                                                                               example="7200"))
+    backoff_limit: int = field(default=0, metadata=_RAYJOB_COUNT)
     #: A CustomObjectsApi-compatible object (tests); None = built from the connection on first use.
     api: Any = field(default=None, repr=False, compare=False)
     kind: str = "kuberay"
 
-    KNOWN = ("namespace", "image", "ray_version", "mode", "name_prefix", "head", "workers", "volumes", "shm_size",
-             "env", "tolerations", "node_selector", "service_account", "image_pull_secrets", "reuse",
-             "dashboard_url", "conn_id", "in_cluster", "kube_config_path", "kube_context", "ready_timeout_s",
-             "request_timeout_s", "poll_s", "rayjob", *COMMON_SETTINGS)
-
     # -- configuration -----------------------------------------------------------------------------
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> KubeRayBackend:
-        for key in spec:
-            if key != "backend" and key not in cls.KNOWN:
-                raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the kuberay backend",
-                                  f"use one of {sorted(cls.KNOWN)}")
-
-        def label(key: str, value: Any, example: str) -> str:
-            if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.match(value):
-                raise ConfigError(key, value, "must be a DNS-1123 label (lowercase letters, digits, '-', <= 63)",
-                                  f"{key.rsplit('.', 1)[-1]}: {example}")
-            return value
-
-        def group(key: str, default: Group, *, replicas_ok: bool) -> Group:
-            g = spec.get(key) or {}
-            if not isinstance(g, dict):
-                raise ConfigError(f"cluster.{key}", g, "must be a mapping", f"{key}: {{cpu: '8', memory: 64Gi}}")
-            allowed = {"cpu", "memory", "gpus"} | ({"replicas"} if replicas_ok else set())
-            for k in g:
-                if k not in allowed:
-                    raise ConfigError(f"cluster.{key}.{k}", g[k], f"unknown setting of {key}",
-                                      f"use one of {sorted(allowed)}")
-            cpu, memory = str(g.get("cpu", default.cpu)), str(g.get("memory", default.memory))
-            for k, v in (("cpu", cpu), ("memory", memory)):
-                if not _QUANTITY.match(v) or (k == "cpu" and _cpu_count(v) <= 0):
-                    raise ConfigError(f"cluster.{key}.{k}", g.get(k), "must be a positive Kubernetes quantity",
-                                      "cpu: '8' or '500m'; memory: 64Gi")
-            gpus = g.get("gpus", default.gpus)
-            if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 16:
-                raise ConfigError(f"cluster.{key}.gpus", gpus, "must be an integer 0-16", "gpus: 8")
-            replicas = g.get("replicas", default.replicas)
-            if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= 1000:
-                raise ConfigError(f"cluster.{key}.replicas", replicas, "must be an integer 0-1000", "replicas: 2")
-            return Group(cpu, memory, gpus, replicas)
-
-        mode = spec.get("mode", "raycluster")
-        if mode not in MODES:
-            raise ConfigError("cluster.mode", mode, f"must be one of {list(MODES)}", "mode: raycluster")
-        image = spec.get("image", cls.image)
-        if not isinstance(image, str) or not image or any(c.isspace() for c in image):
-            raise ConfigError("cluster.image", image, "must be a container image reference",
-                              "image: rayproject/ray:2.60.0-py311-gpu")
-        volumes = []
-        for i, v in enumerate(spec.get("volumes") or []):
-            if not isinstance(v, dict) or set(v) != {"name", "claim", "mount_path"}:
-                raise ConfigError(f"cluster.volumes[{i}]", v, "needs exactly name, claim (a PVC) and mount_path",
-                                  "{name: shared, claim: verl-shared, mount_path: /shared}")
-            if not str(v["mount_path"]).startswith("/"):
-                raise ConfigError(f"cluster.volumes[{i}].mount_path", v["mount_path"], "must be absolute "
-                                  "(and the same path the Airflow workers use)", "mount_path: /shared")
-            volumes.append(Volume(label(f"cluster.volumes[{i}].name", v["name"], "shared"),
-                                  label(f"cluster.volumes[{i}].claim", v["claim"], "verl-shared"),
-                                  str(v["mount_path"])))
-        env = spec.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and _ENV_KEY.match(k) for k in env):
-            raise ConfigError("cluster.env", env, "must map environment variable names to values",
-                              "env: {NCCL_DEBUG: WARN}")
-        tolerations = spec.get("tolerations") or []
-        if not isinstance(tolerations, list):
-            raise ConfigError("cluster.tolerations", tolerations, "must be a list", "tolerations: []")
-        for i, t in enumerate(tolerations):
-            if not isinstance(t, dict) or not set(t) <= _TOLERATION_KEYS:
-                raise ConfigError(f"cluster.tolerations[{i}]", t, f"may only have {sorted(_TOLERATION_KEYS)}",
-                                  "{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}")
-            if t.get("operator", "Equal") not in ("Equal", "Exists"):
-                raise ConfigError(f"cluster.tolerations[{i}].operator", t.get("operator"),
-                                  "must be Equal or Exists", "operator: Exists")
-            if "effect" in t and t["effect"] not in _EFFECTS:
-                raise ConfigError(f"cluster.tolerations[{i}].effect", t["effect"], f"must be one of {sorted(_EFFECTS)}",
-                                  "effect: NoSchedule")
-            if "tolerationSeconds" in t and not isinstance(t["tolerationSeconds"], int):
-                raise ConfigError(f"cluster.tolerations[{i}].tolerationSeconds", t["tolerationSeconds"],
-                                  "must be an integer", "tolerationSeconds: 300")
-        selector = spec.get("node_selector") or {}
-        if not isinstance(selector, dict) or not all(
-            isinstance(k, str) and _LABEL_KEY.match(k) and isinstance(v, str) for k, v in selector.items()
-        ):
-            raise ConfigError("cluster.node_selector", selector, "must map label keys to string values",
-                              "node_selector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}")
-        shm = str(spec.get("shm_size", "16Gi"))
-        if not _QUANTITY.match(shm):
-            raise ConfigError("cluster.shm_size", shm, "must be a Kubernetes quantity", "shm_size: 64Gi")
-        url = spec.get("dashboard_url")
-        if url is not None and not str(url).startswith(("http://", "https://")):
-            raise ConfigError("cluster.dashboard_url", url, "must be an http(s) URL", "http://127.0.0.1:8265")
-        rayjob = spec.get("rayjob") or {}
-        rj_known = {"shutdown_after_job_finishes", "ttl_seconds_after_finished", "active_deadline_seconds",
-                    "backoff_limit"}
-        if not isinstance(rayjob, dict) or not set(rayjob) <= rj_known:
-            raise ConfigError("cluster.rayjob", rayjob, f"may only have {sorted(rj_known)}",
-                              "rayjob: {ttl_seconds_after_finished: 600, backoff_limit: 0}")
-        for k in ("ttl_seconds_after_finished", "active_deadline_seconds", "backoff_limit"):
-            v = rayjob.get(k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ConfigError(f"cluster.rayjob.{k}", v, "must be a non-negative integer", f"{k}: 600")
-
-        def seconds(key: str, default: float) -> float:
-            value = spec.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"cluster.{key}", value, "must be a positive number of seconds", f"{key}: {default}")
-            return float(value)
-
-        secrets = spec.get("image_pull_secrets") or []
-        return cls(
-            namespace=label("cluster.namespace", spec.get("namespace", "default"), "ml"),
-            image=image,
-            ray_version=str(spec.get("ray_version", "2.60.0")),
-            mode=str(mode),
-            name_prefix=label("cluster.name_prefix", spec.get("name_prefix", "verl"), "verl"),
-            head=group("head", cls.head, replicas_ok=False),
-            workers=group("workers", cls.workers, replicas_ok=True),
-            volumes=tuple(volumes),
-            shm_size=shm,
-            env={str(k): str(v) for k, v in env.items()},
-            tolerations=tuple(dict(t) for t in tolerations),
-            node_selector={str(k): str(v) for k, v in selector.items()},
-            service_account=(label("cluster.service_account", spec["service_account"], "verl-ray")
-                             if spec.get("service_account") else None),
-            image_pull_secrets=tuple(label("cluster.image_pull_secrets", s, "regcred") for s in secrets),
-            reuse=bool(spec.get("reuse", True)),
-            dashboard_url=str(url).rstrip("/") if url else None,
-            conn_id=spec.get("conn_id"),
-            in_cluster=bool(spec.get("in_cluster", False)),
-            kube_config_path=spec.get("kube_config_path"),
-            kube_context=spec.get("kube_context"),
-            ready_timeout_s=seconds("ready_timeout_s", 900),
-            request_timeout_s=seconds("request_timeout_s", 30),
-            poll_s=seconds("poll_s", 5),
-            shutdown_after_job_finishes=bool(rayjob.get("shutdown_after_job_finishes", True)),
-            ttl_seconds_after_finished=int(rayjob.get("ttl_seconds_after_finished", 600)),
-            active_deadline_seconds=rayjob.get("active_deadline_seconds"),
-            backoff_limit=int(rayjob.get("backoff_limit", 0)),
-        )
+        return read_settings(cls, spec)
 
     def with_api(self, api: Any) -> KubeRayBackend:
         return replace(self, api=api)
