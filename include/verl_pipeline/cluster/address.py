@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 from verl_pipeline import auth
 from verl_pipeline.admission import POOL_KEY
-from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, wait_ready
+from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, wait_ready
+from verl_pipeline.cluster.settings import Key, absolute_path, read_settings, setting
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -29,22 +30,31 @@ class Endpoint(NamedTuple):
     ca_bundle: str | None = None
 
 
+def _dashboard_url(key: Key, value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise key.refuse(value, "must be an http(s) URL of the Ray dashboard", "http://head:8265")
+    return value
+
+
 @dataclass(frozen=True)
 class AddressBackend(ClusterBackend):
     """Use a running cluster. ``dashboard_url`` comes from the profile or from an Airflow connection."""
 
-    dashboard_url: str | None = None
-    conn_id: str | None = None
-    auth_mode: str = "disabled"
-    expected_nodes: int = 1
-    expected_gpus: float = 0
-    ready_timeout_s: float = 120.0
+    dashboard_url: str | None = field(default=None, metadata=setting(parse=_dashboard_url))
+    conn_id: str | None = field(default=None, metadata=setting(example="ray_default"))
+    #: Someone else's cluster: its mode is whatever it was started with, so the profile says it.
+    auth_mode: str = field(default=auth.AuthMode.DISABLED.value,
+                           metadata=setting(choices=tuple(m.value for m in auth.AuthMode)))
+    expected_nodes: int = field(default=1, metadata=setting(ge=1))
+    expected_gpus: float = field(default=0.0, metadata=setting(ge=0))
+    ready_timeout_s: float = field(default=120.0, metadata=setting(gt=0))
     #: The profile accepts an auth-disabled dashboard on plain http beyond loopback.
-    allow_insecure: bool = False
+    allow_insecure: bool = field(default=False, metadata=setting())
     #: From the Airflow connection's password or $VERL_PIPELINE_RAY_TOKEN; never put in the handle.
     token: str | None = field(default=None, repr=False)
     #: CA file/directory for an https dashboard (the connection's ``ca_bundle`` extra); a path.
-    ca_bundle: str | None = None
+    ca_bundle: str | None = field(default=None, metadata=setting(parse=absolute_path(
+        rule="must be an absolute path to a CA file or directory", example="/etc/ssl/certs/my-ca.pem")))
     kind: str = "address"
 
     def with_endpoint(self, dashboard_url: str, token: str | None, ca_bundle: str | None = None) -> AddressBackend:
@@ -53,41 +63,15 @@ class AddressBackend(ClusterBackend):
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> AddressBackend:
-        known = {"backend", "dashboard_url", "conn_id", "auth_mode", "allow_insecure", "ca_bundle", "expected_nodes",
-                 "expected_gpus", "ready_timeout_s", POOL_KEY, *COMMON_SETTINGS}
-        for key in spec:
-            if key not in known:
-                raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the address backend",
-                                  f"use one of {sorted(known - {'backend'})}")
-        url = spec.get("dashboard_url")
-        conn_id = spec.get("conn_id")
-        if not url and not conn_id:
-            raise ConfigError("cluster.dashboard_url", url, "the address backend needs the dashboard URL",
+        b = read_settings(cls, spec, also=(POOL_KEY,))
+        if not b.dashboard_url and not b.conn_id:
+            raise ConfigError("cluster.dashboard_url", b.dashboard_url, "the address backend needs the dashboard URL",
                               "set dashboard_url: http://head:8265 or conn_id: ray_default")
-        if url and not str(url).startswith(("http://", "https://")):
-            raise ConfigError("cluster.dashboard_url", url, "must be an http(s) URL of the Ray dashboard",
-                              "http://head:8265")
-        # Someone else's cluster: its mode is whatever it was started with, so the profile says it.
-        mode = auth.auth_mode(spec, default=auth.AuthMode.DISABLED)
-        insecure = auth.allow_insecure(spec)
-        if url:
-            problem = auth.exposure_problem(str(url), mode, allowed=insecure)
+        if b.dashboard_url:
+            problem = auth.exposure_problem(b.dashboard_url, auth.AuthMode(b.auth_mode), allowed=b.allow_insecure)
             if problem:
                 raise problem
-        ca_bundle = spec.get("ca_bundle")
-        if ca_bundle is not None and not Path(str(ca_bundle)).expanduser().is_absolute():
-            raise ConfigError("cluster.ca_bundle", ca_bundle, "must be an absolute path to a CA file or directory",
-                              "ca_bundle: /etc/ssl/certs/my-ca.pem")
-        return cls(
-            dashboard_url=url,
-            conn_id=conn_id,
-            auth_mode=mode.value,
-            allow_insecure=insecure,
-            ca_bundle=str(Path(str(ca_bundle)).expanduser()) if ca_bundle else None,
-            expected_nodes=int(spec.get("expected_nodes", 1)),
-            expected_gpus=float(spec.get("expected_gpus", 0)),
-            ready_timeout_s=float(spec.get("ready_timeout_s", 120)),
-        )
+        return b
 
     def provision(self, name: str) -> ClusterHandle:
         if not self.dashboard_url:

@@ -27,7 +27,8 @@ from typing import Any
 
 from verl_pipeline import auth
 from verl_pipeline.cluster import procs
-from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.settings import Key, read_settings, setting
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic
 from verl_pipeline.rundir import retire
@@ -142,61 +143,40 @@ def ray_executable() -> str:
     return found
 
 
+def _ports(key: Key, value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise key.refuse(value, "must map Ray ports to numbers", "{gcs: 0, dashboard: 0}")
+    for name, port in value.items():
+        if name not in PORT_FLAGS:
+            raise ConfigError(f"{key.path}.{name}", port, "unknown Ray port", f"use one of {sorted(PORT_FLAGS)}")
+        if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1024 <= port <= 65535):
+            raise ConfigError(f"{key.path}.{name}", port, "must be 0 (pick a free port) or 1024-65535", f"{name}: 0")
+    return dict(value)
+
+
 @dataclass(frozen=True)
 class LocalBackend(ClusterBackend):
     """Start ``nodes`` Ray nodes (a head + workers) on this machine, on loopback, with explicit
     resources and ports."""
 
-    num_cpus: int = 2
-    num_gpus: int = 0
-    nodes: int = 1
-    object_store_memory_mb: int = 512
-    ready_timeout_s: float = 120.0
-    temp_dir: str | None = None
-    ports: dict[str, int] = field(default_factory=dict)
-    min_worker_port: int = 0
-    stop_grace_s: float = 10.0
+    num_cpus: int = field(default=2, metadata=setting(ge=1, rule="a Ray head needs at least 1 CPU (an integer)"))
+    num_gpus: int = field(default=0, metadata=setting(ge=0))
+    nodes: int = field(default=1, metadata=setting(
+        ge=1, le=8, rule="the local backend runs 1 to 8 Ray nodes on this machine (an integer)"))
+    object_store_memory_mb: int = field(default=512, metadata=setting(
+        ge=80, rule="Ray needs at least 80 MB of object store (an integer)"))
+    ready_timeout_s: float = field(default=120.0, metadata=setting(gt=0))
+    temp_dir: str | None = field(default=None, metadata=setting(example="/tmp/vp-ray"))
+    ports: dict[str, int] = field(default_factory=dict, metadata=setting(parse=_ports))
+    min_worker_port: int = field(default=0, metadata=setting(ge=0, le=65535))
+    stop_grace_s: float = field(default=10.0, metadata=setting(ge=0))
     #: Ray's token auth unless the profile says ``auth_mode: disabled``.
-    auth_mode: auth.AuthMode = auth.AuthMode.TOKEN
+    auth_mode: auth.AuthMode = field(default=auth.AuthMode.TOKEN, metadata=setting())
     kind: str = "local"
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LocalBackend:
-        known = {"backend", "num_cpus", "num_gpus", "nodes", "object_store_memory_mb", "ready_timeout_s", "temp_dir",
-                 "ports", "min_worker_port", "stop_grace_s", "auth_mode", *COMMON_SETTINGS}
-        for key in spec:
-            if key not in known:
-                raise ConfigError(f"cluster.{key}", spec[key], "unknown setting of the local backend",
-                                  f"use one of {sorted(known - {'backend'})}")
-        ports = dict(spec.get("ports") or {})
-        for key, value in ports.items():
-            if key not in PORT_FLAGS:
-                raise ConfigError(f"cluster.ports.{key}", value, "unknown Ray port", f"use one of {sorted(PORT_FLAGS)}")
-            if not isinstance(value, int) or not (value == 0 or 1024 <= value <= 65535):
-                raise ConfigError(f"cluster.ports.{key}", value, "must be 0 (pick a free port) or 1024-65535")
-        b = cls(
-            num_cpus=int(spec.get("num_cpus", 2)),
-            num_gpus=int(spec.get("num_gpus", 0)),
-            nodes=int(spec.get("nodes", 1)),
-            object_store_memory_mb=int(spec.get("object_store_memory_mb", 512)),
-            ready_timeout_s=float(spec.get("ready_timeout_s", 120)),
-            temp_dir=spec.get("temp_dir"),
-            ports=ports,
-            min_worker_port=int(spec.get("min_worker_port", 0)),
-            stop_grace_s=float(spec.get("stop_grace_s", 10)),
-            auth_mode=auth.auth_mode(spec, default=auth.AuthMode.TOKEN),
-        )
-        if b.num_cpus < 1:
-            raise ConfigError("cluster.num_cpus", b.num_cpus, "a Ray head needs at least 1 CPU", "num_cpus: 2")
-        if not 1 <= b.nodes <= 8:
-            raise ConfigError("cluster.nodes", b.nodes, "the local backend runs 1 to 8 Ray nodes on this machine",
-                              "nodes: 1")
-        if b.num_gpus < 0:
-            raise ConfigError("cluster.num_gpus", b.num_gpus, "must be >= 0", "num_gpus: 0")
-        if b.object_store_memory_mb < 80:
-            raise ConfigError("cluster.object_store_memory_mb", b.object_store_memory_mb,
-                              "Ray needs at least 80 MB of object store", "object_store_memory_mb: 512")
-        return b
+        return read_settings(cls, spec)
 
     def temp_dir_for(self, name: str) -> Path:
         # Short on purpose: Ray puts unix sockets under it and socket paths are limited to 107 bytes.
