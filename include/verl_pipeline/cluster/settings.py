@@ -107,7 +107,7 @@ class _Field:
 def _fields(cls: type[ClusterBackend]) -> tuple[_Field, ...]:
     hints = typing.get_type_hints(cls)
     out = []
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # every backend is a dataclass
         s = f.metadata.get(_METADATA_KEY)
         if s is None:
             continue

@@ -153,7 +153,8 @@ class Container:
 
 
 def _time_limit(key: Key, value: Any) -> str:
-    # A whole number is minutes (and what YAML makes of an unquoted 04:00:00: quote it).
+    # A whole number is minutes. An unquoted 04:00:00 arrives as one too (YAML 1.1 reads it in base 60:
+    # 14400), which is why the profiles quote it.
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise key.refuse(value, "is not a Slurm time limit", "'1-00:00:00' or '04:00:00'")
     time_limit_minutes(str(value))  # raises a ConfigError naming cluster.time when it is not one
