@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from verl_pipeline.admission import POOL_KEY
 from verl_pipeline.cluster.address import AddressBackend
-from verl_pipeline.cluster.admission import POOL_KEY
-from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend, ClusterHandle
+from verl_pipeline.cluster.base import COMMON_SETTINGS
 from verl_pipeline.cluster.kuberay import Group, KubeRayBackend
 from verl_pipeline.cluster.local import LocalBackend
 from verl_pipeline.cluster.settings import known_keys, read_settings, setting
@@ -147,15 +147,9 @@ def test_null_keeps_the_default_where_a_field_may_be_empty_and_a_required_number
 
 def test_a_setting_that_is_not_a_scalar_needs_its_own_parser() -> None:
     @dataclass(frozen=True)
-    class Listy(ClusterBackend):
+    class Listy:
         hosts: list[str] = field(default_factory=list, metadata=setting())
         kind: str = "listy"
-
-        def provision(self, name: str) -> ClusterHandle:
-            raise NotImplementedError
-
-        def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
-            raise NotImplementedError
 
     with pytest.raises(TypeError, match=r"Listy\.hosts: a list\[str\] setting needs parse="):
         read_settings(Listy, {"hosts": ["a"]})
