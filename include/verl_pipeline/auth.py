@@ -40,22 +40,6 @@ class AuthMode(str, Enum):
     DISABLED = "disabled"
 
 
-def auth_mode(spec: dict[str, Any], *, default: AuthMode) -> AuthMode:
-    """The profile's ``auth_mode`` (``token`` or ``disabled``), else ``default``."""
-    value = spec.get("auth_mode", default.value)
-    try:
-        return AuthMode(value)
-    except ValueError:
-        raise ConfigError("cluster.auth_mode", value, "must be token or disabled", "auth_mode: token") from None
-
-
-def allow_insecure(spec: dict[str, Any]) -> bool:
-    value = spec.get("allow_insecure", False)
-    if not isinstance(value, bool):
-        raise ConfigError("cluster.allow_insecure", value, "must be true or false", "allow_insecure: false")
-    return value
-
-
 def private_dir(path: Path, *, others_may_write: bool = False) -> Path:
     """``path`` as a directory of this user (created 0700 when missing), refused otherwise.
 

@@ -358,7 +358,7 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     """Stop every process of a local cluster. Returns what was stopped; raises if any survive."""
     extra = handle.extra
     temp_dir = str(extra.get("temp_dir", ""))
-    grace = float(extra.get("stop_grace_s", 10))
+    grace = float(extra.get("stop_grace_s", LocalBackend.stop_grace_s))
     state = Path(temp_dir) / STATE_FILE if temp_dir else None
     if state and state.exists():
         # The state file may know PIDs that the XCom copy of the handle does not (or the reverse).
