@@ -7,7 +7,15 @@ import json
 import pytest
 
 from tests.report.rows import verl_row
-from verl_pipeline.report.build import AttemptInfo, RunFacts, RunOutcome, build_report, merge_rows, preflight_checks
+from verl_pipeline.report.build import (
+    AttemptInfo,
+    RunFacts,
+    RunOutcome,
+    StepRow,
+    build_report,
+    merge_rows,
+    preflight_checks,
+)
 from verl_pipeline.report.scaling import FlagKind, ScalingPoint
 
 FACTS = RunFacts(run_key="r2", run_name="verl_ppo/r2", profile="gsm8k", mode="train", nnodes=2, n_gpus_per_node=4,
@@ -59,12 +67,31 @@ def test_median_keeps_the_first_steps_start_up_out_of_the_throughput() -> None:
     assert report.throughput_per_gpu == pytest.approx(64000 / 48)
 
 
-def test_mfu_and_peak_memory_when_verl_reports_them() -> None:
-    rows = [verl_row(s, **{"perf/mfu/actor": 0.3 + 0.01 * s, "perf/max_memory_allocated_gb": 60.0 + s,
-                           "perf/max_memory_reserved_gb": 70.0 + s}) for s in (1, 2, 3)]
+def test_mfu_and_peak_memory_under_the_names_verl_0_9_1_logs() -> None:
+    """verl's trainers prefix the workers' ``perf/max_memory_*_gb`` with the role; the peak is the
+    highest of every role's."""
+    rows = [verl_row(s, **{"perf/mfu/actor": 0.3 + 0.01 * s, "actor/perf/max_memory_allocated_gb": 60.0 + s,
+                           "actor/perf/max_memory_reserved_gb": 70.0 + s,
+                           "critic/perf/max_memory_allocated_gb": 50.0,
+                           "critic/perf/max_memory_reserved_gb": 75.0}) for s in (1, 2, 3)]
     report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
     assert report.mfu_actor == pytest.approx(0.32)
-    assert (report.peak_memory_allocated_gb, report.peak_memory_reserved_gb) == (63.0, 73.0)
+    assert (report.peak_memory_allocated_gb, report.peak_memory_reserved_gb) == (63.0, 75.0)
+    assert FlagKind.MEMORY_NEAR_LIMIT not in {f.kind for f in report.flags}  # 63 of 80 GB
+
+
+def test_the_stand_in_trainers_rows_reach_the_memory_flag() -> None:
+    """The rows the stand-in trainer logs (verl's names) give the peak, and near the GPU's memory, the flag."""
+    from tests.fakes.fake_verl_trainer import step_metrics
+
+    results = [{"score": 0.5, "length": 60.0}]
+    rows = [StepRow(s, 1, step_metrics(s, 6.0, results, world=1, critic=False)) for s in (1, 2)]
+    small_gpu = RunFacts("r3", "verl_ppo/r3", "smoke", "train", 1, 1, 2, gpu_memory_gb=2.1)
+    report = build_report(small_gpu, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows,
+                          generated_at=1.0)
+    assert report.peak_memory_allocated_gb == pytest.approx(2.02)
+    assert report.peak_memory_reserved_gb == pytest.approx(2.12)
+    assert FlagKind.MEMORY_NEAR_LIMIT in {f.kind for f in report.flags}
 
 
 def test_report_json_stores_what_a_later_run_compares_with() -> None:

@@ -114,6 +114,7 @@ class Report:
     #: Median seconds per step of each ``timing_s/<phase>`` (``step`` is the whole step).
     timing_s: dict[str, float] = field(default_factory=dict)
     mfu_actor: float | None = None
+    #: The highest peak GPU memory any role (actor, critic) reported over the steps, in GB.
     peak_memory_allocated_gb: float | None = None
     peak_memory_reserved_gb: float | None = None
     wall_time_s: float | None = None
@@ -167,8 +168,9 @@ def median_of(rows: list[StepRow], name: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def max_of(rows: list[StepRow], name: str) -> float | None:
-    values = [r.metrics[name] for r in rows if name in r.metrics]
+def max_of(rows: list[StepRow], names: tuple[str, ...]) -> float | None:
+    """The highest value of any of ``names`` over the rows (None when no row reports one)."""
+    values = [r.metrics[name] for r in rows for name in names if name in r.metrics]
     return max(values) if values else None
 
 

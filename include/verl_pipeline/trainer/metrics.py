@@ -20,8 +20,13 @@ TOTAL_TOKENS = "perf/total_num_tokens"
 TIME_PER_STEP = "perf/time_per_step"
 MFU_ACTOR = "perf/mfu/actor"
 MFU_CRITIC = "perf/mfu/critic"
-MAX_MEMORY_ALLOCATED = "perf/max_memory_allocated_gb"
-MAX_MEMORY_RESERVED = "perf/max_memory_reserved_gb"
+#: Peak GPU memory of each worker role, in GB. The workers log ``perf/max_memory_*_gb``
+#: (``workers/engine_workers.py`` ``_postprocess_output``); both trainers prefix them with the role
+#: (``rename_dict(…, "actor/")`` / ``"critic/"`` in ``trainer/ppo/ray_trainer.py`` and
+#: ``trainer/ppo/v1/trainer_base.py``), so no verl 0.9.1 trainer logs the bare name.
+MEMORY_ROLES = ("actor", "critic")
+MAX_MEMORY_ALLOCATED = tuple(f"{role}/perf/max_memory_allocated_gb" for role in MEMORY_ROLES)
+MAX_MEMORY_RESERVED = tuple(f"{role}/perf/max_memory_reserved_gb" for role in MEMORY_ROLES)
 #: ``timing_s/<phase>``: seconds of each phase of a step (``marked_timer`` in verl's trainers).
 TIMING_PREFIX = "timing_s/"
 #: The whole step; every other ``timing_s/*`` is a part of it.
