@@ -137,3 +137,24 @@ def test_a_failed_run_says_where_it_stopped_and_one_never_submitted_says_so() ->
     never = build_report(FACTS, status=RunOutcome.FAILED, attempts=[], rows=[], generated_at=1.0)
     assert never.steps_done == 0 and never.wall_time_s is None
     assert never.notes == ["No training steps: no job was submitted (the run ended before its submit)."]
+
+
+def test_validation_timed_outside_the_step_is_no_share_of_it() -> None:
+    """verl times validation (``timing_s/testing``) after the step's timer: on the H200 run the phase
+    shares added up to 128% when it was counted in. The step's own phases add up to at most 100%."""
+    rows = [verl_row(s, **{"timing_s/testing": 2.0}) for s in (1, 2, 3)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert "testing" not in report.timing_s and report.timing_outside_step_s == {"testing": 2.0}
+    assert report.phase_share == pytest.approx({"gen": 0.5, "old_log_prob": 0.5 / 6, "update_actor": 2.5 / 6})
+    assert sum(report.phase_share.values()) <= 1.0
+
+
+def test_phase_shares_stay_within_the_step_where_medians_would_not() -> None:
+    """Medians of parts need not add up to the median of the whole (here 195%): the shares are of all
+    steps' time."""
+    rows = [verl_row(1, gen=9.5, step_s=10.0), verl_row(2, gen=0.0, step_s=10.0), verl_row(3, gen=9.5, step_s=20.0)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    medians = report.timing_s
+    assert medians["gen"] + medians["update_actor"] + medians["old_log_prob"] == 1.95 * medians["step"]
+    assert report.phase_share == pytest.approx({"gen": 19 / 40, "old_log_prob": 1.5 / 40, "update_actor": 19.5 / 40})
+    assert sum(report.phase_share.values()) <= 1.0

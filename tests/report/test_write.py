@@ -104,3 +104,14 @@ def test_a_new_segment_after_a_merge_is_reported_at_its_run_steps_and_marked(tmp
     second = data["attempts"][1]
     assert (second["first_step"], second["last_step"], second["segment"]) == (5, 6, 2)
     assert "2: merged weights, optimizer state lost" in (run_dir / "report" / "report.html").read_text()
+
+
+def test_the_html_shows_validation_apart_from_the_steps_phase_shares(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "val")
+    _log(run_dir, 1, range(1, 4), resume_from=0, **{"timing_s/testing": 2.0})
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED)
+    html = files.html.read_text()
+    shares = [int(p) for p in re.findall(r"\((\d+)% of all step time\)", html)]
+    assert shares and sum(shares) <= 100
+    assert "timing_s/testing (validation)" in html and "Timed apart from the step" in html
+    assert TIMING_PNG in files.to_dict()["plots"]

@@ -111,8 +111,13 @@ class Report:
     #: Tokens/s of the whole run (``perf/total_num_tokens / perf/time_per_step``), median over steps.
     throughput_total: float | None = None
     time_per_step_s: float | None = None
-    #: Median seconds per step of each ``timing_s/<phase>`` (``step`` is the whole step).
+    #: Median seconds per step of the step (``step``) and of each of its own ``timing_s/<phase>``.
     timing_s: dict[str, float] = field(default_factory=dict)
+    #: Each of the step's own phases as a share of all steps' time (together at most 1).
+    phase_share: dict[str, float] = field(default_factory=dict)
+    #: Median seconds of what verl times apart from the step (``testing``: validation), over the
+    #: steps that ran it.
+    timing_outside_step_s: dict[str, float] = field(default_factory=dict)
     mfu_actor: float | None = None
     #: The highest peak GPU memory any role (actor, critic) reported over the steps, in GB.
     peak_memory_allocated_gb: float | None = None
@@ -174,10 +179,28 @@ def max_of(rows: list[StepRow], names: tuple[str, ...]) -> float | None:
     return max(values) if values else None
 
 
-def timing_breakdown(rows: list[StepRow]) -> dict[str, float]:
-    """Median seconds of each ``timing_s/<phase>`` verl reported, by phase."""
+def timing_names(rows: list[StepRow], *, in_step: bool) -> list[str]:
+    """The ``timing_s/<phase>`` names verl reported, of the step's own phases (and ``step``) or of the rest."""
     names = sorted({k for r in rows for k in r.metrics if k.startswith(m.TIMING_PREFIX)})
-    return {k[len(m.TIMING_PREFIX):]: v for k in names if (v := median_of(rows, k)) is not None}
+    return [k for k in names if (k[len(m.TIMING_PREFIX):] not in m.TIMING_OUTSIDE_STEP) == in_step]
+
+
+def timing_breakdown(rows: list[StepRow], *, in_step: bool = True) -> dict[str, float]:
+    """Median seconds of each ``timing_s/<phase>`` verl reported, by phase: the step and its own
+    phases, or (``in_step=False``) what verl times apart from the step."""
+    return {k[len(m.TIMING_PREFIX):]: v for k in timing_names(rows, in_step=in_step)
+            if (v := median_of(rows, k)) is not None}
+
+
+def phase_shares(rows: list[StepRow]) -> dict[str, float]:
+    """Each of the step's own phases as a share of all steps' time (a ratio of sums: the phases of
+    one step add up to at most its time, so the shares add up to at most 1, as medians would not)."""
+    timed = [r for r in rows if r.metrics.get(m.TIMING_STEP)]
+    total = sum(r.metrics[m.TIMING_STEP] for r in timed)
+    if not total:
+        return {}
+    return {k[len(m.TIMING_PREFIX):]: sum(r.metrics.get(k, 0.0) for r in timed) / total
+            for k in timing_names(timed, in_step=True) if k != m.TIMING_STEP}
 
 
 def total_throughput(rows: list[StepRow], n_gpus: int) -> float | None:
@@ -265,6 +288,8 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     report.throughput_total = total_throughput(merged, facts.n_gpus)
     report.time_per_step_s = median_of(merged, m.TIME_PER_STEP)
     report.timing_s = timing_breakdown(merged)
+    report.phase_share = phase_shares(merged)
+    report.timing_outside_step_s = timing_breakdown(merged, in_step=False)
     report.mfu_actor = median_of(merged, m.MFU_ACTOR)
     report.peak_memory_allocated_gb = max_of(merged, m.MAX_MEMORY_ALLOCATED)
     report.peak_memory_reserved_gb = max_of(merged, m.MAX_MEMORY_RESERVED)

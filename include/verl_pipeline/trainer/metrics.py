@@ -29,8 +29,14 @@ MAX_MEMORY_ALLOCATED = tuple(f"{role}/perf/max_memory_allocated_gb" for role in 
 MAX_MEMORY_RESERVED = tuple(f"{role}/perf/max_memory_reserved_gb" for role in MEMORY_ROLES)
 #: ``timing_s/<phase>``: seconds of each phase of a step (``marked_timer`` in verl's trainers).
 TIMING_PREFIX = "timing_s/"
-#: The whole step; every other ``timing_s/*`` is a part of it.
+#: The whole step; every other ``timing_s/*`` is a part of it, except :data:`TIMING_OUTSIDE_STEP`.
 TIMING_STEP = "timing_s/step"
+#: Phases verl times apart from the step (``timing_s/<phase>`` beside ``timing_s/step``, not in it):
+#: validation (``testing``, after the step's timer in ``trainer/ppo/ray_trainer.py`` and
+#: ``trainer/ppo/v1/trainer_base.py``), the profiler's start and stop (``ray_trainer.py``), and the
+#: rollout dump (after the step in the v1 trainer; inside it in the legacy one, so left out of the
+#: step's shares either way).
+TIMING_OUTSIDE_STEP = frozenset({"testing", "start_profile", "stop_profile", "dump_rollout_generations"})
 #: Rollout (generation), the phase the scaling rules watch.
 TIMING_GEN = "timing_s/gen"
 #: ``val-core/<data_source>/<var>/<metric>``: the validation metrics verl calls core (mean@N of reward or acc).
