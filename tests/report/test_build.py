@@ -158,3 +158,30 @@ def test_phase_shares_stay_within_the_step_where_medians_would_not() -> None:
     assert medians["gen"] + medians["update_actor"] + medians["old_log_prob"] == 1.95 * medians["step"]
     assert report.phase_share == pytest.approx({"gen": 19 / 40, "old_log_prob": 1.5 / 40, "update_actor": 19.5 / 40})
     assert sum(report.phase_share.values()) <= 1.0
+
+
+def _validation_row(step: int, attempt: int, value: float) -> StepRow:
+    """What verl logs before training (step 0) or when a resumed run starts: validation alone."""
+    return StepRow(step, attempt, {"val-core/openai/gsm8k/reward/mean@1": value, "val-aux/num_turns/mean": 1.0})
+
+
+def test_a_row_of_validation_alone_is_no_training_step() -> None:
+    """verl's step-0 row (``val_before_train``) and a resumed attempt's row at the step it resumed
+    from count in the validation series only: not as steps, step times or throughput."""
+    rows = ([_validation_row(0, 1, 0.1)] + [verl_row(s, 1) for s in (1, 2, 3)]
+            + [_validation_row(2, 2, 0.3)] + [verl_row(s, 2) for s in (3, 4)])
+    report = build_report(FACTS, status=RunOutcome.FAILED, attempts=_attempts(), rows=rows, generated_at=1.0)
+    assert report.steps_done == 4
+    assert [(a.first_step, a.last_step) for a in report.attempts] == [(1, 3), (3, 4)]
+    assert report.steps_redone == 1
+    val = report.validation["val-core/openai/gsm8k/reward/mean@1"]
+    assert (val.final, val.best, val.best_step) == (0.3, 0.3, 2)  # step 0's baseline and step 2's, by attempt 2
+    # Step 2's training row is attempt 1's, with the validation attempt 2 ran there.
+    step2 = merge_rows(rows)[2]
+    assert step2.attempt == 1 and step2.metrics["timing_s/step"] == 6.0
+    assert report.time_per_step_s == 6.0 and report.throughput_per_gpu == pytest.approx(64000 / 48)
+    assert report.timing_s["step"] == 6.0 and sum(report.phase_share.values()) <= 1.0
+    only_validation = build_report(FACTS, status=RunOutcome.FAILED, attempts=_attempts()[:1],
+                                   rows=[_validation_row(0, 1, 0.1)], generated_at=1.0)
+    assert only_validation.steps_done == 0 and only_validation.attempts[0].first_step is None
+    assert only_validation.notes == ["No training steps: verl logged no step (the job ended before its first step)."]

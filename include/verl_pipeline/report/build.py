@@ -32,6 +32,11 @@ class StepRow:
     attempt: int
     metrics: dict[str, float]
 
+    @property
+    def is_training(self) -> bool:
+        """A training step, not a row of validation alone (step 0, or a resumed run's starting step)."""
+        return not m.is_validation_only(self.metrics)
+
 
 @dataclass(frozen=True)
 class AttemptInfo:
@@ -152,11 +157,24 @@ class Report:
 
 
 def merge_rows(rows: list[StepRow]) -> list[StepRow]:
-    """One row per step, ascending; where attempts overlap (a resume redid steps) the later attempt's."""
+    """One row per step, ascending; where attempts overlap (a resume redid steps) the later attempt's.
+
+    A step's training row wins over a row of validation alone at that step (a resumed attempt
+    validates at the step it resumed from), whose metrics it gains where it has none of its own.
+    """
     by_step: dict[int, StepRow] = {}
     for row in sorted(rows, key=lambda r: (r.attempt, r.step)):
-        by_step[row.step] = row
+        had = by_step.get(row.step)
+        if had is not None and had.is_training and not row.is_training:
+            by_step[row.step] = StepRow(had.step, had.attempt, {**row.metrics, **had.metrics})
+        else:
+            by_step[row.step] = row
     return [by_step[s] for s in sorted(by_step)]
+
+
+def training_rows(rows: list[StepRow]) -> list[StepRow]:
+    """The training steps among ``rows``: what step counts, seconds per step and throughput are of."""
+    return [r for r in rows if r.is_training]
 
 
 def series(rows: list[StepRow], name: str) -> Series | None:
@@ -219,7 +237,7 @@ def with_steps(attempts: list[AttemptInfo], rows: list[StepRow]) -> list[Attempt
     """Each attempt with the first and last step its own metrics file logged (before merging)."""
     out = []
     for a in attempts:
-        steps = [r.step for r in rows if r.attempt == a.attempt]
+        steps = [r.step for r in training_rows(rows) if r.attempt == a.attempt]
         out.append(AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resumed_from_step,
                                min(steps) if steps else None, max(steps) if steps else None, a.segment))
     return out
@@ -277,22 +295,24 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     """
     attempts = with_steps(attempts, rows)
     merged = merge_rows(rows)
+    # Validation is of every row (step 0 is the baseline); everything else is of the training steps.
+    steps = training_rows(merged)
     checks = preflight_checks(preflight) if preflight else []
-    report = Report(run=facts, status=status, steps_done=merged[-1].step if merged else 0, attempts=attempts,
-                    generated_at=generated_at, checks=checks, notes=_notes(facts, status, merged, attempts, checks))
-    report.score = series(merged, m.SCORE)
+    report = Report(run=facts, status=status, steps_done=steps[-1].step if steps else 0, attempts=attempts,
+                    generated_at=generated_at, checks=checks, notes=_notes(facts, status, steps, attempts, checks))
+    report.score = series(steps, m.SCORE)
     report.validation = {k: s for k in sorted({k for r in merged for k in r.metrics if k.startswith(m.VAL_CORE_PREFIX)})
                          if (s := series(merged, k)) is not None}
-    report.response_length = series(merged, m.RESPONSE_LENGTH)
-    report.throughput_per_gpu = median_of(merged, m.THROUGHPUT_PER_GPU)
-    report.throughput_total = total_throughput(merged, facts.n_gpus)
-    report.time_per_step_s = median_of(merged, m.TIME_PER_STEP)
-    report.timing_s = timing_breakdown(merged)
-    report.phase_share = phase_shares(merged)
-    report.timing_outside_step_s = timing_breakdown(merged, in_step=False)
-    report.mfu_actor = median_of(merged, m.MFU_ACTOR)
-    report.peak_memory_allocated_gb = max_of(merged, m.MAX_MEMORY_ALLOCATED)
-    report.peak_memory_reserved_gb = max_of(merged, m.MAX_MEMORY_RESERVED)
+    report.response_length = series(steps, m.RESPONSE_LENGTH)
+    report.throughput_per_gpu = median_of(steps, m.THROUGHPUT_PER_GPU)
+    report.throughput_total = total_throughput(steps, facts.n_gpus)
+    report.time_per_step_s = median_of(steps, m.TIME_PER_STEP)
+    report.timing_s = timing_breakdown(steps)
+    report.phase_share = phase_shares(steps)
+    report.timing_outside_step_s = timing_breakdown(steps, in_step=False)
+    report.mfu_actor = median_of(steps, m.MFU_ACTOR)
+    report.peak_memory_allocated_gb = max_of(steps, m.MAX_MEMORY_ALLOCATED)
+    report.peak_memory_reserved_gb = max_of(steps, m.MAX_MEMORY_RESERVED)
     if attempts and ended_at is not None:
         report.wall_time_s = max(0.0, ended_at - min(a.submitted_at for a in attempts))
         # GPUs are held from the first submit to the last step; a preflight cluster has none.

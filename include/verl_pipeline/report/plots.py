@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.report.build import AttemptInfo, StepRow, timing_names
+from verl_pipeline.report.build import AttemptInfo, StepRow, timing_names, training_rows
 from verl_pipeline.trainer import metrics as m
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ def _throughput(ax: Any, rows: list[StepRow]) -> bool:
 def _timing(ax: Any, rows: list[StepRow]) -> bool:
     """The step's own phases stacked under the step's time; what verl times apart from the step
     (validation) as its own dashed line, never stacked on the step."""
+    rows = training_rows(rows)  # a row of validation alone (step 0) is no step of 0 s
     phases = [k for k in timing_names(rows, in_step=True) if k != m.TIMING_STEP]
     if not phases:
         return False

@@ -9,6 +9,8 @@ From verl's ``trainer/ppo/metric_utils.py`` (``compute_data_metrics``, ``compute
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 STEP = "training/global_step"
 SCORE = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
@@ -41,3 +43,11 @@ TIMING_OUTSIDE_STEP = frozenset({"testing", "start_profile", "stop_profile", "du
 TIMING_GEN = "timing_s/gen"
 #: ``val-core/<data_source>/<var>/<metric>``: the validation metrics verl calls core (mean@N of reward or acc).
 VAL_CORE_PREFIX = "val-core/"
+#: Every validation metric (``_validate`` in ``trainer/ppo/ray_trainer.py`` and ``v1/trainer_base.py``).
+VAL_PREFIXES = (VAL_CORE_PREFIX, "val-aux/")
+
+
+def is_validation_only(metrics: Mapping[str, float]) -> bool:
+    """A row verl logged for validation alone, not a training step: ``val_before_train`` logs one at
+    step 0, and a resumed run one at the step it resumed from, before its first step."""
+    return bool(metrics) and all(k.startswith(VAL_PREFIXES) for k in metrics)
