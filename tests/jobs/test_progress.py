@@ -44,3 +44,14 @@ def test_tracker_counts_each_step_once_and_averages_verls_step_time() -> None:
     assert not resumed.observe(2, {})
     assert resumed.observe(3, {"perf/time_per_step": 7.0})
     assert resumed.last is not None and resumed.last.seconds_per_step == 6.0
+
+
+def test_a_row_of_validation_alone_is_no_step() -> None:
+    """verl logs its validation before training at step 0, and a resumed run's at the step it resumed from."""
+    t = ProgressTracker(total=4)
+    assert not t.observe(0, {"val-core/openai/gsm8k/reward/mean@1": 0.02, "val-aux/num_turns/mean": 1.0})
+    assert t.last is None
+    assert not t.observe_console("(TaskRunner pid=8) step:0 - val-core/openai/gsm8k/reward/mean@1:0.02")
+    assert t.observe(1, {"training/global_step": 1.0, "val-core/openai/gsm8k/reward/mean@1": 0.1})
+    assert t.last is not None and t.last.step == 1 and not t.last.reached_total
+    assert t.observe(4, {"training/global_step": 4.0}) and t.last.reached_total

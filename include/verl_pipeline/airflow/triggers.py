@@ -41,7 +41,8 @@ class RayJobTrigger(BaseTrigger):
     Progress (``step 120/500 (24%) · 3.1 min/step · ETA …``) comes from ``metrics_path`` (verl's
     file logger, when the triggerer can read it) or else verl's console metric lines in the log;
     it is logged when a new step arrived and ``progress_interval`` seconds have passed since the
-    last report, so every step is reported when steps are slower than that.
+    last report, so every step is reported when steps are slower than that; the last step
+    (``total_steps``) is always logged, and so is the last step of a job that ended (once).
 
     ``node_lost``: fewer Ray nodes than the cluster was provisioned with stayed alive for
     ``node_grace_polls`` polls while the job still ran. A job can hang instead of failing when a
@@ -173,7 +174,9 @@ class RayJobTrigger(BaseTrigger):
             for line in await asyncio.to_thread(self._read_metrics):
                 self._tracker.observe_jsonl(line)
 
-    def _report_progress(self) -> None:
+    def _report_progress(self, *, final: bool = False) -> None:
+        """Log the progress when a new step arrived and the interval passed, and always for the last
+        step (``total_steps`` reached) and, ``final``ly, for the last step the ended job logged."""
         if self._tracker is None:
             return
         last = self._tracker.last
@@ -183,7 +186,7 @@ class RayJobTrigger(BaseTrigger):
         now = time.monotonic()
         if self._stall is not None:
             self._stall.step(last.step, now, self._tracker.slowest_s)
-        if now - self._reported_at >= self.request.progress_interval:
+        if final or last.reached_total or now - self._reported_at >= self.request.progress_interval:
             self._reported_step, self._reported_at = last.step, now
             self.log.info("Ray job %s progress: %s", self.job_id, last.line())
 
@@ -193,7 +196,8 @@ class RayJobTrigger(BaseTrigger):
             await self._observe_metrics_file()  # first, so verl's exact numbers win over its console's
             if self.request.forward_logs:
                 await self._forward(hook, info)
-            self._report_progress()
+            # The read of an ended job is its last: its final progress is logged whatever the interval.
+            self._report_progress(final=info.status.is_terminal())
             return True
         except asyncio.CancelledError:
             raise

@@ -13,7 +13,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verl_pipeline.trainer.metrics import SCORE, THROUGHPUT_PER_GPU
+from verl_pipeline.trainer.metrics import (
+    SCORE,
+    STEP,
+    THROUGHPUT_PER_GPU,
+    TIME_PER_STEP,
+    TIMING_STEP,
+    is_validation_only,
+)
 
 #: Metrics shown after the step and the ETA, when verl reports them.
 SHOWN_METRICS = (SCORE, THROUGHPUT_PER_GPU)
@@ -54,7 +61,7 @@ def parse_jsonl_row(line: str) -> tuple[int, dict[str, float]] | None:
         return None
     data = row["data"]
     metrics = {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and v == v}
-    step = metrics.get("training/global_step", row.get("step"))
+    step = metrics.get(STEP, row.get("step"))
     if not isinstance(step, int | float):
         return None
     return int(step), metrics
@@ -87,6 +94,11 @@ class Progress:
     total: int
     seconds_per_step: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reached_total(self) -> bool:
+        """The job logged its last step (``trainer.total_training_steps``)."""
+        return 0 < self.total <= self.step
 
     @property
     def eta_seconds(self) -> float | None:
@@ -122,6 +134,8 @@ class Progress:
 class ProgressTracker:
     """Follows the steps verl reports; fed from either source, each step counts once.
 
+    A row of validation alone (verl's step 0, or a resumed run's starting step) is no step.
+
     :param total: ``trainer.total_training_steps``.
     :param last: the progress a previous waiter reached (carried through a deferral).
     """
@@ -136,10 +150,10 @@ class ProgressTracker:
             self._recent.append(last.seconds_per_step)
 
     def observe(self, step: int, metrics: dict[str, float]) -> bool:
-        """Record one step's metrics; True when it is newer than any step seen."""
-        if self.last is not None and step <= self.last.step:
+        """Record one step's metrics; True when it is a training step newer than any seen."""
+        if is_validation_only(metrics) or (self.last is not None and step <= self.last.step):
             return False
-        per_step = metrics.get("perf/time_per_step", metrics.get("timing_s/step"))
+        per_step = metrics.get(TIME_PER_STEP, metrics.get(TIMING_STEP))
         if per_step is not None and per_step > 0:
             self._recent = [*self._recent, per_step][-RECENT_STEPS:]
             self.slowest_s = max(self.slowest_s or 0.0, per_step)
