@@ -16,6 +16,7 @@ from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream
 from verl_pipeline.jobs.logstream import WaitCursor
 from verl_pipeline.jobs.outcome import Action, Observation, decide
+from verl_pipeline.jobs.progress import first_step_seen_at
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import Hang
 
@@ -297,6 +298,29 @@ async def test_the_last_step_is_reported_whatever_the_interval() -> None:
     events = await _events(trigger, hook)
     assert hook.before_poll[2] == ["Ray job job-1 progress: step 1/4 (25%)", "Ray job job-1 progress: step 4/4 (100%)"]
     assert events[0]["progress"]["step"] == 4
+
+
+async def test_the_waiter_keeps_when_the_jobs_first_step_arrived(tmp_path: Path) -> None:
+    """For the run report's "submit to first step": the first training step's arrival, beside the
+    attempt's metrics file, written once (a reattached waiter does not move it)."""
+    metrics = tmp_path / "metrics-a1.jsonl"
+    rows = [{"step": 0, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.0}},
+            {"step": 1, "data": {"training/global_step": 1, "perf/time_per_step": 6.0}}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows[:1]))
+    trigger = _trigger(total_steps=4, metrics_path=str(metrics), forward_logs=False)
+    await _events(trigger, ScriptedHook(["SUCCEEDED"], [""]))
+    assert first_step_seen_at(metrics) is None  # validation alone: no step yet
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = time.time()
+    events = await _events(_trigger(total_steps=4, metrics_path=str(metrics), forward_logs=False),
+                           ScriptedHook(["SUCCEEDED"], [""]))
+    seen = first_step_seen_at(metrics)
+    assert seen is not None and before <= seen <= time.time()
+    assert events[0]["progress"]["first_step_seen_at"] == seen
+    later = dict(events[0]["progress"], first_step_seen_at=seen + 1000)
+    await _events(_trigger(total_steps=4, metrics_path=str(metrics), forward_logs=False, progress=later),
+                  ScriptedHook(["SUCCEEDED"], [""]))
+    assert first_step_seen_at(metrics) == seen
 
 
 async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(tmp_path: Path) -> None:

@@ -90,6 +90,7 @@ class RayJobTrigger(BaseTrigger):
         self._stall: Any = None
         self._reported_step = -1
         self._reported_at = float("-inf")
+        self._first_step_recorded = False
 
     @property
     def job_id(self) -> str:
@@ -190,6 +191,19 @@ class RayJobTrigger(BaseTrigger):
             self._reported_step, self._reported_at = last.step, now
             self.log.info("Ray job %s progress: %s", self.job_id, last.line())
 
+    async def _record_first_step(self) -> None:
+        """Keep when the job's first step arrived, beside its metrics file, for the run report."""
+        last = self._tracker.last if self._tracker is not None else None
+        if self._first_step_recorded or last is None or not self.request.metrics_path:
+            return
+        from verl_pipeline.jobs.progress import record_first_step
+
+        self._first_step_recorded = True  # once per waiter, written or not
+        try:
+            await asyncio.to_thread(record_first_step, Path(self.request.metrics_path), last)
+        except OSError as e:  # not writable from the triggerer: the report says the time is unknown
+            self.log.warning("Could not record when Ray job %s logged its first step: %s", self.job_id, e)
+
     async def _poll_logs(self, hook: Any, info: Any) -> bool:
         """Forward new lines and update progress; a failed read (False) is retried next poll, never fatal."""
         try:
@@ -198,6 +212,7 @@ class RayJobTrigger(BaseTrigger):
                 await self._forward(hook, info)
             # The read of an ended job is its last: its final progress is logged whatever the interval.
             self._report_progress(final=info.status.is_terminal())
+            await self._record_first_step()
             return True
         except asyncio.CancelledError:
             raise

@@ -9,7 +9,7 @@ start-up (engine and model loading), which a mean would spread over the whole ru
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -51,6 +51,16 @@ class AttemptInfo:
     #: The run segment the attempt trained (2, 3, … after a merge on a changed world size: from merged
     #: weights, without the optimizer state).
     segment: int = 1
+    #: When (epoch seconds) the attempt's first training step reached the pipeline's metrics reader
+    #: (verl's file logger records no time with a row); None: not seen (no step, or no waiter read it).
+    first_step_seen_at: float | None = None
+
+    @property
+    def time_to_first_step_s(self) -> float | None:
+        """Seconds from the attempt's submission to its first training step: what starting (or resuming) cost."""
+        if self.first_step_seen_at is None:
+            return None
+        return max(0.0, self.first_step_seen_at - self.submitted_at)
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["status"] = self.status.value
+        for attempt, a in zip(out["attempts"], self.attempts, strict=True):
+            attempt["time_to_first_step_s"] = a.time_to_first_step_s
         out["flags"] = [f.to_dict() for f in self.flags]
         # Flat facts first, so a later run (the scaling check) or a UI reads them without nesting.
         out.update(version=REPORT_VERSION, profile=self.run.profile, mode=self.run.mode, run_key=self.run.run_key,
@@ -238,8 +250,7 @@ def with_steps(attempts: list[AttemptInfo], rows: list[StepRow]) -> list[Attempt
     out = []
     for a in attempts:
         steps = [r.step for r in training_rows(rows) if r.attempt == a.attempt]
-        out.append(AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resumed_from_step,
-                               min(steps) if steps else None, max(steps) if steps else None, a.segment))
+        out.append(replace(a, first_step=min(steps) if steps else None, last_step=max(steps) if steps else None))
     return out
 
 

@@ -81,10 +81,14 @@ def _attempts(r: Report) -> str:
         return "<p>No attempt was submitted.</p>"
     rows = [(a.attempt, a.submission_id, a.resumed_from_step or "— (from scratch)",
              "—" if a.first_step is None else f"{a.first_step} to {a.last_step}",
+             _duration(a.time_to_first_step_s),
              a.segment if a.segment == 1 else f"{a.segment}: merged weights, optimizer state lost")
             for a in r.attempts]
     extra = f"<p>Steps redone after resuming: {r.steps_redone}.</p>" if r.steps_redone else ""
-    return _grid(("attempt", "Ray job", "resumed from step", "steps logged", "segment"), rows) + extra
+    return (_grid(("attempt", "Ray job", "resumed from step", "steps logged", "submit to first step", "segment"),
+                  rows) + extra + "<p>Submit to first step: from the attempt's submission to its first training "
+            "step's arrival, as the pipeline's metrics reader saw it (verl's file logger records no time with "
+            "a step); — where no reader saw one.</p>")
 
 
 def _timing(r: Report) -> str:
