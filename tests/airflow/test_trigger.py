@@ -16,6 +16,7 @@ from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream
 from verl_pipeline.jobs.logstream import WaitCursor
 from verl_pipeline.jobs.outcome import Action, Observation, decide
+from verl_pipeline.jobs.progress import first_step_seen_at
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import Hang
 
@@ -259,13 +260,67 @@ async def test_progress_from_console_lines_at_each_step_when_steps_are_slower_th
     assert events[0]["progress"]["step"] == 3 and events[0]["progress"]["line"].startswith("step 3/10")
 
 
-async def test_progress_is_reported_at_most_every_interval() -> None:
+async def test_progress_is_reported_at_most_every_interval_and_once_more_when_the_job_ends() -> None:
     log = "".join(_step_line(s, 1.0) for s in range(1, 6))
-    trigger = _trigger(total_steps=5, progress_interval=3600)
+    first = len(_step_line(1, 1.0))
+    trigger = _trigger(total_steps=10, progress_interval=3600)
     lines = capture(trigger)
-    events = await _events(trigger, ScriptedHook(["RUNNING", "SUCCEEDED"], [log[:200], log]))
-    assert len([m for m in lines if " progress: " in m]) == 1
+    events = await _events(trigger, ScriptedHook(["RUNNING", "RUNNING", "FAILED"], [log[:first], log, log]))
+    progress = [m for m in lines if " progress: " in m]
+    # Steps 2-5 came within the interval; the ended job's last step is logged, once.
+    assert [p.split(" · ")[0] for p in progress] == ["Ray job job-1 progress: step 1/10 (10%)",
+                                                    "Ray job job-1 progress: step 5/10 (50%)"]
     assert events[0]["progress"]["step"] == 5  # the event still carries the latest
+
+
+async def test_the_last_step_is_reported_whatever_the_interval() -> None:
+    """On the H200, four steps fell inside one 60 s interval: the task log said "step 0/4 (0%)" (the
+    validation row before training) and nothing after. A row of validation alone is no step, and
+    the step that reaches total_training_steps is reported at once, while the job still runs."""
+
+    class Watched(ScriptedHook):
+        """Notes the progress lines logged before each status poll."""
+
+        def __init__(self, *args: Any, lines: list[str]) -> None:
+            super().__init__(*args)
+            self.lines = lines
+            self.before_poll: list[list[str]] = []
+
+        async def aget_job(self, job_id: str) -> JobInfo | None:
+            self.before_poll.append([m.split(" · ")[0] for m in self.lines if " progress: " in m])
+            return await super().aget_job(job_id)
+
+    validation = "(TaskRunner pid=7) step:0 - val-core/openai/gsm8k/reward/mean@1:0.02\n"
+    first = validation + _step_line(1, 6.0)
+    log = first + "".join(_step_line(s, 6.0) for s in (2, 3, 4))
+    trigger = _trigger(total_steps=4, progress_interval=60)
+    hook = Watched(["RUNNING", "RUNNING", "SUCCEEDED"], [first, log], lines=capture(trigger))
+    events = await _events(trigger, hook)
+    assert hook.before_poll[2] == ["Ray job job-1 progress: step 1/4 (25%)", "Ray job job-1 progress: step 4/4 (100%)"]
+    assert events[0]["progress"]["step"] == 4
+
+
+async def test_the_waiter_keeps_when_the_jobs_first_step_arrived(tmp_path: Path) -> None:
+    """For the run report's "submit to first step": the first training step's arrival, beside the
+    attempt's metrics file, written once (a reattached waiter does not move it)."""
+    metrics = tmp_path / "metrics-a1.jsonl"
+    rows = [{"step": 0, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.0}},
+            {"step": 1, "data": {"training/global_step": 1, "perf/time_per_step": 6.0}}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows[:1]))
+    trigger = _trigger(total_steps=4, metrics_path=str(metrics), forward_logs=False)
+    await _events(trigger, ScriptedHook(["SUCCEEDED"], [""]))
+    assert first_step_seen_at(metrics) is None  # validation alone: no step yet
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = time.time()
+    events = await _events(_trigger(total_steps=4, metrics_path=str(metrics), forward_logs=False),
+                           ScriptedHook(["SUCCEEDED"], [""]))
+    seen = first_step_seen_at(metrics)
+    assert seen is not None and before <= seen <= time.time()
+    assert events[0]["progress"]["first_step_seen_at"] == seen
+    later = dict(events[0]["progress"], first_step_seen_at=seen + 1000)
+    await _events(_trigger(total_steps=4, metrics_path=str(metrics), forward_logs=False, progress=later),
+                  ScriptedHook(["SUCCEEDED"], [""]))
+    assert first_step_seen_at(metrics) == seen
 
 
 async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(tmp_path: Path) -> None:

@@ -193,3 +193,30 @@ def test_a_port_conflict_that_persists_is_a_clear_error() -> None:
         assert not procs.alive(procs.with_cmdline(str(temp_dir)))
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_job_runs_after_the_directory_the_cluster_was_started_from_is_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redeployed checkout deletes the directory the pipeline ran in: Ray's processes (and the job
+    drivers they start) work in a directory the cluster owns, not in the caller's."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "stop_grace_s": 3})
+    handle = backend.provision("pytest/cwd-deleted")
+    try:
+        monkeypatch.chdir(tmp_path)
+        shutil.rmtree(checkout)
+        client = handle.client()
+        job_id = f"cwd-{os.getpid()}"
+        client.submit(entrypoint="python -c \"import os; print('cwd', os.path.abspath(os.path.curdir))\"",
+                      submission_id=job_id, runtime_env={})
+        deadline = time.monotonic() + 120
+        while (info := client.get_job(job_id)) is None or not info.status.is_terminal():
+            assert time.monotonic() < deadline, "the job did not finish"
+            time.sleep(0.2)
+        logs = client.logs(job_id)
+        assert info.status.value == "SUCCEEDED", logs
+        assert f"cwd {handle.extra['temp_dir']}" in logs
+    finally:
+        backend.teardown(handle)

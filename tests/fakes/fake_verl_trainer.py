@@ -101,6 +101,33 @@ def save_checkpoint(ckpt: Path, step: int, *, world: int, critic: bool, die_afte
     print(f"Saved checkpoint {folder}", flush=True)
 
 
+def step_metrics(step: int, dt: float, results: list[dict[str, float]], *, world: int,
+                 critic: bool) -> dict[str, float]:
+    """One training step's row, under the names verl 0.9.1's trainers log."""
+    metrics = {
+        "training/global_step": step,
+        "training/epoch": 0,
+        "critic/score/mean": sum(r["score"] for r in results) / len(results),
+        "response_length/mean": sum(r["length"] for r in results) / len(results),
+        "response_length/max": max(r["length"] for r in results),
+        # verl's compute_throughout_metrics: the batch's tokens, per second and per GPU.
+        "perf/total_num_tokens": 2 * 64,
+        "perf/time_per_step": dt,
+        "perf/throughput": 2 * 64 / (dt * world),
+        # verl's marked_timer phases of a step (generation, old log-prob, actor update).
+        "timing_s/step": dt,
+        "timing_s/gen": dt * 0.6,
+        "timing_s/old_log_prob": dt * 0.1,
+        "timing_s/update_actor": dt * 0.25,
+    }
+    # Peak memory: each worker logs perf/max_memory_*_gb, the trainer prefixes its role
+    # (engine_workers.py _postprocess_output; rename_dict(…, "actor/") in the trainers).
+    for role in ("actor", "critic") if critic else ("actor",):
+        metrics[f"{role}/perf/max_memory_allocated_gb"] = 2.0 + 0.01 * step
+        metrics[f"{role}/perf/max_memory_reserved_gb"] = 2.1 + 0.01 * step
+    return metrics
+
+
 def main(argv: list[str]) -> int:
     cfg = parse(argv)
     required = ["trainer.total_training_steps", "trainer.default_local_dir", "trainer.resume_mode", "trainer.save_freq"]
@@ -194,23 +221,8 @@ def main(argv: list[str]) -> int:
             if step == fail_at:
                 raise ValueError(f"user code failed at step {step}")
             results = ray.get([w.step.remote(step, step_seconds) for w in group])
-            dt = time.time() - t0
-            metrics = {
-                "training/global_step": step,
-                "training/epoch": 0,
-                "critic/score/mean": sum(r["score"] for r in results) / len(results),
-                "response_length/mean": sum(r["length"] for r in results) / len(results),
-                "response_length/max": max(r["length"] for r in results),
-                # verl's compute_throughout_metrics: the batch's tokens, per second and per GPU.
-                "perf/total_num_tokens": 2 * 64,
-                "perf/time_per_step": dt,
-                "perf/throughput": 2 * 64 / (dt * world),
-                # verl's marked_timer phases of a step (generation, old log-prob, actor update).
-                "timing_s/step": dt,
-                "timing_s/gen": dt * 0.6,
-                "timing_s/old_log_prob": dt * 0.1,
-                "timing_s/update_actor": dt * 0.25,
-            }
+            metrics = step_metrics(step, time.time() - t0, results, world=world, critic=critic)
+            dt = metrics["perf/time_per_step"]
             ray.get(tracking.log.remote(metrics, step))  # the line is written before the step goes on
             if console:
                 print(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in metrics.items()), flush=True)

@@ -1,8 +1,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from verl_pipeline.jobs.progress import Progress, ProgressTracker, parse_console_line, parse_jsonl_row
+from verl_pipeline.jobs.progress import (
+    Progress,
+    ProgressTracker,
+    first_step_file,
+    first_step_seen_at,
+    parse_console_line,
+    parse_jsonl_row,
+    record_first_step,
+)
 
 
 def test_verl_console_metric_line() -> None:
@@ -34,13 +43,48 @@ def test_progress_line_reads_like_the_issue_asks() -> None:
 
 
 def test_tracker_counts_each_step_once_and_averages_verls_step_time() -> None:
-    t = ProgressTracker(total=10)
+    t = ProgressTracker(total=10, clock=lambda: 7.0)
     assert t.observe(1, {"perf/time_per_step": 4.0, "perf/throughput": 10.0})
     assert t.observe(2, {"perf/time_per_step": 6.0})
     assert not t.observe(2, {"perf/time_per_step": 100.0})  # the same step again (other source)
     assert not t.observe(1, {})
-    assert t.last == Progress(step=2, total=10, seconds_per_step=5.0, metrics={})
+    assert t.last == Progress(step=2, total=10, seconds_per_step=5.0, metrics={}, first_step_seen_at=7.0)
     resumed = ProgressTracker(total=10, last=t.last)  # a re-deferral carries the last progress
     assert not resumed.observe(2, {})
     assert resumed.observe(3, {"perf/time_per_step": 7.0})
     assert resumed.last is not None and resumed.last.seconds_per_step == 6.0
+
+
+def test_a_row_of_validation_alone_is_no_step() -> None:
+    """verl logs its validation before training at step 0, and a resumed run's at the step it resumed from."""
+    t = ProgressTracker(total=4)
+    assert not t.observe(0, {"val-core/openai/gsm8k/reward/mean@1": 0.02, "val-aux/num_turns/mean": 1.0})
+    assert t.last is None
+    assert not t.observe_console("(TaskRunner pid=8) step:0 - val-core/openai/gsm8k/reward/mean@1:0.02")
+    assert t.observe(1, {"training/global_step": 1.0, "val-core/openai/gsm8k/reward/mean@1": 0.1})
+    assert t.last is not None and t.last.step == 1 and not t.last.reached_total
+    assert t.observe(4, {"training/global_step": 4.0}) and t.last.reached_total
+
+
+def test_the_first_training_step_is_dated_when_it_arrives(tmp_path: Path) -> None:
+    """verl's file logger records no time with a row: the tracker dates the first training step it
+    sees (a validation row is none), and a reattached waiter keeps the date it carries."""
+    now = iter([500.0, 600.0, 700.0])
+    t = ProgressTracker(total=4, clock=lambda: next(now))
+    assert not t.observe(0, {"val-core/openai/gsm8k/reward/mean@1": 0.02})
+    assert t.observe(1, {"training/global_step": 1.0})
+    assert t.observe(2, {"training/global_step": 2.0})
+    assert t.last is not None and t.last.first_step_seen_at == 500.0
+    carried = Progress.from_dict(t.last.to_dict())
+    assert carried == t.last
+    again = ProgressTracker(total=4, last=carried, clock=lambda: 900.0)
+    assert again.observe(3, {}) and again.last is not None and again.last.first_step_seen_at == 500.0
+    undated = ProgressTracker(total=4, last=Progress(step=2, total=4), clock=lambda: 900.0)
+    assert undated.observe(3, {}) and undated.last is not None and undated.last.first_step_seen_at is None
+
+    metrics = tmp_path / "metrics-a1.jsonl"
+    assert first_step_seen_at(metrics) is None
+    assert record_first_step(metrics, t.last)
+    assert not record_first_step(metrics, Progress(step=3, total=4, first_step_seen_at=900.0))  # the first stays
+    assert first_step_seen_at(metrics) == 500.0
+    assert first_step_file(metrics) == tmp_path / "metrics-a1.first-step.json"

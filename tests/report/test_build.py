@@ -7,7 +7,15 @@ import json
 import pytest
 
 from tests.report.rows import verl_row
-from verl_pipeline.report.build import AttemptInfo, RunFacts, RunOutcome, build_report, merge_rows, preflight_checks
+from verl_pipeline.report.build import (
+    AttemptInfo,
+    RunFacts,
+    RunOutcome,
+    StepRow,
+    build_report,
+    merge_rows,
+    preflight_checks,
+)
 from verl_pipeline.report.scaling import FlagKind, ScalingPoint
 
 FACTS = RunFacts(run_key="r2", run_name="verl_ppo/r2", profile="gsm8k", mode="train", nnodes=2, n_gpus_per_node=4,
@@ -59,12 +67,31 @@ def test_median_keeps_the_first_steps_start_up_out_of_the_throughput() -> None:
     assert report.throughput_per_gpu == pytest.approx(64000 / 48)
 
 
-def test_mfu_and_peak_memory_when_verl_reports_them() -> None:
-    rows = [verl_row(s, **{"perf/mfu/actor": 0.3 + 0.01 * s, "perf/max_memory_allocated_gb": 60.0 + s,
-                           "perf/max_memory_reserved_gb": 70.0 + s}) for s in (1, 2, 3)]
+def test_mfu_and_peak_memory_under_the_names_verl_0_9_1_logs() -> None:
+    """verl's trainers prefix the workers' ``perf/max_memory_*_gb`` with the role; the peak is the
+    highest of every role's."""
+    rows = [verl_row(s, **{"perf/mfu/actor": 0.3 + 0.01 * s, "actor/perf/max_memory_allocated_gb": 60.0 + s,
+                           "actor/perf/max_memory_reserved_gb": 70.0 + s,
+                           "critic/perf/max_memory_allocated_gb": 50.0,
+                           "critic/perf/max_memory_reserved_gb": 75.0}) for s in (1, 2, 3)]
     report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
     assert report.mfu_actor == pytest.approx(0.32)
-    assert (report.peak_memory_allocated_gb, report.peak_memory_reserved_gb) == (63.0, 73.0)
+    assert (report.peak_memory_allocated_gb, report.peak_memory_reserved_gb) == (63.0, 75.0)
+    assert FlagKind.MEMORY_NEAR_LIMIT not in {f.kind for f in report.flags}  # 63 of 80 GB
+
+
+def test_the_stand_in_trainers_rows_reach_the_memory_flag() -> None:
+    """The rows the stand-in trainer logs (verl's names) give the peak, and near the GPU's memory, the flag."""
+    from tests.fakes.fake_verl_trainer import step_metrics
+
+    results = [{"score": 0.5, "length": 60.0}]
+    rows = [StepRow(s, 1, step_metrics(s, 6.0, results, world=1, critic=False)) for s in (1, 2)]
+    small_gpu = RunFacts("r3", "verl_ppo/r3", "smoke", "train", 1, 1, 2, gpu_memory_gb=2.1)
+    report = build_report(small_gpu, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows,
+                          generated_at=1.0)
+    assert report.peak_memory_allocated_gb == pytest.approx(2.02)
+    assert report.peak_memory_reserved_gb == pytest.approx(2.12)
+    assert FlagKind.MEMORY_NEAR_LIMIT in {f.kind for f in report.flags}
 
 
 def test_report_json_stores_what_a_later_run_compares_with() -> None:
@@ -110,3 +137,51 @@ def test_a_failed_run_says_where_it_stopped_and_one_never_submitted_says_so() ->
     never = build_report(FACTS, status=RunOutcome.FAILED, attempts=[], rows=[], generated_at=1.0)
     assert never.steps_done == 0 and never.wall_time_s is None
     assert never.notes == ["No training steps: no job was submitted (the run ended before its submit)."]
+
+
+def test_validation_timed_outside_the_step_is_no_share_of_it() -> None:
+    """verl times validation (``timing_s/testing``) after the step's timer: on the H200 run the phase
+    shares added up to 128% when it was counted in. The step's own phases add up to at most 100%."""
+    rows = [verl_row(s, **{"timing_s/testing": 2.0}) for s in (1, 2, 3)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert "testing" not in report.timing_s and report.timing_outside_step_s == {"testing": 2.0}
+    assert report.phase_share == pytest.approx({"gen": 0.5, "old_log_prob": 0.5 / 6, "update_actor": 2.5 / 6})
+    assert sum(report.phase_share.values()) <= 1.0
+
+
+def test_phase_shares_stay_within_the_step_where_medians_would_not() -> None:
+    """Medians of parts need not add up to the median of the whole (here 195%): the shares are of all
+    steps' time."""
+    rows = [verl_row(1, gen=9.5, step_s=10.0), verl_row(2, gen=0.0, step_s=10.0), verl_row(3, gen=9.5, step_s=20.0)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    medians = report.timing_s
+    assert medians["gen"] + medians["update_actor"] + medians["old_log_prob"] == 1.95 * medians["step"]
+    assert report.phase_share == pytest.approx({"gen": 19 / 40, "old_log_prob": 1.5 / 40, "update_actor": 19.5 / 40})
+    assert sum(report.phase_share.values()) <= 1.0
+
+
+def _validation_row(step: int, attempt: int, value: float) -> StepRow:
+    """What verl logs before training (step 0) or when a resumed run starts: validation alone."""
+    return StepRow(step, attempt, {"val-core/openai/gsm8k/reward/mean@1": value, "val-aux/num_turns/mean": 1.0})
+
+
+def test_a_row_of_validation_alone_is_no_training_step() -> None:
+    """verl's step-0 row (``val_before_train``) and a resumed attempt's row at the step it resumed
+    from count in the validation series only: not as steps, step times or throughput."""
+    rows = ([_validation_row(0, 1, 0.1)] + [verl_row(s, 1) for s in (1, 2, 3)]
+            + [_validation_row(2, 2, 0.3)] + [verl_row(s, 2) for s in (3, 4)])
+    report = build_report(FACTS, status=RunOutcome.FAILED, attempts=_attempts(), rows=rows, generated_at=1.0)
+    assert report.steps_done == 4
+    assert [(a.first_step, a.last_step) for a in report.attempts] == [(1, 3), (3, 4)]
+    assert report.steps_redone == 1
+    val = report.validation["val-core/openai/gsm8k/reward/mean@1"]
+    assert (val.final, val.best, val.best_step) == (0.3, 0.3, 2)  # step 0's baseline and step 2's, by attempt 2
+    # Step 2's training row is attempt 1's, with the validation attempt 2 ran there.
+    step2 = merge_rows(rows)[2]
+    assert step2.attempt == 1 and step2.metrics["timing_s/step"] == 6.0
+    assert report.time_per_step_s == 6.0 and report.throughput_per_gpu == pytest.approx(64000 / 48)
+    assert report.timing_s["step"] == 6.0 and sum(report.phase_share.values()) <= 1.0
+    only_validation = build_report(FACTS, status=RunOutcome.FAILED, attempts=_attempts()[:1],
+                                   rows=[_validation_row(0, 1, 0.1)], generated_at=1.0)
+    assert only_validation.steps_done == 0 and only_validation.attempts[0].first_step is None
+    assert only_validation.notes == ["No training steps: verl logged no step (the job ended before its first step)."]

@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 from tests.report.rows import verl_row
+from verl_pipeline.jobs.progress import Progress, record_first_step
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG
 from verl_pipeline.report.write import write_report
@@ -104,3 +105,31 @@ def test_a_new_segment_after_a_merge_is_reported_at_its_run_steps_and_marked(tmp
     second = data["attempts"][1]
     assert (second["first_step"], second["last_step"], second["segment"]) == (5, 6, 2)
     assert "2: merged weights, optimizer state lost" in (run_dir / "report" / "report.html").read_text()
+
+
+def test_the_html_shows_validation_apart_from_the_steps_phase_shares(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "val")
+    _log(run_dir, 1, range(1, 4), resume_from=0, **{"timing_s/testing": 2.0})
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED)
+    html = files.html.read_text()
+    shares = [int(p) for p in re.findall(r"\((\d+)% of all step time\)", html)]
+    assert shares and sum(shares) <= 100
+    assert "timing_s/testing (validation)" in html and "Timed apart from the step" in html
+    assert TIMING_PNG in files.to_dict()["plots"]
+
+
+def test_each_attempt_shows_the_seconds_from_its_submission_to_its_first_step(tmp_path: Path) -> None:
+    """What a resume costs: attempt 1 (submitted at 1001) first stepped at 1091, attempt 2 (at 1002)
+    at 1302; an attempt no reader saw step says so."""
+    run_dir = _run_dir(tmp_path, "ttfs")
+    _log(run_dir, 1, range(1, 4), resume_from=0)
+    _log(run_dir, 2, range(3, 7), resume_from=2)
+    _log(run_dir, 3, range(0), resume_from=6)
+    for attempt, seen in ((1, 1091.0), (2, 1302.0)):
+        record_first_step(RunDir(run_dir).metrics_file(attempt), Progress(step=1, total=6, first_step_seen_at=seen))
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    data = json.loads(files.json.read_text())
+    assert [a["time_to_first_step_s"] for a in data["attempts"]] == [90.0, 300.0, None]
+    html = files.html.read_text()
+    assert "submit to first step" in html and "1 m 30 s" in html and "5 m 0 s" in html
+    assert "verl's file logger records no time" in html

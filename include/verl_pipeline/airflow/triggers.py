@@ -41,7 +41,8 @@ class RayJobTrigger(BaseTrigger):
     Progress (``step 120/500 (24%) · 3.1 min/step · ETA …``) comes from ``metrics_path`` (verl's
     file logger, when the triggerer can read it) or else verl's console metric lines in the log;
     it is logged when a new step arrived and ``progress_interval`` seconds have passed since the
-    last report, so every step is reported when steps are slower than that.
+    last report, so every step is reported when steps are slower than that; the last step
+    (``total_steps``) is always logged, and so is the last step of a job that ended (once).
 
     ``node_lost``: fewer Ray nodes than the cluster was provisioned with stayed alive for
     ``node_grace_polls`` polls while the job still ran. A job can hang instead of failing when a
@@ -89,6 +90,7 @@ class RayJobTrigger(BaseTrigger):
         self._stall: Any = None
         self._reported_step = -1
         self._reported_at = float("-inf")
+        self._first_step_recorded = False
 
     @property
     def job_id(self) -> str:
@@ -173,7 +175,9 @@ class RayJobTrigger(BaseTrigger):
             for line in await asyncio.to_thread(self._read_metrics):
                 self._tracker.observe_jsonl(line)
 
-    def _report_progress(self) -> None:
+    def _report_progress(self, *, final: bool = False) -> None:
+        """Log the progress when a new step arrived and the interval passed, and always for the last
+        step (``total_steps`` reached) and, ``final``ly, for the last step the ended job logged."""
         if self._tracker is None:
             return
         last = self._tracker.last
@@ -183,9 +187,22 @@ class RayJobTrigger(BaseTrigger):
         now = time.monotonic()
         if self._stall is not None:
             self._stall.step(last.step, now, self._tracker.slowest_s)
-        if now - self._reported_at >= self.request.progress_interval:
+        if final or last.reached_total or now - self._reported_at >= self.request.progress_interval:
             self._reported_step, self._reported_at = last.step, now
             self.log.info("Ray job %s progress: %s", self.job_id, last.line())
+
+    async def _record_first_step(self) -> None:
+        """Keep when the job's first step arrived, beside its metrics file, for the run report."""
+        last = self._tracker.last if self._tracker is not None else None
+        if self._first_step_recorded or last is None or not self.request.metrics_path:
+            return
+        from verl_pipeline.jobs.progress import record_first_step
+
+        self._first_step_recorded = True  # once per waiter, written or not
+        try:
+            await asyncio.to_thread(record_first_step, Path(self.request.metrics_path), last)
+        except OSError as e:  # not writable from the triggerer: the report says the time is unknown
+            self.log.warning("Could not record when Ray job %s logged its first step: %s", self.job_id, e)
 
     async def _poll_logs(self, hook: Any, info: Any) -> bool:
         """Forward new lines and update progress; a failed read (False) is retried next poll, never fatal."""
@@ -193,7 +210,9 @@ class RayJobTrigger(BaseTrigger):
             await self._observe_metrics_file()  # first, so verl's exact numbers win over its console's
             if self.request.forward_logs:
                 await self._forward(hook, info)
-            self._report_progress()
+            # The read of an ended job is its last: its final progress is logged whatever the interval.
+            self._report_progress(final=info.status.is_terminal())
+            await self._record_first_step()
             return True
         except asyncio.CancelledError:
             raise

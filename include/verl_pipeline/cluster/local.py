@@ -204,13 +204,18 @@ class LocalBackend(ClusterBackend):
         return env
 
     def _start(self, cmd: list[str], log_path: Path, token_file: Path | None) -> subprocess.Popen[bytes]:
-        """Start one ``ray start --block`` node (leader of its own session), marked with its cluster."""
+        """Start one ``ray start --block`` node (leader of its own session), marked with its cluster,
+        working in the cluster's temp dir."""
         log.info("Starting a local Ray node: %s", " ".join(cmd))
+        # The node's log lives in the cluster's temp dir, which names the cluster.
+        temp_dir = log_path.parent
         with open(log_path, "ab") as out:
             return subprocess.Popen(
-                # The node's log lives in the cluster's temp dir, which names the cluster.
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=self._env(str(log_path.parent), token_file),
+                env=self._env(str(temp_dir), token_file),
+                # Not the caller's directory: every Ray process, and every job driver, inherits it, and
+                # a redeployed checkout deletes it (the next driver then fails in os.path.abspath).
+                cwd=temp_dir,
                 start_new_session=True, close_fds=True,
             )
 

@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from verl_pipeline.trainer.metrics import SCORE, THROUGHPUT_PER_GPU
+from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.trainer.metrics import (
+    SCORE,
+    STEP,
+    THROUGHPUT_PER_GPU,
+    TIME_PER_STEP,
+    TIMING_STEP,
+    is_validation_only,
+)
 
 #: Metrics shown after the step and the ETA, when verl reports them.
 SHOWN_METRICS = (SCORE, THROUGHPUT_PER_GPU)
@@ -54,7 +65,7 @@ def parse_jsonl_row(line: str) -> tuple[int, dict[str, float]] | None:
         return None
     data = row["data"]
     metrics = {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and v == v}
-    step = metrics.get("training/global_step", row.get("step"))
+    step = metrics.get(STEP, row.get("step"))
     if not isinstance(step, int | float):
         return None
     return int(step), metrics
@@ -87,6 +98,14 @@ class Progress:
     total: int
     seconds_per_step: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    #: When (epoch seconds) the reader first saw a training step of this job: verl's file logger
+    #: records no time with a row, so its arrival is the closest the pipeline gets.
+    first_step_seen_at: float | None = None
+
+    @property
+    def reached_total(self) -> bool:
+        """The job logged its last step (``trainer.total_training_steps``)."""
+        return 0 < self.total <= self.step
 
     @property
     def eta_seconds(self) -> float | None:
@@ -116,19 +135,24 @@ class Progress:
         if not data:
             return None
         return cls(step=int(data["step"]), total=int(data["total"]),
-                   seconds_per_step=data.get("seconds_per_step"), metrics=dict(data.get("metrics") or {}))
+                   seconds_per_step=data.get("seconds_per_step"), metrics=dict(data.get("metrics") or {}),
+                   first_step_seen_at=data.get("first_step_seen_at"))
 
 
 class ProgressTracker:
     """Follows the steps verl reports; fed from either source, each step counts once.
 
+    A row of validation alone (verl's step 0, or a resumed run's starting step) is no step.
+
     :param total: ``trainer.total_training_steps``.
     :param last: the progress a previous waiter reached (carried through a deferral).
+    :param clock: the wall clock (epoch seconds) that dates the first step's arrival.
     """
 
-    def __init__(self, total: int, last: Progress | None = None) -> None:
+    def __init__(self, total: int, last: Progress | None = None, *, clock: Callable[[], float] = time.time) -> None:
         self.total = total
         self.last = last
+        self.clock = clock
         self._recent: list[float] = []
         #: The slowest step verl reported (``perf/time_per_step``) since this tracker started.
         self.slowest_s: float | None = None
@@ -136,16 +160,19 @@ class ProgressTracker:
             self._recent.append(last.seconds_per_step)
 
     def observe(self, step: int, metrics: dict[str, float]) -> bool:
-        """Record one step's metrics; True when it is newer than any step seen."""
-        if self.last is not None and step <= self.last.step:
+        """Record one step's metrics; True when it is a training step newer than any seen."""
+        if is_validation_only(metrics) or (self.last is not None and step <= self.last.step):
             return False
-        per_step = metrics.get("perf/time_per_step", metrics.get("timing_s/step"))
+        per_step = metrics.get(TIME_PER_STEP, metrics.get(TIMING_STEP))
         if per_step is not None and per_step > 0:
             self._recent = [*self._recent, per_step][-RECENT_STEPS:]
             self.slowest_s = max(self.slowest_s or 0.0, per_step)
         mean = sum(self._recent) / len(self._recent) if self._recent else None
         shown = {k: metrics[k] for k in SHOWN_METRICS if k in metrics}
-        self.last = Progress(step=step, total=self.total, seconds_per_step=mean, metrics=shown)
+        # Only this reader's own first step is dated: a carried progress without a date stays without.
+        seen_at = self.clock() if self.last is None else self.last.first_step_seen_at
+        self.last = Progress(step=step, total=self.total, seconds_per_step=mean, metrics=shown,
+                             first_step_seen_at=seen_at)
         return True
 
     def observe_console(self, line: str) -> bool:
@@ -155,3 +182,32 @@ class ProgressTracker:
     def observe_jsonl(self, line: str) -> bool:
         parsed = parse_jsonl_row(line)
         return parsed is not None and self.observe(*parsed)
+
+
+#: Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.first-step.json``): when its
+#: first training step reached the pipeline's reader (the waiter), for the run report.
+FIRST_STEP_SUFFIX = ".first-step.json"
+
+
+def first_step_file(metrics_path: Path) -> Path:
+    return metrics_path.with_suffix(FIRST_STEP_SUFFIX)
+
+
+def record_first_step(metrics_path: Path, progress: Progress) -> bool:
+    """Keep when ``progress``'s job first logged a step, beside its metrics file; the first record
+    stays (a reattached waiter saw the step later). True when written."""
+    path = first_step_file(metrics_path)
+    if progress.first_step_seen_at is None or path.exists():
+        return False
+    write_json_atomic(path, {"first_step_seen_at": progress.first_step_seen_at})
+    return True
+
+
+def first_step_seen_at(metrics_path: Path) -> float | None:
+    """When the attempt whose metrics file this is first logged a step, as its waiter saw it (None: unknown)."""
+    try:
+        data = json.loads(first_step_file(metrics_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = data.get("first_step_seen_at") if isinstance(data, dict) else None
+    return float(value) if isinstance(value, int | float) else None

@@ -9,7 +9,7 @@ start-up (engine and model loading), which a mean would spread over the whole ru
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -32,6 +32,11 @@ class StepRow:
     attempt: int
     metrics: dict[str, float]
 
+    @property
+    def is_training(self) -> bool:
+        """A training step, not a row of validation alone (step 0, or a resumed run's starting step)."""
+        return not m.is_validation_only(self.metrics)
+
 
 @dataclass(frozen=True)
 class AttemptInfo:
@@ -46,6 +51,16 @@ class AttemptInfo:
     #: The run segment the attempt trained (2, 3, … after a merge on a changed world size: from merged
     #: weights, without the optimizer state).
     segment: int = 1
+    #: When (epoch seconds) the attempt's first training step reached the pipeline's metrics reader
+    #: (verl's file logger records no time with a row); None: not seen (no step, or no waiter read it).
+    first_step_seen_at: float | None = None
+
+    @property
+    def time_to_first_step_s(self) -> float | None:
+        """Seconds from the attempt's submission to its first training step: what starting (or resuming) cost."""
+        if self.first_step_seen_at is None:
+            return None
+        return max(0.0, self.first_step_seen_at - self.submitted_at)
 
 
 @dataclass(frozen=True)
@@ -111,9 +126,15 @@ class Report:
     #: Tokens/s of the whole run (``perf/total_num_tokens / perf/time_per_step``), median over steps.
     throughput_total: float | None = None
     time_per_step_s: float | None = None
-    #: Median seconds per step of each ``timing_s/<phase>`` (``step`` is the whole step).
+    #: Median seconds per step of the step (``step``) and of each of its own ``timing_s/<phase>``.
     timing_s: dict[str, float] = field(default_factory=dict)
+    #: Each of the step's own phases as a share of all steps' time (together at most 1).
+    phase_share: dict[str, float] = field(default_factory=dict)
+    #: Median seconds of what verl times apart from the step (``testing``: validation), over the
+    #: steps that ran it.
+    timing_outside_step_s: dict[str, float] = field(default_factory=dict)
     mfu_actor: float | None = None
+    #: The highest peak GPU memory any role (actor, critic) reported over the steps, in GB.
     peak_memory_allocated_gb: float | None = None
     peak_memory_reserved_gb: float | None = None
     wall_time_s: float | None = None
@@ -138,6 +159,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["status"] = self.status.value
+        for attempt, a in zip(out["attempts"], self.attempts, strict=True):
+            attempt["time_to_first_step_s"] = a.time_to_first_step_s
         out["flags"] = [f.to_dict() for f in self.flags]
         # Flat facts first, so a later run (the scaling check) or a UI reads them without nesting.
         out.update(version=REPORT_VERSION, profile=self.run.profile, mode=self.run.mode, run_key=self.run.run_key,
@@ -146,11 +169,24 @@ class Report:
 
 
 def merge_rows(rows: list[StepRow]) -> list[StepRow]:
-    """One row per step, ascending; where attempts overlap (a resume redid steps) the later attempt's."""
+    """One row per step, ascending; where attempts overlap (a resume redid steps) the later attempt's.
+
+    A step's training row wins over a row of validation alone at that step (a resumed attempt
+    validates at the step it resumed from), whose metrics it gains where it has none of its own.
+    """
     by_step: dict[int, StepRow] = {}
     for row in sorted(rows, key=lambda r: (r.attempt, r.step)):
-        by_step[row.step] = row
+        had = by_step.get(row.step)
+        if had is not None and had.is_training and not row.is_training:
+            by_step[row.step] = StepRow(had.step, had.attempt, {**row.metrics, **had.metrics})
+        else:
+            by_step[row.step] = row
     return [by_step[s] for s in sorted(by_step)]
+
+
+def training_rows(rows: list[StepRow]) -> list[StepRow]:
+    """The training steps among ``rows``: what step counts, seconds per step and throughput are of."""
+    return [r for r in rows if r.is_training]
 
 
 def series(rows: list[StepRow], name: str) -> Series | None:
@@ -167,15 +203,34 @@ def median_of(rows: list[StepRow], name: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def max_of(rows: list[StepRow], name: str) -> float | None:
-    values = [r.metrics[name] for r in rows if name in r.metrics]
+def max_of(rows: list[StepRow], names: tuple[str, ...]) -> float | None:
+    """The highest value of any of ``names`` over the rows (None when no row reports one)."""
+    values = [r.metrics[name] for r in rows for name in names if name in r.metrics]
     return max(values) if values else None
 
 
-def timing_breakdown(rows: list[StepRow]) -> dict[str, float]:
-    """Median seconds of each ``timing_s/<phase>`` verl reported, by phase."""
+def timing_names(rows: list[StepRow], *, in_step: bool) -> list[str]:
+    """The ``timing_s/<phase>`` names verl reported, of the step's own phases (and ``step``) or of the rest."""
     names = sorted({k for r in rows for k in r.metrics if k.startswith(m.TIMING_PREFIX)})
-    return {k[len(m.TIMING_PREFIX):]: v for k in names if (v := median_of(rows, k)) is not None}
+    return [k for k in names if (k[len(m.TIMING_PREFIX):] not in m.TIMING_OUTSIDE_STEP) == in_step]
+
+
+def timing_breakdown(rows: list[StepRow], *, in_step: bool = True) -> dict[str, float]:
+    """Median seconds of each ``timing_s/<phase>`` verl reported, by phase: the step and its own
+    phases, or (``in_step=False``) what verl times apart from the step."""
+    return {k[len(m.TIMING_PREFIX):]: v for k in timing_names(rows, in_step=in_step)
+            if (v := median_of(rows, k)) is not None}
+
+
+def phase_shares(rows: list[StepRow]) -> dict[str, float]:
+    """Each of the step's own phases as a share of all steps' time (a ratio of sums: the phases of
+    one step add up to at most its time, so the shares add up to at most 1, as medians would not)."""
+    timed = [r for r in rows if r.metrics.get(m.TIMING_STEP)]
+    total = sum(r.metrics[m.TIMING_STEP] for r in timed)
+    if not total:
+        return {}
+    return {k[len(m.TIMING_PREFIX):]: sum(r.metrics.get(k, 0.0) for r in timed) / total
+            for k in timing_names(timed, in_step=True) if k != m.TIMING_STEP}
 
 
 def total_throughput(rows: list[StepRow], n_gpus: int) -> float | None:
@@ -194,9 +249,8 @@ def with_steps(attempts: list[AttemptInfo], rows: list[StepRow]) -> list[Attempt
     """Each attempt with the first and last step its own metrics file logged (before merging)."""
     out = []
     for a in attempts:
-        steps = [r.step for r in rows if r.attempt == a.attempt]
-        out.append(AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resumed_from_step,
-                               min(steps) if steps else None, max(steps) if steps else None, a.segment))
+        steps = [r.step for r in training_rows(rows) if r.attempt == a.attempt]
+        out.append(replace(a, first_step=min(steps) if steps else None, last_step=max(steps) if steps else None))
     return out
 
 
@@ -252,20 +306,24 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     """
     attempts = with_steps(attempts, rows)
     merged = merge_rows(rows)
+    # Validation is of every row (step 0 is the baseline); everything else is of the training steps.
+    steps = training_rows(merged)
     checks = preflight_checks(preflight) if preflight else []
-    report = Report(run=facts, status=status, steps_done=merged[-1].step if merged else 0, attempts=attempts,
-                    generated_at=generated_at, checks=checks, notes=_notes(facts, status, merged, attempts, checks))
-    report.score = series(merged, m.SCORE)
+    report = Report(run=facts, status=status, steps_done=steps[-1].step if steps else 0, attempts=attempts,
+                    generated_at=generated_at, checks=checks, notes=_notes(facts, status, steps, attempts, checks))
+    report.score = series(steps, m.SCORE)
     report.validation = {k: s for k in sorted({k for r in merged for k in r.metrics if k.startswith(m.VAL_CORE_PREFIX)})
                          if (s := series(merged, k)) is not None}
-    report.response_length = series(merged, m.RESPONSE_LENGTH)
-    report.throughput_per_gpu = median_of(merged, m.THROUGHPUT_PER_GPU)
-    report.throughput_total = total_throughput(merged, facts.n_gpus)
-    report.time_per_step_s = median_of(merged, m.TIME_PER_STEP)
-    report.timing_s = timing_breakdown(merged)
-    report.mfu_actor = median_of(merged, m.MFU_ACTOR)
-    report.peak_memory_allocated_gb = max_of(merged, m.MAX_MEMORY_ALLOCATED)
-    report.peak_memory_reserved_gb = max_of(merged, m.MAX_MEMORY_RESERVED)
+    report.response_length = series(steps, m.RESPONSE_LENGTH)
+    report.throughput_per_gpu = median_of(steps, m.THROUGHPUT_PER_GPU)
+    report.throughput_total = total_throughput(steps, facts.n_gpus)
+    report.time_per_step_s = median_of(steps, m.TIME_PER_STEP)
+    report.timing_s = timing_breakdown(steps)
+    report.phase_share = phase_shares(steps)
+    report.timing_outside_step_s = timing_breakdown(steps, in_step=False)
+    report.mfu_actor = median_of(steps, m.MFU_ACTOR)
+    report.peak_memory_allocated_gb = max_of(steps, m.MAX_MEMORY_ALLOCATED)
+    report.peak_memory_reserved_gb = max_of(steps, m.MAX_MEMORY_RESERVED)
     if attempts and ended_at is not None:
         report.wall_time_s = max(0.0, ended_at - min(a.submitted_at for a in attempts))
         # GPUs are held from the first submit to the last step; a preflight cluster has none.

@@ -81,19 +81,30 @@ def _attempts(r: Report) -> str:
         return "<p>No attempt was submitted.</p>"
     rows = [(a.attempt, a.submission_id, a.resumed_from_step or "— (from scratch)",
              "—" if a.first_step is None else f"{a.first_step} to {a.last_step}",
+             _duration(a.time_to_first_step_s),
              a.segment if a.segment == 1 else f"{a.segment}: merged weights, optimizer state lost")
             for a in r.attempts]
     extra = f"<p>Steps redone after resuming: {r.steps_redone}.</p>" if r.steps_redone else ""
-    return _grid(("attempt", "Ray job", "resumed from step", "steps logged", "segment"), rows) + extra
+    return (_grid(("attempt", "Ray job", "resumed from step", "steps logged", "submit to first step", "segment"),
+                  rows) + extra + "<p>Submit to first step: from the attempt's submission to its first training "
+            "step's arrival, as the pipeline's metrics reader saw it (verl's file logger records no time with "
+            "a step); — where no reader saw one.</p>")
 
 
 def _timing(r: Report) -> str:
-    if not r.timing_s:
+    if not r.timing_s and not r.timing_outside_step_s:
         return ""
-    step = r.timing_s.get("step")
-    rows = [(f"timing_s/{k}", f"{v:.4g} s" + (f" ({v / step:.0%} of the step)" if step and k != "step" else ""))
+    rows = [(f"{m.TIMING_PREFIX}{k}", f"{v:.4g} s" + (f" ({r.phase_share[k]:.0%} of all step time)"
+                                                      if k in r.phase_share else ""))
             for k, v in sorted(r.timing_s.items(), key=lambda kv: -kv[1])]
-    return "<h2>Time per step by phase</h2><p>Median over the steps that ran each phase.</p>" + _table(rows)
+    out = ("<h2>Time per step by phase</h2><p>Median seconds over the steps that ran each phase; the share is "
+           "of all step time, over every step (the phases of a step add up to at most 100%).</p>" + _table(rows))
+    if r.timing_outside_step_s:
+        apart = [(f"{m.TIMING_PREFIX}{k}" + (" (validation)" if k == "testing" else ""), f"{v:.4g} s")
+                 for k, v in sorted(r.timing_outside_step_s.items())]
+        out += ("<p>Timed apart from the step (not in timing_s/step, not a share of it), median over the steps "
+                "that ran it:</p>" + _table(apart))
+    return out
 
 
 def _checks(r: Report) -> str:

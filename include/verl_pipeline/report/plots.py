@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.report.build import AttemptInfo, StepRow
+from verl_pipeline.report.build import AttemptInfo, StepRow, timing_names, training_rows
 from verl_pipeline.trainer import metrics as m
 
 log = logging.getLogger(__name__)
@@ -72,13 +72,18 @@ def _throughput(ax: Any, rows: list[StepRow]) -> bool:
 
 
 def _timing(ax: Any, rows: list[StepRow]) -> bool:
-    phases = sorted({k for r in rows for k in r.metrics if k.startswith(m.TIMING_PREFIX) and k != m.TIMING_STEP})
+    """The step's own phases stacked under the step's time; what verl times apart from the step
+    (validation) as its own dashed line, never stacked on the step."""
+    rows = training_rows(rows)  # a row of validation alone (step 0) is no step of 0 s
+    phases = [k for k in timing_names(rows, in_step=True) if k != m.TIMING_STEP]
     if not phases:
         return False
     steps = [r.step for r in rows]
     ax.stackplot(steps, [[r.metrics.get(k, 0.0) for r in rows] for k in phases],
                  labels=[k[len(m.TIMING_PREFIX):] for k in phases], alpha=0.8)
     _line(ax, rows, m.TIMING_STEP, "step (total)", color="black", linewidth=1)
+    for k in timing_names(rows, in_step=False):
+        _line(ax, rows, k, f"{k[len(m.TIMING_PREFIX):]} (apart from the step)", linestyle="--", marker="x")
     ax.set_ylabel("seconds")
     return True
 

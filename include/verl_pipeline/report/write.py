@@ -106,7 +106,10 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     rows = read_rows(run_dir)
     preflight = _read_json(RunDir(run_dir).preflight_file)
     status = status or infer_status(run_dir, facts, rows, preflight)
-    attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment)
+    from verl_pipeline.jobs.progress import first_step_seen_at
+
+    attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment,
+                            first_step_seen_at=first_step_seen_at(RunDir(run_dir).metrics_file(a.attempt)))
                 for a in RunDir(run_dir).attempts()]
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
     in_run = str((report_dir(run_dir) / REPORT_JSON).relative_to(run_dir))

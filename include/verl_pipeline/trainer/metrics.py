@@ -9,6 +9,8 @@ From verl's ``trainer/ppo/metric_utils.py`` (``compute_data_metrics``, ``compute
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 STEP = "training/global_step"
 SCORE = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
@@ -20,13 +22,32 @@ TOTAL_TOKENS = "perf/total_num_tokens"
 TIME_PER_STEP = "perf/time_per_step"
 MFU_ACTOR = "perf/mfu/actor"
 MFU_CRITIC = "perf/mfu/critic"
-MAX_MEMORY_ALLOCATED = "perf/max_memory_allocated_gb"
-MAX_MEMORY_RESERVED = "perf/max_memory_reserved_gb"
+#: Peak GPU memory of each worker role, in GB. The workers log ``perf/max_memory_*_gb``
+#: (``workers/engine_workers.py`` ``_postprocess_output``); both trainers prefix them with the role
+#: (``rename_dict(…, "actor/")`` / ``"critic/"`` in ``trainer/ppo/ray_trainer.py`` and
+#: ``trainer/ppo/v1/trainer_base.py``), so no verl 0.9.1 trainer logs the bare name.
+MEMORY_ROLES = ("actor", "critic")
+MAX_MEMORY_ALLOCATED = tuple(f"{role}/perf/max_memory_allocated_gb" for role in MEMORY_ROLES)
+MAX_MEMORY_RESERVED = tuple(f"{role}/perf/max_memory_reserved_gb" for role in MEMORY_ROLES)
 #: ``timing_s/<phase>``: seconds of each phase of a step (``marked_timer`` in verl's trainers).
 TIMING_PREFIX = "timing_s/"
-#: The whole step; every other ``timing_s/*`` is a part of it.
+#: The whole step; every other ``timing_s/*`` is a part of it, except :data:`TIMING_OUTSIDE_STEP`.
 TIMING_STEP = "timing_s/step"
+#: Phases verl times apart from the step (``timing_s/<phase>`` beside ``timing_s/step``, not in it):
+#: validation (``testing``, after the step's timer in ``trainer/ppo/ray_trainer.py`` and
+#: ``trainer/ppo/v1/trainer_base.py``), the profiler's start and stop (``ray_trainer.py``), and the
+#: rollout dump (after the step in the v1 trainer; inside it in the legacy one, so left out of the
+#: step's shares either way).
+TIMING_OUTSIDE_STEP = frozenset({"testing", "start_profile", "stop_profile", "dump_rollout_generations"})
 #: Rollout (generation), the phase the scaling rules watch.
 TIMING_GEN = "timing_s/gen"
 #: ``val-core/<data_source>/<var>/<metric>``: the validation metrics verl calls core (mean@N of reward or acc).
 VAL_CORE_PREFIX = "val-core/"
+#: Every validation metric (``_validate`` in ``trainer/ppo/ray_trainer.py`` and ``v1/trainer_base.py``).
+VAL_PREFIXES = (VAL_CORE_PREFIX, "val-aux/")
+
+
+def is_validation_only(metrics: Mapping[str, float]) -> bool:
+    """A row verl logged for validation alone, not a training step: ``val_before_train`` logs one at
+    step 0, and a resumed run one at the step it resumed from, before its first step."""
+    return bool(metrics) and all(k.startswith(VAL_PREFIXES) for k in metrics)
