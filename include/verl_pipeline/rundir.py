@@ -31,6 +31,12 @@ _METRICS_PREFIX, _METRICS_SUFFIX = "metrics-a", ".jsonl"
 _STOPPED_SUFFIX = ".stopped.json"
 
 
+def first_step_file(metrics_path: Path) -> Path:
+    """Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.first-step.json``): when its
+    first training step reached the pipeline's reader (the waiter), for the run report."""
+    return metrics_path.with_suffix(".first-step.json")
+
+
 def retire(record: Path) -> Path | None:
     """Rename ``<name>.json`` to ``<name>.stopped.json`` (kept for the post-mortem); None when absent."""
     if not record.exists():
@@ -239,4 +245,4 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["TRACKER_FILE", "Attempt", "RunDir", "now", "retire", "tracker_step"]
+__all__ = ["TRACKER_FILE", "Attempt", "RunDir", "first_step_file", "now", "retire", "tracker_step"]

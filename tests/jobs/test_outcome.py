@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from verl_pipeline.constants import JobState
@@ -138,3 +140,22 @@ def test_a_hang_event_of_an_earlier_release_keeps_its_message_as_the_detail() ->
     assert d.action is Action.RETRY and d.stop_job and d.reason == "hang"
     assert "[infrastructure failure: hang]: hang: no training step for 42m, last step 118 (stall limit 30m)" in \
         d.message
+
+
+def test_a_resumed_attempts_validation_row_at_its_checkpoint_step_is_not_a_training_step(tmp_path: Path) -> None:
+    """verl's ``val_before_train`` logs a row of validation alone at the step a resumed run starts from
+    (and at step 0): the attempt's steps are the ones after it, so the resume is judged right."""
+    import json
+
+    from verl_pipeline.jobs.attempts import run_steps
+    from verl_pipeline.rundir import Attempt
+
+    metrics = tmp_path / "metrics-a2.jsonl"
+    rows = [{"step": 3, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.2, "val-aux/num_turns/min": 1.0}}]
+    rows += [{"step": s, "data": {"training/global_step": s, "critic/score/mean": 0.1}} for s in (4, 5, 6)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = run_steps(Attempt("j-a2", 2, 0.0, "", 3, str(metrics)))
+    assert steps == [4, 5, 6]
+    done = decide(Observation(WaitEvent.SUCCEEDED, "j-a2", job_status="SUCCEEDED"),
+                  training=TrainingRecord(6, steps, resume_from_step=3))
+    assert done.action is Action.FINISH

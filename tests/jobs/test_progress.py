@@ -6,12 +6,12 @@ from pathlib import Path
 from verl_pipeline.jobs.progress import (
     Progress,
     ProgressTracker,
-    first_step_file,
     first_step_seen_at,
     parse_console_line,
     parse_jsonl_row,
     record_first_step,
 )
+from verl_pipeline.rundir import first_step_file
 
 
 def test_verl_console_metric_line() -> None:

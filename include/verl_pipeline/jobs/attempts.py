@@ -12,10 +12,12 @@ import json
 from pathlib import Path
 
 from verl_pipeline.rundir import Attempt
+from verl_pipeline.trainer.metrics import STEP, is_validation_only
 
 
 def metric_steps(metrics_path: Path) -> list[int]:
-    """``training/global_step`` of every line verl's file logger wrote (``{"step": N, "data": {…}}``)."""
+    """The training steps verl's file logger wrote (``{"step": N, "data": {…}}``): a row of validation
+    alone (``val_before_train`` at step 0, or at the step a resumed run starts from) is not one."""
     if not metrics_path.is_file():
         return []
     steps = []
@@ -24,7 +26,10 @@ def metric_steps(metrics_path: Path) -> list[int]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill
-        steps.append(int(row.get("data", {}).get("training/global_step", row.get("step", 0))))
+        data = row.get("data") or {}
+        if is_validation_only(data):
+            continue
+        steps.append(int(data.get(STEP, row.get("step", 0))))
     return steps
 
 

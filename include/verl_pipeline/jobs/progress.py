@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.rundir import first_step_file
 from verl_pipeline.trainer.metrics import (
     SCORE,
     STEP,
@@ -182,15 +183,6 @@ class ProgressTracker:
     def observe_jsonl(self, line: str) -> bool:
         parsed = parse_jsonl_row(line)
         return parsed is not None and self.observe(*parsed)
-
-
-#: Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.first-step.json``): when its
-#: first training step reached the pipeline's reader (the waiter), for the run report.
-FIRST_STEP_SUFFIX = ".first-step.json"
-
-
-def first_step_file(metrics_path: Path) -> Path:
-    return metrics_path.with_suffix(FIRST_STEP_SUFFIX)
 
 
 def record_first_step(metrics_path: Path, progress: Progress) -> bool:
