@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_pipeline import steps
-from verl_pipeline.airflow.operators.base import RUN_DIR_KEY, spec_from_params
+from verl_pipeline.airflow.operators.base import freeze_run, spec_from_params
 from verl_pipeline.airflow.task_ids import PROVISION_TASK
 from verl_pipeline.spec import RunSpec
 
@@ -50,9 +50,13 @@ def task_context(xcoms: dict[str, Any], params: dict[str, Any] | None = None, *,
 
 
 def provisioned(context: dict[str, Any]) -> RunSpec:
-    """What the provision task leaves behind for ``context``'s run: its spec, frozen, and the XCom
-    that names its directory."""
+    """What the provision task leaves behind for ``context``'s run (:func:`freeze_run`): its spec,
+    frozen, and the XCom that names its directory — without a cluster."""
     spec = steps.frozen_or(spec_from_params(context))
-    steps.freeze(spec)
-    context["ti"].xcoms[f"{PROVISION_TASK}:{RUN_DIR_KEY}"] = str(spec.run_dir)
+    ti = context["ti"]
+    task_id, ti.task_id = ti.task_id, PROVISION_TASK
+    try:
+        freeze_run(context, spec)
+    finally:
+        ti.task_id = task_id
     return spec

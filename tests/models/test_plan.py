@@ -101,11 +101,17 @@ def test_mapped_prefetch_tasks_with_the_hub_token_from_a_connection(
     folder = tmp_path / "dags"
     folder.mkdir()
     (folder / "prefetch_mapping_test.py").write_text(
-        "from airflow.sdk import DAG\n"
+        "from airflow.sdk import DAG, task\n"
+        "from verl_pipeline import steps\n"
         "from verl_pipeline.airflow.operators import PlanModelsOperator, PrefetchModelOperator\n"
+        "from verl_pipeline.airflow.operators.base import freeze_run, spec_from_params\n"
         "from verl_pipeline.airflow.params import build_params\n"
         "with DAG(dag_id='prefetch_mapping_test', schedule=None, params=build_params()) as dag:\n"
+        "    @task(task_id='provision_ray_cluster')\n"
+        "    def freeze(**context):  # what provision leaves for later tasks, without starting a cluster\n"
+        "        freeze_run(context, steps.frozen_or(spec_from_params(context)))\n"
         "    plan = PlanModelsOperator(task_id='plan_models')\n"
+        "    freeze() >> plan\n"
         "    PrefetchModelOperator.partial(task_id='prefetch_model', map_index_template='{{ model_label }}')"
         ".expand(model=plan.output)\n"
     )
@@ -120,8 +126,8 @@ def test_mapped_prefetch_tasks_with_the_hub_token_from_a_connection(
     dr = dag.test(run_conf={"profile": "three-models", "model_source": str(tiny_model_path)})
     states = {(ti.task_id, ti.map_index): str(ti.state) for ti in dr.get_task_instances()}
     assert str(dr.state) == "success", states
-    assert states == {("plan_models", -1): "success", ("prefetch_model", 0): "success",
-                      ("prefetch_model", 1): "success"}
+    assert states == {("provision_ray_cluster", -1): "success", ("plan_models", -1): "success",
+                      ("prefetch_model", 0): "success", ("prefetch_model", 1): "success"}
     labels = {ti.map_index: ti.rendered_map_index for ti in dr.get_task_instances() if ti.task_id == "prefetch_model"}
     assert labels == {0: f"actor: {tiny_model_path}", 1: "critic+reward: hf://acme/gated@main"}
     models = models_by_role(_xcoms(dr, "prefetch_model"))

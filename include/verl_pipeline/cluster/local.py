@@ -57,14 +57,16 @@ _HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}
 STATE_FILE = "verl_pipeline_cluster.json"
 #: Environment variable naming the cluster (its temp dir) in every process the cluster runs.
 CLUSTER_MARKER = "VERL_PIPELINE_CLUSTER"
-#: Attempts to start a local cluster when Ray reports that one of its ports is taken.
-_PORT_ATTEMPTS = 3
-#: What ``ray start`` prints when a port it was given is taken or given twice.
-_PORT_CONFLICT_MARKERS = ("Failed to bind", "already in use", "is used by other components")
+#: Attempts to start a local cluster when ``ray start`` failed in a way a second start gets past.
+_START_ATTEMPTS = 3
+#: What ``ray start`` prints when a port it was given is taken or given twice, or when its GCS did not
+#: answer in time on a loaded host (seen in CI: a re-provision while other tests start clusters).
+_RETRYABLE_START_MARKERS = ("Failed to bind", "already in use", "is used by other components",
+                            "timed out during startup")
 
 
-class _PortConflict(ClusterError):
-    """``ray start`` exited because a port it was given could not be bound."""
+class _RetryableStart(ClusterError):
+    """``ray start`` exited for a reason a fresh start (fresh ports) gets past: a port taken, a slow GCS."""
 
 
 def free_ports(count: int, exclude: Collection[int] = ()) -> list[int]:
@@ -230,13 +232,14 @@ class LocalBackend(ClusterBackend):
 
     def provision(self, name: str) -> ClusterHandle:
         """Start the nodes and wait until the cluster is ready. A port taken between picking it and
-        Ray binding it (another process got there first) is retried with fresh ports."""
-        for attempt in range(1, _PORT_ATTEMPTS):
+        Ray binding it (another process got there first), or a node that timed out during startup on
+        a loaded host, is retried with fresh ports."""
+        for attempt in range(1, _START_ATTEMPTS):
             try:
                 return self._provision_once(name)
-            except _PortConflict as exc:
-                log.warning("Ray could not bind a port for %s (attempt %d of %d), retrying with fresh ports: %s",
-                            name, attempt, _PORT_ATTEMPTS, str(exc).splitlines()[-1])
+            except _RetryableStart as exc:
+                log.warning("`ray start` failed for %s (attempt %d of %d), retrying with fresh ports: %s",
+                            name, attempt, _START_ATTEMPTS, str(exc).splitlines()[-1])
         return self._provision_once(name)
 
     def _provision_once(self, name: str) -> ClusterHandle:
@@ -294,7 +297,7 @@ class LocalBackend(ClusterBackend):
             for p, path in started:
                 if p.poll() is not None:
                     tail = path.read_text(errors="replace")[-2000:]
-                    error = _PortConflict if any(m in tail for m in _PORT_CONFLICT_MARKERS) else ClusterError
+                    error = _RetryableStart if any(m in tail for m in _RETRYABLE_START_MARKERS) else ClusterError
                     raise error(
                         f"`ray start` exited with code {p.returncode} before the cluster was ready:\n{tail}"
                     )

@@ -48,6 +48,13 @@ def spec_from_params(context: Any) -> RunSpec:
     return build_run_spec(params, run_name=run_name(context))
 
 
+def freeze_run(context: Any, spec: RunSpec) -> None:
+    """Freeze ``spec`` (checked) as the run's spec and say where it is (XCom ``run_dir`` of the provision
+    task): what the provision task leaves for every later task, retry and resubmission."""
+    steps.freeze(spec)
+    context["ti"].xcom_push(key=RUN_DIR_KEY, value=str(spec.run_dir))
+
+
 def spec_from_context(context: Any) -> RunSpec:
     """The run's frozen spec, saved by the provision task (``configs/`` is not read again: a retry days
     later submits what the run started with)."""

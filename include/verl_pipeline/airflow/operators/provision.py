@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_pipeline.airflow.operators.base import RUN_DIR_KEY, PipelineOperator, connection, spec_from_params, task_error
+from verl_pipeline.airflow.operators.base import PipelineOperator, connection, freeze_run, spec_from_params, task_error
 from verl_pipeline.airflow.tracker_links import check_tracker_connections
 from verl_pipeline.exceptions import PipelineError
 
@@ -36,8 +36,7 @@ class ProvisionRayClusterOperator(PipelineOperator):
             if self.validate_with_verl:
                 steps.validate_spec_with_verl(spec)
             check_tracker_connections(spec)  # a tracker without its connection fails before any cluster
-            steps.freeze(spec)  # checked: what every later task, retry and resubmission of this run reads
-            context["ti"].xcom_push(key=RUN_DIR_KEY, value=str(spec.run_dir))
+            freeze_run(context, spec)  # checked: what every later task, retry and resubmission reads
             endpoint = None
             conn_id = self.conn_id or spec.cluster.get("conn_id")
             if spec.cluster.get("backend") == "address" and conn_id and not spec.cluster.get("dashboard_url"):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from verl_pipeline.airflow.operators.base import RUN_DIR_KEY, PipelineOperator, task_error
+from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error
 from verl_pipeline.airflow.task_ids import PROVISION_TASK, SUBMIT_TASK
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.profiles import build_run_spec
@@ -60,9 +59,11 @@ def run_spec_for_cleanup(context: Any) -> RunSpec:
     processes), the spec from the params, only to find the run's directory and cluster."""
     from verl_pipeline import steps
 
-    run_dir = context["ti"].xcom_pull(task_ids=PROVISION_TASK, key=RUN_DIR_KEY) if context.get("ti") else None
-    if run_dir:
-        return steps.load_frozen(Path(run_dir))
+    if context.get("ti") is not None:
+        try:
+            return spec_from_context(context)
+        except PipelineError as e:
+            log.warning("%s; finding the run's directory from its params", e)
     dag_run = context.get("dag_run")
     dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(dag_run, "dag_id", "verl_ppo")
     run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
