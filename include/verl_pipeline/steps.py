@@ -63,9 +63,9 @@ def frozen_or(spec: RunSpec) -> RunSpec:
     then. A run that should use edited profiles is a new run.
     """
     run_dir = RunDir(spec.run_dir)
-    if not run_dir.has_spec():
+    frozen = _frozen(run_dir)
+    if frozen is None:
         return spec
-    frozen = RunSpec.load(run_dir)
     now, then = spec.to_dict(), frozen.to_dict()
     changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
     if changed:
@@ -78,10 +78,18 @@ def frozen_or(spec: RunSpec) -> RunSpec:
 
 def freeze(spec: RunSpec) -> None:
     """Save ``spec`` (checked) as the run's frozen spec, unless the run has one already."""
-    if not RunDir(spec.run_dir).has_spec():
+    if _frozen(RunDir(spec.run_dir)) is None:
         RunDir(spec.run_dir).save_spec(spec.to_dict())
         log.info("Run %s: spec frozen in %s (every later task, retry and CLI command of this run reads it)",
                  spec.run_name, RunDir(spec.run_dir).spec_file)
+
+
+def _frozen(run_dir: RunDir) -> RunSpec | None:
+    """The run's frozen spec; None when it has none, or only the copy an earlier release wrote when it
+    submitted (it has no ``sources``: never read back, and not enough to rebuild the spec from)."""
+    if not run_dir.has_spec() or "sources" not in run_dir.spec_dict():
+        return None
+    return RunSpec.load(run_dir)
 
 
 def load_frozen(run_dir: Path) -> RunSpec:

@@ -92,3 +92,22 @@ def test_a_retry_resubmits_the_frozen_run_on_a_reprovisioned_cluster_it_probed_a
     finally:
         for handle in handles:  # their jobs end with them
             get_backend({"backend": handle.backend}).teardown(handle)
+
+
+def test_a_run_provisioned_by_an_earlier_release_keeps_working_and_is_frozen_when_provisioned_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An upgrade while a run trains: its provision recorded no frozen spec (no XCom ``run_dir``), and the
+    run_spec.json that release wrote at submit has no ``sources`` (it was never read back)."""
+    from verl_pipeline.airflow.operators.base import spec_from_context
+    from verl_pipeline.spec import RunSpec
+
+    caplog.set_level(logging.WARNING)
+    ctx = task_context({}, {"profile": "smoke"})
+    spec = spec_from_context(ctx)
+    assert "recorded no frozen spec (provisioned by an earlier release)" in caplog.text
+    run_dir = RunDir(spec.run_dir)
+    run_dir.save_spec({k: v for k, v in spec.to_dict().items() if k != "sources"})
+    assert steps.frozen_or(spec) is spec  # that copy is not a frozen spec ...
+    steps.freeze(spec)  # ... so provisioning again freezes the run over it
+    assert "sources" in run_dir.spec_dict() and RunSpec.load(run_dir) == spec

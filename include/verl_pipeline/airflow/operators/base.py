@@ -6,6 +6,7 @@ upstream task failed before pushing anything.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ from verl_pipeline.airflow.task_ids import (
     PROVISION_TASK,
     WAIT_TASK,
 )
-from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError, PipelineError
+from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError
 from verl_pipeline.jobs.deadlines import Deadline, task_deadline
 from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.spec import RunSpec
+
+log = logging.getLogger(__name__)
 
 #: Airflow connection holding the hub token (password); optional.
 HF_CONN_ID = "hf_default"
@@ -57,11 +60,19 @@ def freeze_run(context: Any, spec: RunSpec) -> None:
 
 def spec_from_context(context: Any) -> RunSpec:
     """The run's frozen spec, saved by the provision task (``configs/`` is not read again: a retry days
-    later submits what the run started with)."""
+    later submits what the run started with).
+
+    A run whose provision recorded none was provisioned by an earlier release (a deployment upgraded
+    while the run trains): its spec comes from its params and ``configs/``, as it did then, and the
+    task log says so. A run whose provision failed has none either: building it raises the same error.
+    """
     run_dir = context["ti"].xcom_pull(task_ids=PROVISION_TASK, key=RUN_DIR_KEY)
-    if not run_dir:
-        raise PipelineError(f"no frozen spec for this run: {PROVISION_TASK} recorded none (did it fail?)")
-    return steps.load_frozen(Path(run_dir))
+    if run_dir:
+        return steps.load_frozen(Path(run_dir))
+    spec = spec_from_params(context)
+    log.warning("Run %s: %s recorded no frozen spec (provisioned by an earlier release): its spec is built "
+                "from its params and configs/ as they are now", spec.run_name, PROVISION_TASK)
+    return spec
 
 
 def wait_deadline(context: Any) -> Deadline | None:
