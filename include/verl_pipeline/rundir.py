@@ -159,6 +159,12 @@ class RunDir:
         """The Slurm backend's batch script, state and logs of this run's allocation."""
         return self.path / "slurm"
 
+    @property
+    def gpu_usage_file(self) -> Path:
+        """Each node's GPU utilisation and memory over the run, as the waiter sampled them from Ray's
+        node summary (``jobs.gpu_usage``): one JSON line per node per sample."""
+        return self.path / "gpu-usage.jsonl"
+
     def metrics_file(self, attempt: int) -> Path:
         """Where verl's file logger writes the metrics of ``attempt`` (``$VERL_FILE_LOGGER_PATH``)."""
         return self.path / f"{_METRICS_PREFIX}{attempt}{_METRICS_SUFFIX}"

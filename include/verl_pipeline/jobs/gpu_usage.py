@@ -1,0 +1,89 @@
+"""Each node's GPU utilisation and memory over a run, as Ray's dashboard reports them.
+
+Ray's node summary (``GET /nodes?view=summary``, the request the waiter already makes to count live
+nodes) carries, per node, a ``gpus`` list: for each GPU ``utilizationGpu`` (%), ``memoryUsed`` and
+``memoryTotal`` (MiB). A :class:`NodeGpuSample` is one node's reading at one time; the waiter appends
+them to the run's ``RunDir.gpu_usage_file`` (one JSON line each), the report plots them per node and
+the hang watchdog reads the latest as evidence (GPUs idle at 0% and GPUs busy with no new step say
+different things).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU of a node at one time."""
+
+    index: int
+    #: Percent of the sample period a kernel ran (NVML's utilisation); None when the node did not say.
+    utilization_pct: float | None
+    memory_used_mib: float
+    memory_total_mib: float
+
+    @property
+    def memory_pct(self) -> float | None:
+        return 100.0 * self.memory_used_mib / self.memory_total_mib if self.memory_total_mib else None
+
+
+@dataclass(frozen=True)
+class NodeGpuSample:
+    """One node's GPUs at ``time`` (epoch seconds)."""
+
+    time: float
+    node_id: str
+    node_ip: str
+    gpus: tuple[GpuReading, ...]
+
+    @property
+    def mean_utilization_pct(self) -> float | None:
+        values = [g.utilization_pct for g in self.gpus if g.utilization_pct is not None]
+        return sum(values) / len(values) if values else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "node_id": self.node_id, "node_ip": self.node_ip,
+                "gpus": [asdict(g) for g in self.gpus]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NodeGpuSample:
+        return cls(time=float(d["time"]), node_id=str(d["node_id"]), node_ip=str(d.get("node_ip", "")),
+                   gpus=tuple(GpuReading(**g) for g in d.get("gpus", ())))
+
+
+def readings_from_summary(gpus: Iterable[dict[str, Any]] | None) -> tuple[GpuReading, ...]:
+    """The ``gpus`` list of one node in Ray's node summary, as readings (unknown fields skipped)."""
+    out = []
+    for i, g in enumerate(gpus or ()):
+        util = g.get("utilizationGpu")
+        out.append(GpuReading(index=int(g.get("index", i)),
+                              utilization_pct=None if util is None else float(util),
+                              memory_used_mib=float(g.get("memoryUsed") or 0.0),
+                              memory_total_mib=float(g.get("memoryTotal") or 0.0)))
+    return tuple(out)
+
+
+def append_samples(path: Path, samples: Iterable[NodeGpuSample]) -> None:
+    """Append samples of nodes that have GPUs (one line each); nodes without GPUs are not written."""
+    lines = [json.dumps(s.to_dict()) + "\n" for s in samples if s.gpus]
+    if lines:
+        with path.open("a") as f:
+            f.writelines(lines)
+
+
+def read_samples(path: Path) -> Iterator[NodeGpuSample]:
+    """The samples in ``path``, oldest first; a torn last line (a killed writer) is skipped."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return
+    for line in text.splitlines():
+        try:
+            yield NodeGpuSample.from_dict(json.loads(line))
+        except (ValueError, KeyError, TypeError):
+            continue
