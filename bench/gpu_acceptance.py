@@ -1,0 +1,473 @@
+"""The GPU acceptance run: the DAG in train mode on this machine's GPUs, checked end to end.
+
+Usage (on a machine with requirements/gpu.txt installed and at least one GPU)::
+
+    python bench/gpu_acceptance.py [--scenario NAME ...] [--workdir DIR] [--out FILE]
+
+Scenarios (default: ``acceptance``):
+
+``acceptance``
+    ``airflow dags test verl_ppo`` with the ``gpu-acceptance`` profile (the built-in tiny model, GRPO
+    with an entropy bonus so its weights move, 4 steps). Checks every task succeeded, steps 1..N were
+    logged, a checkpoint per step, the report's numbers (throughput, peak memory, phase shares ≤ 100%,
+    time to first step, GPU utilisation when recorded) and the export: it loads, generates, and
+    differs from the base model.
+``real-size``
+    The shipped ``qwen2.5-0.5b-grpo`` model profile's architecture (24 layers, hidden 896, 14 heads,
+    vocabulary 151,936) with random weights written here (no hub), through the DAG, then the job's
+    exact overrides as bare ``python -m verl.trainer.main_ppo`` on the same machine: time to first
+    step and steady seconds per step of both, and their ratio.
+``resume-worker`` / ``resume-raylet``
+    A 6-step run whose attempt 1 loses, after checkpoint 3, a training worker (SIGKILL, as the OOM
+    killer does) or its node's raylet; the DAG retries, and attempt 2 must train steps 4 to 6 only.
+
+On a machine without a GPU it says so and exits 0; with a GPU but without vLLM/verl it says what to
+install and exits 2. Each scenario prints its figures and writes them (JSON) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DAG_ID = "verl_ppo"
+PROFILE = "gpu-acceptance"
+REAL_SIZE_MODEL_PROFILE = "qwen2.5-0.5b-grpo"
+SCENARIOS = ("acceptance", "real-size", "resume-worker", "resume-raylet")
+#: Qwen2.5-0.5B's config.json (the shipped model profile names the same facts): only the weights are random.
+QWEN25_05B_ARCH: dict[str, Any] = {
+    "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+    "num_key_value_heads": 2, "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True, "vocab_size": 151936, "hidden_act": "silu",
+}
+RESUME_TOTAL, RESUME_KILL_AFTER = 6, 3
+
+
+@dataclass
+class Result:
+    scenario: str
+    ok: bool = True
+    figures: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def check(self, condition: bool, what: str) -> bool:
+        if not condition:
+            self.ok = False
+            self.failures.append(what)
+        return condition
+
+
+# -- the machine ----------------------------------------------------------------------------------
+
+def gpu_memory_mib() -> list[int]:
+    """Each visible GPU's memory (MiB) from nvidia-smi; [] when there is no NVIDIA GPU or driver."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    return [int(float(x)) for x in out.stdout.split() if x.strip()]
+
+
+def missing_gpu_packages() -> list[str]:
+    import importlib.util
+
+    return [name for name in ("vllm", "verl", "airflow", "ray") if importlib.util.find_spec(name) is None]
+
+
+def write_configs(workdir: Path, memory_mib: list[int]) -> Path:
+    """A copy of configs/ whose ``local-gpu`` cluster profile describes this machine's GPUs."""
+    import yaml
+
+    configs = workdir / "configs"
+    if configs.exists():
+        shutil.rmtree(configs)
+    shutil.copytree(REPO / "configs", configs)
+    path = configs / "clusters" / "local-gpu.yaml"
+    prof = yaml.safe_load(path.read_text())
+    n, cpus = len(memory_mib), os.cpu_count() or 16
+    prof["cluster"].update(num_gpus=n, num_cpus=cpus)
+    prof["hardware"].update(n_gpus_per_node=n, gpu_memory_gb=round(min(memory_mib) / 1024), cpus_per_node=cpus)
+    path.write_text(yaml.safe_dump(prof, sort_keys=False))
+    return configs
+
+
+def write_real_size_model(dest: Path) -> Path:
+    """Random weights in Qwen2.5-0.5B's architecture, with the built-in model's tokenizer grown to its
+    vocabulary (ids past the trained ones decode to ``<extra_N>``: a random model samples them)."""
+    if (dest / "config.json").exists():
+        return dest
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from verl_pipeline.models.tiny import build_tiny_model
+
+    tiny = build_tiny_model(dest.parent / "tiny-for-tokenizer")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in tiny.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja"):
+            shutil.copy(f, tmp / f.name)
+    tok = json.loads((tmp / "tokenizer.json").read_text())
+    vocab: dict[str, int] = tok["model"]["vocab"]
+    used = len(vocab) + sum(1 for t in tok.get("added_tokens", []) if t["content"] not in vocab)
+    for i in range(used, QWEN25_05B_ARCH["vocab_size"]):
+        vocab[f"<extra_{i}>"] = i
+    (tmp / "tokenizer.json").write_text(json.dumps(tok))
+    tiny_cfg = json.loads((tiny / "config.json").read_text())
+    config = Qwen2Config(**QWEN25_05B_ARCH, **{k: tiny_cfg[k] for k in ("eos_token_id", "pad_token_id",
+                                                                      "bos_token_id")})
+    config.architectures = ["Qwen2ForCausalLM"]
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+# -- running the DAG --------------------------------------------------------------------------------
+
+@dataclass
+class DagRun:
+    home: Path
+    airflow_home: Path
+    log: Path
+    rc: int = -1
+    seconds: float = 0.0
+
+    def env(self, configs: Path) -> dict[str, str]:
+        return {**os.environ, "AIRFLOW_HOME": str(self.airflow_home), "VERL_PIPELINE_HOME": str(self.home),
+                "VERL_PIPELINE_CONFIGS": str(configs), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "HF_HUB_OFFLINE": "1"}
+
+    def run_dir(self) -> Path | None:
+        runs = sorted((self.home / "runs").glob("*/job.json"))
+        return runs[0].parent if runs else None
+
+
+def run_dag(workdir: Path, configs: Path, name: str, conf: dict[str, Any],
+            during: Callable[[DagRun], None] | None = None) -> DagRun:
+    run = DagRun(home=workdir / name / "home", airflow_home=workdir / name / "airflow", log=workdir / f"{name}.log")
+    shutil.rmtree(workdir / name, ignore_errors=True)
+    run.airflow_home.mkdir(parents=True)
+    env = run.env(configs)
+    subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True)
+    t0 = time.monotonic()
+    with run.log.open("w") as log:
+        proc = subprocess.Popen(["airflow", "dags", "test", DAG_ID, "-c", json.dumps(conf)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        if during is not None:
+            during(run)
+        run.rc = proc.wait()
+    run.seconds = time.monotonic() - t0
+    return run
+
+
+def _airflow_json(run: DagRun, configs: Path, *args: str) -> Any:
+    """An ``airflow … -o json`` command's answer (Airflow logs warnings to stdout before it)."""
+    out = subprocess.run(["airflow", *args, "-o", "json"], env=run.env(configs), check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("[")))
+
+
+def task_states(run: DagRun, configs: Path) -> dict[str, str]:
+    run_id = _airflow_json(run, configs, "dags", "list-runs", DAG_ID)[0]["run_id"]
+    tasks = _airflow_json(run, configs, "tasks", "states-for-dag-run", DAG_ID, run_id)
+    return {t["task_id"]: t["state"] for t in tasks}
+
+
+# -- reading a finished run -------------------------------------------------------------------------
+
+def job_overrides(run_dir: Path) -> dict[str, str]:
+    job = json.loads((run_dir / "job.json").read_text())
+    return dict(o.lstrip("+").split("=", 1) for o in job["overrides"])
+
+
+def training_rows(metrics: Path) -> list[dict[str, float]]:
+    """The training steps' rows of one verl metrics file (validation-only rows and cut lines skipped)."""
+    from verl_pipeline.jobs.progress import parse_jsonl_row
+    from verl_pipeline.trainer import metrics as m
+
+    rows = []
+    for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
+        parsed = parse_jsonl_row(line)
+        if parsed is not None and not m.is_validation_only(parsed[1]):
+            rows.append({**parsed[1], "step": parsed[0]})
+    return rows
+
+
+def steady_step_s(rows: list[dict[str, float]]) -> float | None:
+    """Median ``timing_s/step`` after the first step (which pays warm-up: CUDA graphs, caches)."""
+    from verl_pipeline.trainer import metrics as m
+
+    values = [r[m.TIMING_STEP] for r in rows[1:] if m.TIMING_STEP in r]
+    return statistics.median(values) if values else None
+
+
+def check_export(result: Result, model_dir: Path, base_dir: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def tensors(d: Path) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for f in sorted(d.glob("*.safetensors")):
+            out.update(load_file(str(f)))
+        return out
+
+    exported, base = tensors(model_dir), tensors(base_dir)
+    shared = sorted(set(exported) & set(base))
+    diffs = {k: (exported[k].float() - base[k].float()).abs().max().item() for k in shared
+             if exported[k].shape == base[k].shape}
+    changed = sum(1 for v in diffs.values() if v > 0)
+    result.figures.update(export_tensors=len(shared), export_tensors_changed=changed,
+                          export_max_abs_diff=max(diffs.values(), default=0.0))
+    result.check(changed > 0, f"the exported weights equal the base model's ({len(shared)} tensors compared)")
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok("1 + 1 =", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    result.check(torch.as_tensor(out).shape[-1] > ids["input_ids"].shape[-1], "the exported model generated nothing")
+
+
+def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) -> Path | None:
+    """The checks every training scenario shares: tasks, steps, checkpoints, report numbers."""
+    from verl_pipeline.rundir import RunDir, tracker_step
+
+    result.figures["dag_seconds"] = round(run.seconds, 1)
+    if not result.check(run.rc == 0, f"airflow dags test exited {run.rc} (log: {run.log})"):
+        return None
+    states = task_states(run, configs)
+    result.figures["tasks"] = states
+    result.check(all(s == "success" for s in states.values()), f"tasks not successful: {states}")
+    run_dir = run.run_dir()
+    if not result.check(run_dir is not None, "no run directory with a job.json"):
+        return None
+    assert run_dir is not None
+    rd = RunDir(run_dir)
+    ckpt = Path(job_overrides(run_dir)["trainer.default_local_dir"])
+    steps_seen = sorted({int(r["step"]) for f in rd.metrics_files().values() for r in training_rows(f)})
+    result.figures["steps_logged"] = steps_seen
+    result.check(steps_seen == list(range(1, total + 1)), f"steps logged {steps_seen}, want 1..{total}")
+    saved = sorted(int(p.name.removeprefix("global_step_")) for p in ckpt.glob("global_step_*"))
+    result.figures["checkpoints"] = saved
+    result.check(tracker_step(ckpt) == total, f"checkpoint tracker says {tracker_step(ckpt)}, want {total}")
+    report = json.loads((rd.report_dir / "report.json").read_text())
+    shares = report.get("phase_share") or {}
+    figures = {k: report.get(k) for k in ("throughput_per_gpu", "time_per_step_s", "mfu_actor",
+                                          "peak_memory_allocated_gb", "peak_memory_reserved_gb", "wall_time_s")}
+    figures["phase_share_total"] = round(sum(shares.values()), 3)
+    figures["time_to_first_step_s"] = [a.get("time_to_first_step_s") for a in report.get("attempts", [])]
+    figures["flags"] = [f.get("name") or f.get("kind") or str(f) for f in report.get("flags", [])]
+    gpu_keys = {k: v for k, v in report.items() if "gpu_util" in k or k == "gpu_usage"}
+    figures["gpu_usage"] = gpu_keys
+    figures["steady_step_s"] = steady_step_s([r for f in rd.metrics_files().values() for r in training_rows(f)])
+    result.figures.update(figures)
+    for key in ("throughput_per_gpu", "time_per_step_s", "peak_memory_allocated_gb"):
+        result.check(bool(report.get(key)), f"the report has no {key}")
+    share = figures["phase_share_total"]
+    result.check(0 < share <= 1.0 + 1e-6, f"phase shares add up to {share}")
+    result.check(rd.gpu_usage_file.exists(), f"no GPU readings recorded ({rd.gpu_usage_file})")
+    return run_dir
+
+
+# -- the scenarios ----------------------------------------------------------------------------------
+
+def base_conf(args: argparse.Namespace, total: int) -> dict[str, Any]:
+    conf: dict[str, Any] = {"profile": PROFILE, "mode": "train", "total_training_steps": total, "verl_overrides": []}
+    if args.gpu_memory_utilization:
+        # Several scenarios side by side on one GPU: each vLLM must find its share free at start-up.
+        conf["verl_overrides"].append(f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}")
+    return conf
+
+
+def acceptance(args: argparse.Namespace, configs: Path) -> Result:
+    result = Result("acceptance")
+    run = run_dag(args.workdir, configs, "acceptance", base_conf(args, args.steps))
+    run_dir = check_trained_run(result, run, configs, args.steps)
+    if run_dir is not None:
+        from verl_pipeline.rundir import RunDir
+
+        check_export(result, RunDir(run_dir).model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
+    return result
+
+
+def real_size(args: argparse.Namespace, configs: Path) -> Result:
+    result = Result("real-size")
+    model = write_real_size_model(args.workdir / "models" / "qwen2.5-0.5b-arch-random")
+    conf = {**base_conf(args, args.steps), "model_profile": REAL_SIZE_MODEL_PROFILE, "model_source": str(model)}
+    conf["verl_overrides"] = [o for o in conf["verl_overrides"] if "gpu_memory_utilization" not in o]
+    run = run_dag(args.workdir, configs, "real-size", conf)
+    run_dir = check_trained_run(result, run, configs, args.steps)
+    if run_dir is None:
+        return result
+    bare = bare_verl(args.workdir / "bare", run_dir)
+    result.figures["bare"] = bare
+    dag_first = result.figures["time_to_first_step_s"][0] if result.figures["time_to_first_step_s"] else None
+    if bare.get("steady_step_s") and result.figures.get("steady_step_s"):
+        result.figures["steady_step_ratio"] = round(result.figures["steady_step_s"] / bare["steady_step_s"], 4)
+    if bare.get("time_to_first_step_s") and dag_first:
+        result.figures["first_step_delta_s"] = round(dag_first - bare["time_to_first_step_s"], 1)
+    result.check(bare["rc"] == 0, f"bare verl exited {bare['rc']} (log: {bare['log']})")
+    return result
+
+
+def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
+    """The DAG's job, overrides unchanged but for its own checkpoint directory and name, run as bare verl
+    on a Ray of its own: seconds from launch to its first training row, steady seconds per step."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    job = json.loads((run_dir / "job.json").read_text())
+    metrics = workdir / "metrics.jsonl"
+    mine = {"trainer.default_local_dir": str(workdir / "checkpoints"), "trainer.experiment_name": "bare-verl"}
+    overrides = []
+    for o in job["overrides"]:
+        key = o.split("=", 1)[0]
+        overrides.append(f"{key}={mine[key]}" if key in mine else o)
+    env = {**os.environ, **{k: v for k, v in job["runtime_env"].get("env_vars", {}).items()},
+           "VERL_FILE_LOGGER_PATH": str(metrics)}
+    log = workdir / "bare.log"
+    t0 = time.monotonic()
+    first: float | None = None
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], env=env, cwd=workdir,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        while proc.poll() is None:
+            if first is None and training_rows(metrics):
+                first = time.monotonic() - t0
+            time.sleep(0.5)
+    rows = training_rows(metrics)
+    if first is None and rows:
+        first = time.monotonic() - t0
+    return {"rc": proc.returncode, "log": str(log), "seconds": round(time.monotonic() - t0, 1),
+            "time_to_first_step_s": None if first is None else round(first, 1), "steps": len(rows),
+            "steady_step_s": steady_step_s(rows),
+            "throughput_per_gpu": statistics.median([r.get("perf/throughput", 0.0) for r in rows] or [0.0])}
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun], None]:
+    """Wait until attempt 1 checkpointed RESUME_KILL_AFTER, then SIGKILL what ``kind`` names in its cluster."""
+    import psutil
+
+    from verl_pipeline.rundir import RunDir, tracker_step
+
+    def during(run: DagRun) -> None:
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            run_dir = run.run_dir()
+            if run_dir is not None:
+                ckpt = Path(job_overrides(run_dir)["trainer.default_local_dir"])
+                if (tracker_step(ckpt) or 0) >= RESUME_KILL_AFTER:
+                    break
+            time.sleep(1)
+        else:
+            marks["error"] = "attempt 1 never checkpointed"
+            return
+        assert run_dir is not None
+        cluster = RunDir(run_dir).cluster() or {}
+        roots = [int(n["pgid"]) for n in (cluster.get("extra") or {}).get("nodes", [])]
+        procs = [psutil.Process(p) for r in roots for p in [r, *_descendants(r)] if psutil.pid_exists(p)]
+        if kind == "raylet":
+            targets = [p for p in procs if p.name() == "raylet"]
+        else:
+            # verl's colocated training workers (actor, rollout, reference) run as Ray actors of class WorkerDict.
+            targets = [p for p in procs if "WorkerDict" in " ".join(p.cmdline())]
+        marks.update(killed=[(p.pid, " ".join(p.cmdline())[:80]) for p in targets[:1]],
+                     killed_at_step=tracker_step(ckpt), killed_after_s=round(time.monotonic(), 1))
+        for p in targets[:1]:
+            p.send_signal(signal.SIGKILL)
+        if not targets:
+            marks["error"] = f"no {kind} process found among {len(procs)} cluster processes"
+
+    return during
+
+
+def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
+    from verl_pipeline.rundir import RunDir
+
+    result = Result(f"resume-{kind}")
+    marks: dict[str, Any] = {}
+    run = run_dag(args.workdir, configs, f"resume-{kind}", base_conf(args, RESUME_TOTAL),
+                  during=_kill_after_checkpoint("raylet" if kind == "raylet" else "worker", marks))
+    result.figures["kill"] = marks
+    result.check("error" not in marks, str(marks.get("error")))
+    run_dir = check_trained_run(result, run, configs, RESUME_TOTAL)
+    if run_dir is None:
+        return result
+    rd = RunDir(run_dir)
+    attempts = rd.attempts()
+    result.figures["attempts"] = [(a.attempt, a.resume_from_step) for a in attempts]
+    last = attempts[-1]
+    result.check(len(attempts) >= 2 and last.resume_from_step >= RESUME_KILL_AFTER,
+                 f"attempts {result.figures['attempts']}: the last should resume from step ≥ {RESUME_KILL_AFTER}")
+    steps = sorted(int(r["step"]) for r in training_rows(rd.metrics_file(last.attempt)))
+    result.figures["last_attempt_steps"] = steps
+    result.check(steps == list(range(last.resume_from_step + 1, RESUME_TOTAL + 1)),
+                 f"the last attempt trained steps {steps}, want {last.resume_from_step + 1}..{RESUME_TOTAL}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable; default: acceptance")
+    p.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "verl-gpu-acceptance")
+    p.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
+    p.add_argument("--steps", type=int, default=4, help="training steps of the acceptance and real-size runs")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="cap vLLM's share of the GPU (tiny-model scenarios), so several runs share one GPU")
+    args = p.parse_args(argv)
+    args.workdir = args.workdir.resolve()
+    memory = gpu_memory_mib()
+    if not memory:
+        print("gpu_acceptance: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to run")
+        return 0
+    missing = missing_gpu_packages()
+    if missing:
+        print(f"gpu_acceptance: {len(memory)} GPU(s) but {', '.join(missing)} not importable: "
+              "pip install -r requirements/gpu.txt (README: Building the GPU image)")
+        return 2
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    configs = write_configs(args.workdir, memory)
+    results = []
+    for name in args.scenario or ["acceptance"]:
+        t0 = time.monotonic()
+        if name == "acceptance":
+            r = acceptance(args, configs)
+        elif name == "real-size":
+            r = real_size(args, configs)
+        else:
+            r = resume(args, configs, name.removeprefix("resume-"))
+        r.figures["scenario_seconds"] = round(time.monotonic() - t0, 1)
+        results.append(r)
+        print(json.dumps({"scenario": r.scenario, "ok": r.ok, "failures": r.failures, "figures": r.figures},
+                         default=str), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps([r.__dict__ for r in results], indent=2, default=str))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The GPU acceptance script's CPU path (CI has no GPU): it says why it cannot run and exits cleanly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "gpu_acceptance.py"
+
+
+def _run(path_dirs: list[Path], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": os.pathsep.join([*map(str, path_dirs), os.environ["PATH"]])}
+    return subprocess.run([sys.executable, str(SCRIPT), "--workdir", str(tmp_path / "work")], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_without_a_gpu_it_says_so_and_exits_0(tmp_path: Path) -> None:
+    # An nvidia-smi that finds no device fails, as on a machine with the driver but no GPU.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    out = _run([fake], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "no NVIDIA GPU on this machine" in out.stdout
+    assert not (tmp_path / "work").exists()
+
+
+def test_with_a_gpu_but_no_gpu_stack_it_names_what_to_install(tmp_path: Path) -> None:
+    # nvidia-smi's answer on a one-H200 machine; this CPU venv has no vLLM.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 143771\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    out = _run([fake], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "1 GPU(s) but vllm" in out.stdout and "requirements/gpu.txt" in out.stdout
+
+
+def test_the_cluster_profile_describes_this_machines_gpus(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_acceptance
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    configs = gpu_acceptance.write_configs(tmp_path, [143771, 143771])
+    prof = yaml.safe_load((configs / "clusters" / "local-gpu.yaml").read_text())
+    assert prof["cluster"]["num_gpus"] == 2 and prof["hardware"]["n_gpus_per_node"] == 2
+    assert prof["hardware"]["gpu_memory_gb"] == 140
+    assert (configs / "profiles" / "gpu-acceptance.yaml").is_file()
