@@ -104,10 +104,18 @@ def save_checkpoint(ckpt: Path, step: int, *, world: int, critic: bool, die_afte
 def step_metrics(step: int, dt: float, results: list[dict[str, float]], *, world: int,
                  critic: bool) -> dict[str, float]:
     """One training step's row, under the names verl 0.9.1's trainers log."""
+    scores = [r["score"] for r in results]
+    mean_score = sum(scores) / len(scores)
     metrics = {
         "training/global_step": step,
         "training/epoch": 0,
-        "critic/score/mean": sum(r["score"] for r in results) / len(results),
+        "critic/score/mean": mean_score,
+        # Group-relative advantages (GRPO): each response's reward minus the group's mean; equal
+        # rewards leave every advantage 0, and the actor's gradient with them (verl logs the norm as
+        # actor/grad_norm: the worker's grad_norm, prefixed with the role).
+        "critic/advantages/min": min(scores) - mean_score,
+        "critic/advantages/max": max(scores) - mean_score,
+        "actor/grad_norm": 10.0 * (max(scores) - min(scores)),
         "response_length/mean": sum(r["length"] for r in results) / len(results),
         "response_length/max": max(r["length"] for r in results),
         # verl's compute_throughout_metrics: the batch's tokens, per second and per GPU.

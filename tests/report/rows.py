@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
+from verl_pipeline.jobs.gpu_usage import GpuReading, NodeGpuSample
 from verl_pipeline.report.build import StepRow
 
 
@@ -19,6 +22,15 @@ def verl_row(step: int, attempt: int = 1, *, gen: float = 3.0, step_s: float = 6
         "timing_s/gen": gen,
         "timing_s/old_log_prob": 0.5,
         "timing_s/update_actor": step_s - gen - 0.5,
+        "actor/grad_norm": 0.5,
         **extra,
     }
     return StepRow(step, attempt, metrics)
+
+
+def node_samples(node_id: str, node_ip: str, times: Iterable[float], utilization: Callable[[float], float], *,
+                 n_gpus: int = 2, used_mib: float = 60_000.0, total_mib: float = 81_920.0) -> list[NodeGpuSample]:
+    """One node's readings at ``times``, every GPU at ``utilization(time)`` %, GPU ``i`` using ``used_mib + i``."""
+    return [NodeGpuSample(t, node_id, node_ip, tuple(GpuReading(i, utilization(t), used_mib + i, total_mib)
+                                                     for i in range(n_gpus)))
+            for t in times]

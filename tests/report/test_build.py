@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.report.rows import verl_row
+from tests.report.rows import node_samples, verl_row
 from verl_pipeline.report.build import (
     AttemptInfo,
     RunFacts,
@@ -185,3 +185,97 @@ def test_a_row_of_validation_alone_is_no_training_step() -> None:
                                    rows=[_validation_row(0, 1, 0.1)], generated_at=1.0)
     assert only_validation.steps_done == 0 and only_validation.attempts[0].first_step is None
     assert only_validation.notes == ["No training steps: verl logged no step (the job ended before its first step)."]
+
+
+def _trained(first_seen: float, last_row: float) -> list[AttemptInfo]:
+    return [AttemptInfo(1, "job-a1", 1000.0, 0, first_step_seen_at=first_seen, last_row_at=last_row)]
+
+
+def test_gpu_utilisation_is_judged_per_node_over_the_training_window_only() -> None:
+    """Start-up (idle GPUs while models load) and the time after the last row are not judged; a node
+    under 70% busy while the run trained is flagged by name, the busy one is not."""
+    busy = node_samples("aaaa1111ffff", "10.0.0.1", range(1000, 1500, 10), lambda t: 90.0 if 1100 <= t <= 1400 else 0.0)
+    idle = node_samples("bbbb2222ffff", "10.0.0.2", range(1000, 1500, 10),
+                        lambda t: (40.0 if t % 20 else 60.0) if 1100 <= t <= 1400 else 0.0,
+                        used_mib=70_000.0)
+    rows = [verl_row(s) for s in (1, 2, 3)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0), rows=rows,
+                          generated_at=1.0, gpu_samples=idle + busy)
+    first, second = report.gpu_nodes
+    assert (first.node_ip, first.n_gpus, first.samples, first.samples_in_window) == ("10.0.0.1", 2, 50, 31)
+    assert (first.mean_utilization_pct, first.median_utilization_pct, first.min_utilization_pct) == (90.0, 90.0, 90.0)
+    assert second.mean_utilization_pct == pytest.approx((16 * 60 + 15 * 40) / 31)
+    assert (second.median_utilization_pct, second.min_utilization_pct) == (60.0, 40.0)
+    # Peak memory: the most any one GPU used, over every sample.
+    assert (second.peak_memory_used_mib, second.memory_total_mib) == (70_001.0, 81_920.0)
+    (flag,) = [f for f in report.flags if f.kind is FlagKind.GPU_UTILIZATION_LOW]
+    assert "1 of 2 node(s)" in flag.evidence and "node 10.0.0.2 (bbbb2222): 50% on average" in flag.evidence
+    assert "10.0.0.1" not in flag.evidence
+    assert "use_dynamic_bsz" in flag.remedy and "scaling.max_micro_batch_size_per_gpu" in flag.remedy
+    data = json.loads(json.dumps(report.to_dict()))
+    assert [n["node_id"] for n in data["gpu_nodes"]] == ["aaaa1111ffff", "bbbb2222ffff"]
+    assert data["gpu_nodes"][1]["peak_memory_pct"] == pytest.approx(100 * 70_001 / 81_920)
+
+
+def test_gpus_busy_while_training_raise_no_flag_however_idle_the_start_up() -> None:
+    samples = node_samples("aaaa1111", "10.0.0.1", range(1000, 1500, 10), lambda t: 75.0 if t >= 1100 else 0.0)
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0),
+                          rows=[verl_row(s) for s in (1, 2)], generated_at=1.0, gpu_samples=samples)
+    assert report.gpu_nodes[0].mean_utilization_pct == 75.0 and report.flags == []
+
+
+def test_no_training_window_no_gpu_judgement_and_no_readings_no_summary() -> None:
+    """A run whose first step was never seen before its last row (or never came) shows its readings
+    but judges no utilisation; a run without readings (a CPU cluster) has no GPU summary at all."""
+    idle = node_samples("aaaa1111", "10.0.0.1", range(1000, 1500, 10), lambda t: 0.0)
+    rows = [verl_row(1)]
+    unseen = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1400.0, 1400.0), rows=rows,
+                          generated_at=1.0, gpu_samples=idle)
+    (node,) = unseen.gpu_nodes
+    assert (node.samples, node.samples_in_window, node.mean_utilization_pct) == (50, 0, None)
+    assert node.peak_memory_used_mib == 60_001.0 and unseen.flags == []
+    none = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0), rows=rows,
+                        generated_at=1.0)
+    assert none.gpu_nodes == [] and none.flags == []
+
+
+def test_a_gradient_norm_that_stayed_0_is_flagged_with_its_cause_and_remedy() -> None:
+    """The H200 acceptance run exported the base model's weights: every reward 0, every advantage 0."""
+    zero = {"actor/grad_norm": 0.0, "critic/advantages/min": 0.0, "critic/advantages/max": 0.0}
+    rows = [_validation_row(0, 1, 0.0)] + [verl_row(s, **zero) for s in (1, 2, 3, 4)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    (flag,) = report.flags[-1:]
+    assert flag.kind is FlagKind.GRAD_NORM_ZERO
+    assert "actor/grad_norm was 0 at all 4 training step(s) and every advantage was 0" in flag.evidence
+    assert "same reward" in flag.evidence and "random model" in flag.evidence
+    for knob in ("actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.optim.lr", "easier reward",
+                 "actor_rollout_ref.rollout.n"):
+        assert knob in flag.remedy
+    assert (report.grad_norm_median, report.grad_norm_max) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("grad_norms", [[0.0, 0.0, 0.3], [0.5, 0.5, 0.5]])
+def test_a_gradient_that_moved_at_any_step_raises_no_flag(grad_norms: list[float]) -> None:
+    rows = [verl_row(s, **{"actor/grad_norm": g}) for s, g in enumerate(grad_norms, start=1)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert FlagKind.GRAD_NORM_ZERO not in {f.kind for f in report.flags}
+    assert report.grad_norm_max == max(grad_norms)
+
+
+def test_a_run_that_logged_no_gradient_norm_is_not_judged() -> None:
+    rows = [StepRow(s, 1, {k: v for k, v in verl_row(s).metrics.items() if k != "actor/grad_norm"}) for s in (1, 2)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1], rows=rows, generated_at=1.0)
+    assert report.grad_norm_median is None and report.flags == []
+
+
+def test_the_stand_in_trainer_logs_a_zero_gradient_when_every_reward_is_equal() -> None:
+    """The stand-in logs verl's actor/grad_norm; equal rewards (no advantage) give 0 and the flag."""
+    from tests.fakes.fake_verl_trainer import step_metrics
+
+    def report_of(results: list[dict[str, float]]) -> list[FlagKind]:
+        rows = [StepRow(s, 1, step_metrics(s, 6.0, results, world=1, critic=False)) for s in (1, 2)]
+        return [f.kind for f in build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_attempts()[:1],
+                                             rows=rows, generated_at=1.0).flags]
+
+    assert FlagKind.GRAD_NORM_ZERO in report_of([{"score": 0.0, "length": 60.0}, {"score": 0.0, "length": 70.0}])
+    assert FlagKind.GRAD_NORM_ZERO not in report_of([{"score": 0.0, "length": 60.0}, {"score": 1.0, "length": 70.0}])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.report.rows import verl_row
-from verl_pipeline.report.build import StepRow
-from verl_pipeline.report.plots import PLOTS, TIMING_PNG, _pyplot
+from tests.report.rows import node_samples, verl_row
+from verl_pipeline.report.build import AttemptInfo, StepRow
+from verl_pipeline.report.plots import PLOTS, TIMING_PNG, _gpu_node, _pyplot
 
 
 def _axes() -> Any:
@@ -30,3 +30,23 @@ def test_the_phase_plot_draws_no_training_step_for_the_validation_row_at_step_0(
     # Validation: its own dashed line, not a band stacked on the step.
     assert lines["testing (apart from the step)"] == [1, 2, 3]
     assert len(ax.collections) == 3  # gen, old_log_prob, update_actor
+
+
+def test_a_nodes_gpu_plot_has_a_line_per_gpu_in_both_panels_and_the_training_window_shaded() -> None:
+    """Utilisation and memory of each GPU over minutes since the first submit (here 1000), the 70%
+    line on the utilisation panel, the training window as a band in both."""
+    samples = node_samples("aaaa1111", "10.0.0.1", range(1060, 1600, 60), lambda t: 80.0, n_gpus=4)
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 1, sharex=True)
+    try:
+        _gpu_node(axes, samples, [(1120.0, 1480.0)], [AttemptInfo(1, "job-a1", 1000.0, 0)], origin=1000.0)
+        util = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes[0].get_lines()}
+        memory = {line.get_label() for line in axes[1].get_lines()}
+        bands = [(p.get_x(), p.get_x() + p.get_width()) for p in axes[0].patches]
+    finally:
+        plt.close(fig)
+    gpus = {f"GPU {i}" for i in range(4)}
+    assert gpus <= set(util) and gpus <= memory
+    assert util["GPU 0"] == ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], [80.0] * 9)
+    assert util["70% (target: above)"][1] == [70.0, 70.0]
+    assert bands == [(2.0, 8.0)]

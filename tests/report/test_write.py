@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from pathlib import Path
 
-from tests.report.rows import verl_row
+from tests.report.rows import node_samples, verl_row
+from verl_pipeline.jobs.gpu_usage import append_samples
 from verl_pipeline.jobs.progress import Progress, record_first_step
 from verl_pipeline.report.build import RunOutcome
-from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG
+from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG, gpu_png
 from verl_pipeline.report.write import write_report
 from verl_pipeline.rundir import Attempt, RunDir
 
@@ -133,3 +135,59 @@ def test_each_attempt_shows_the_seconds_from_its_submission_to_its_first_step(tm
     html = files.html.read_text()
     assert "submit to first step" in html and "1 m 30 s" in html and "5 m 0 s" in html
     assert "verl's file logger records no time" in html
+
+
+def _trained_between(run_dir: Path, first_seen: float, last_row: float) -> None:
+    """Attempt 1 (submitted at 1001) logged steps 1-6; its waiter saw step 1 at ``first_seen``, the
+    file's last row was written at ``last_row``."""
+    _log(run_dir, 1, range(1, 7), resume_from=0)
+    record_first_step(RunDir(run_dir).metrics_file(1), Progress(step=1, total=6, first_step_seen_at=first_seen))
+    os.utime(RunDir(run_dir).metrics_file(1), (last_row, last_row))
+
+
+def test_gpu_readings_of_two_nodes_give_a_summary_a_plot_each_and_the_flag_for_the_idle_one(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "gpus", nnodes=2)
+    _trained_between(run_dir, 1100.0, 1400.0)
+    times = range(1010, 1500, 10)
+    append_samples(RunDir(run_dir).gpu_usage_file, [
+        *node_samples("aaaa1111", "10.0.0.1", times, lambda t: 92.0 if 1100 <= t <= 1400 else 3.0, n_gpus=8),
+        *node_samples("bbbb2222", "10.0.0.2", times, lambda t: 35.0 if 1100 <= t <= 1400 else 3.0, n_gpus=8)])
+    with RunDir(run_dir).gpu_usage_file.open("a") as f:
+        f.write('{"time": 1490, "node_id": "cccc')  # a writer killed mid-line
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED)
+    out = files.to_dict()
+    assert out["flags"] == ["gpu_utilization_low"]
+    assert {gpu_png(1), gpu_png(2)} <= set(out["plots"])
+    for name in (gpu_png(1), gpu_png(2)):
+        width, height = _png_size(run_dir / "report" / name)
+        assert width > 100 and height > 100 and (run_dir / "report" / name).stat().st_size > 1000
+    data = json.loads(files.json.read_text())
+    assert [(n["node_ip"], n["n_gpus"], n["samples_in_window"], n["mean_utilization_pct"]) for n in data["gpu_nodes"]] \
+        == [("10.0.0.1", 8, 31, 92.0), ("10.0.0.2", 8, 31, 35.0)]
+    assert data["gpu_plots"] == {"aaaa1111": gpu_png(1), "bbbb2222": gpu_png(2)}
+    (flag,) = data["flags"]
+    assert "node 10.0.0.2 (bbbb2222): 35% on average" in flag["evidence"] and "10.0.0.1" not in flag["evidence"]
+    html = files.html.read_text()
+    assert "GPU utilisation per node" in html and "35% (low)" in html and "92%" in html
+    assert "58.6 / 80.0 GiB (73%)" in html  # the busiest GPU: 60,007 of 81,920 MiB
+    assert set(re.findall(r'<img src="(gpu_node_[^"]+)"', html)) == {gpu_png(1), gpu_png(2)}
+    assert "gpu_utilization_low" in html and "use_remove_padding" in html
+
+
+def test_a_run_without_gpu_readings_says_so_with_no_gpu_plot_or_flag(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "cpu")
+    _trained_between(run_dir, 1100.0, 1400.0)
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED)
+    assert files.to_dict()["flags"] == [] and not list((run_dir / "report").glob("gpu_node_*"))
+    assert json.loads(files.json.read_text())["gpu_nodes"] == []
+    html = files.html.read_text()
+    assert "No GPU readings" in html and "gpu_node_" not in html and "No flag" in html
+
+
+def test_a_run_whose_gradient_stayed_0_is_flagged_in_its_report(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "flat")
+    _log(run_dir, 1, range(1, 5), resume_from=0, **{"actor/grad_norm": 0.0})
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    assert files.to_dict()["flags"] == ["grad_norm_zero"]
+    html = files.html.read_text()
+    assert "actor/grad_norm was 0 at all 4 training step(s)" in html and "entropy_coeff" in html

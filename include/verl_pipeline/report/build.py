@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from verl_pipeline.report import scaling
+from verl_pipeline.jobs.gpu_usage import NodeGpuSample
+from verl_pipeline.report import gpu, scaling
 from verl_pipeline.trainer import metrics as m
 
 REPORT_VERSION = 1
@@ -54,6 +55,8 @@ class AttemptInfo:
     #: When (epoch seconds) the attempt's first training step reached the pipeline's metrics reader
     #: (verl's file logger records no time with a row); None: not seen (no step, or no waiter read it).
     first_step_seen_at: float | None = None
+    #: When (epoch seconds) the attempt's metrics file was last written: its last row.
+    last_row_at: float | None = None
 
     @property
     def time_to_first_step_s(self) -> float | None:
@@ -61,6 +64,12 @@ class AttemptInfo:
         if self.first_step_seen_at is None:
             return None
         return max(0.0, self.first_step_seen_at - self.submitted_at)
+
+    @property
+    def training_window(self) -> gpu.Window | None:
+        """From the first training step's arrival to the last row: the attempt trained (start-up excluded)."""
+        start, end = self.first_step_seen_at, self.last_row_at
+        return (start, end) if start is not None and end is not None and start < end else None
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,13 @@ class Report:
     #: The highest peak GPU memory any role (actor, critic) reported over the steps, in GB.
     peak_memory_allocated_gb: float | None = None
     peak_memory_reserved_gb: float | None = None
+    #: The actor's gradient norm (``actor/grad_norm``), median and highest over the steps.
+    grad_norm_median: float | None = None
+    grad_norm_max: float | None = None
+    #: Each node's GPU utilisation and memory (the run's gpu-usage file); empty: no GPU readings.
+    gpu_nodes: list[gpu.NodeGpuSummary] = field(default_factory=list)
+    #: The plot of each node's GPUs, by node id (file names in the report directory).
+    gpu_plots: dict[str, str] = field(default_factory=dict)
     wall_time_s: float | None = None
     gpu_hours: float | None = None
     checks: list[Check] = field(default_factory=list)
@@ -162,6 +178,8 @@ class Report:
         for attempt, a in zip(out["attempts"], self.attempts, strict=True):
             attempt["time_to_first_step_s"] = a.time_to_first_step_s
         out["flags"] = [f.to_dict() for f in self.flags]
+        for node, n in zip(out["gpu_nodes"], self.gpu_nodes, strict=True):
+            node["peak_memory_pct"] = n.peak_memory_pct
         # Flat facts first, so a later run (the scaling check) or a UI reads them without nesting.
         out.update(version=REPORT_VERSION, profile=self.run.profile, mode=self.run.mode, run_key=self.run.run_key,
                    total_steps=self.run.total_steps, n_gpus=self.run.n_gpus, steps_redone=self.steps_redone)
@@ -280,6 +298,11 @@ def _detail(name: str, check: dict[str, Any]) -> str:
     return ""
 
 
+def training_windows(attempts: list[AttemptInfo]) -> list[gpu.Window]:
+    """The spans in which the run trained: each attempt's, where its first step's arrival is known."""
+    return [w for a in attempts if (w := a.training_window) is not None]
+
+
 def _notes(facts: RunFacts, status: RunOutcome, rows: list[StepRow], attempts: list[AttemptInfo],
            checks: list[Check]) -> list[str]:
     notes = []
@@ -297,12 +320,14 @@ def _notes(facts: RunFacts, status: RunOutcome, rows: list[StepRow], attempts: l
 
 def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptInfo], rows: list[StepRow],
                  generated_at: float, ended_at: float | None = None, preflight: dict[str, Any] | None = None,
-                 earlier: list[scaling.ScalingPoint] | None = None) -> Report:
+                 earlier: list[scaling.ScalingPoint] | None = None,
+                 gpu_samples: list[NodeGpuSample] | None = None) -> Report:
     """The report of one run (pure: every input is passed in).
 
     ``rows``: every attempt's metric rows (unmerged); ``ended_at``: when the run's last file was
     written (wall time runs from the first submit to it); ``earlier``: the profile's earlier
-    successful runs for the scaling check.
+    successful runs for the scaling check; ``gpu_samples``: the run's GPU readings (none: no GPUs
+    were read, as on a CPU cluster).
     """
     attempts = with_steps(attempts, rows)
     merged = merge_rows(rows)
@@ -324,21 +349,28 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     report.mfu_actor = median_of(steps, m.MFU_ACTOR)
     report.peak_memory_allocated_gb = max_of(steps, m.MAX_MEMORY_ALLOCATED)
     report.peak_memory_reserved_gb = max_of(steps, m.MAX_MEMORY_RESERVED)
+    report.grad_norm_median = median_of(steps, m.GRAD_NORM)
+    report.grad_norm_max = max_of(steps, (m.GRAD_NORM,))
+    report.gpu_nodes = gpu.summarise(gpu_samples or [], training_windows(attempts))
     if attempts and ended_at is not None:
         report.wall_time_s = max(0.0, ended_at - min(a.submitted_at for a in attempts))
         # GPUs are held from the first submit to the last step; a preflight cluster has none.
         if facts.mode == "train":
             report.gpu_hours = report.wall_time_s * facts.n_gpus / 3600
-    _scaling(report, earlier or [])
+    _scaling_and_flags(report, earlier or [], steps)
     return report
 
 
-def _scaling(report: Report, earlier: list[scaling.ScalingPoint]) -> None:
+def _scaling_and_flags(report: Report, earlier: list[scaling.ScalingPoint], steps: list[StepRow]) -> None:
     facts = report.run
     if facts.mode == "train" and report.throughput_per_gpu:
         # Stored for every training run; later runs compare only with the successful ones.
         report.scaling_point = scaling.ScalingPoint(facts.run_key, facts.nnodes, facts.n_gpus,
                                                     report.throughput_per_gpu)
         report.comparisons = scaling.compare(report.scaling_point, earlier)
-    report.flags = scaling.flags(timing_s=report.timing_s, peak_memory_gb=report.peak_memory_allocated_gb,
-                                 gpu_memory_gb=facts.gpu_memory_gb, comparisons=report.comparisons)
+    report.flags = scaling.flags(
+        timing_s=report.timing_s, peak_memory_gb=report.peak_memory_allocated_gb, gpu_memory_gb=facts.gpu_memory_gb,
+        comparisons=report.comparisons, gpu_nodes=report.gpu_nodes,
+        grad_norms=[r.metrics[m.GRAD_NORM] for r in steps if m.GRAD_NORM in r.metrics],
+        advantage_ranges=[(r.metrics[m.ADVANTAGES_MIN], r.metrics[m.ADVANTAGES_MAX]) for r in steps
+                          if m.ADVANTAGES_MIN in r.metrics and m.ADVANTAGES_MAX in r.metrics])

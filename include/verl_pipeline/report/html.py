@@ -10,6 +10,8 @@ from html import escape
 from typing import Any
 
 from verl_pipeline.report.build import Report, Series
+from verl_pipeline.report.gpu import MIB_PER_GIB, NodeGpuSummary
+from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT, under_used
 from verl_pipeline.trainer import metrics as m
 
 _STYLE = """
@@ -70,6 +72,7 @@ def _summary(r: Report) -> str:
         ("MFU, actor (perf/mfu/actor, median)", _num(r.mfu_actor)),
         ("peak GPU memory allocated / reserved", f"{_num(r.peak_memory_allocated_gb, ' GB')} / "
                                                   f"{_num(r.peak_memory_reserved_gb, ' GB')}"),
+        ("actor/grad_norm (median / highest)", f"{_num(r.grad_norm_median)} / {_num(r.grad_norm_max)}"),
     ]
     if not r.steps_done:  # a run without training steps: only what it has
         rows = [(k, v) for k, v in rows if v.strip("— /")]
@@ -115,6 +118,39 @@ def _checks(r: Report) -> str:
     return f"<h2>Preflight checks</h2><table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>"
 
 
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}%"
+
+
+def _gpu_row(n: NodeGpuSummary) -> tuple[str, ...]:
+    memory = "—"
+    if n.peak_memory_used_mib is not None and n.memory_total_mib:
+        memory = (f"{n.peak_memory_used_mib / MIB_PER_GIB:.1f} / {n.memory_total_mib / MIB_PER_GIB:.1f} GiB "
+                  f"({_pct(n.peak_memory_pct)})")
+    return (n.label, str(n.n_gpus), _pct(n.mean_utilization_pct) + (" (low)" if under_used(n) else ""),
+            _pct(n.median_utilization_pct), _pct(n.min_utilization_pct), f"{n.samples_in_window} of {n.samples}",
+            memory)
+
+
+def _gpus(r: Report) -> str:
+    out = "<h2>GPU utilisation per node</h2>"
+    if not r.gpu_nodes:
+        return out + ("<p>No GPU readings: the run's cluster reported no GPUs (a CPU cluster, or a run from before "
+                      "the pipeline recorded them).</p>")
+    out += (f"<p>From Ray's node summary, sampled by the waiter. A node's utilisation at a sample is the mean of "
+            f"its GPUs'; mean, median and lowest are over the training window (each attempt's first step to its "
+            f"last; start-up excluded), where the aim is above {MIN_GPU_UTILIZATION_PCT:.0f}%. Peak memory is the "
+            f"most one GPU of the node used at any sample.</p>")
+    out += _grid(("node", "GPUs", "mean", "median", "lowest", "samples in the training window",
+                  "peak memory used / total"), [_gpu_row(n) for n in r.gpu_nodes])
+    if not any(n.samples_in_window for n in r.gpu_nodes):
+        out += ("<p>No sample fell in the training window (no attempt's first step was seen before its last, or "
+                "the run never trained): utilisation is not judged.</p>")
+    out += "".join(f"<img src=\"{escape(r.gpu_plots[n.node_id])}\" alt=\"GPU utilisation and memory, node "
+                   f"{escape(n.label)}\">" for n in r.gpu_nodes if n.node_id in r.gpu_plots)
+    return out
+
+
 def _scaling(r: Report) -> str:
     parts = ["<h2>Scaling check</h2>"]
     if r.comparisons:
@@ -126,10 +162,17 @@ def _scaling(r: Report) -> str:
         parts.append("<p>No earlier successful run of this profile at another node count to compare with.</p>")
     else:
         parts.append("<p>Not checked: the run reported no training throughput.</p>")
+    return "".join(parts)
+
+
+def _flags(r: Report) -> str:
+    parts = ["<h2>Flags</h2>"]
     parts += [f"<div class=\"flag\"><b>{escape(f.kind.value)}</b>: {escape(f.evidence)}<br>Remedy: "
               f"{escape(f.remedy)}</div>" for f in r.flags]
-    if not r.flags and r.steps_done:
-        parts.append("<p>No flag: generation, memory and per-GPU throughput are within the limits.</p>")
+    if not r.flags:
+        parts.append("<p>No flag: generation, memory, per-GPU throughput, GPU utilisation and the gradient are "
+                     "within the limits (where the run reported them).</p>" if r.steps_done else
+                     "<p>No flag (no training step to judge).</p>")
     return "".join(parts)
 
 
@@ -141,5 +184,5 @@ def render_html(r: Report) -> str:
     plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
-            f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_timing(r)}{_scaling(r)}"
+            f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
             + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

@@ -1,7 +1,8 @@
 """The run report's PNG plots (matplotlib, Agg backend, imported only when plots are drawn).
 
-Every plot is per step, with the start of every resumed attempt marked (a dashed line labelled
-with the step it resumed from). A plot whose metrics verl did not report is not drawn.
+Every plot of verl's metrics is per step, with the start of every resumed attempt marked (a dashed
+line labelled with the step it resumed from). A plot whose metrics verl did not report is not drawn.
+Each node with GPU readings gets its own plot over time (:func:`draw_gpu`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.jobs.gpu_usage import NodeGpuSample
 from verl_pipeline.report.build import AttemptInfo, StepRow, timing_names, training_rows
+from verl_pipeline.report.gpu import NodeGpuSummary, Window, by_node
+from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT
 from verl_pipeline.trainer import metrics as m
 
 log = logging.getLogger(__name__)
@@ -21,6 +25,11 @@ REWARD_PNG = "reward.png"
 RESPONSE_LENGTH_PNG = "response_length.png"
 THROUGHPUT_PNG = "throughput.png"
 TIMING_PNG = "timing.png"
+
+
+def gpu_png(index: int) -> str:
+    """File name of the ``index``-th node's GPU plot (1-based, in the report's order of nodes)."""
+    return f"gpu_node_{index}.png"
 
 
 def _pyplot() -> Any:
@@ -117,6 +126,69 @@ def draw(rows: list[StepRow], attempts: list[AttemptInfo], out_dir: Path) -> dic
                 fig.savefig(tmp, format="png")
                 tmp.replace(out_dir / name)
                 drawn[name] = title
+        finally:
+            plt.close(fig)
+    return drawn
+
+
+def _gpu_node(axes: Any, samples: list[NodeGpuSample], windows: list[Window], attempts: list[AttemptInfo],
+              origin: float) -> None:
+    """Utilisation (top) and memory (bottom) of each GPU of one node, in minutes since ``origin``."""
+    util_ax, mem_ax = axes
+    util: dict[int, tuple[list[float], list[float]]] = {}
+    mem: dict[int, tuple[list[float], list[float]]] = {}
+    for s in samples:  # one pass: a multi-day run has tens of thousands of samples per node
+        minutes = (s.time - origin) / 60
+        for g in s.gpus:
+            for series, value in ((util, g.utilization_pct), (mem, g.memory_pct)):
+                if value is not None:
+                    xs, ys = series.setdefault(g.index, ([], []))
+                    xs.append(minutes)
+                    ys.append(value)
+    for index in sorted(util.keys() | mem.keys()):
+        (line,) = util_ax.plot(*util.get(index, ([], [])), label=f"GPU {index}", linewidth=1)
+        mem_ax.plot(*mem.get(index, ([], [])), label=f"GPU {index}", linewidth=1, color=line.get_color())
+    util_ax.axhline(MIN_GPU_UTILIZATION_PCT, color="firebrick", linestyle="--", linewidth=1,
+                    label=f"{MIN_GPU_UTILIZATION_PCT:.0f}% (target: above)")
+    for ax in axes:
+        for n, (start, end) in enumerate(windows):
+            ax.axvspan((start - origin) / 60, (end - origin) / 60, color="tab:green", alpha=0.08,
+                       label="training" if n == 0 else None)
+        for n, a in enumerate(attempts):
+            ax.axvline((a.submitted_at - origin) / 60, color="dimgrey", linestyle=":", linewidth=1,
+                       label="attempt submitted" if n == 0 else None)
+        ax.set_ylim(0, 105)
+        ax.grid(alpha=0.3)
+    util_ax.set_ylabel("utilisation %")
+    mem_ax.set_ylabel("memory used %")
+    mem_ax.set_xlabel("minutes since the first submit" if attempts else "minutes since the first reading")
+    util_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: 8 GPUs' lines
+
+
+def draw_gpu(samples: list[NodeGpuSample], nodes: list[NodeGpuSummary], windows: list[Window],
+             attempts: list[AttemptInfo], out_dir: Path) -> dict[str, str]:
+    """One plot per node of ``nodes`` (its GPUs' utilisation and memory over time, the training window
+    shaded, each attempt's submission dotted); ``{node id: file name}`` of those drawn."""
+    samples_of = by_node(samples)
+    if not nodes or not samples_of:
+        return {}
+    origin = min(a.submitted_at for a in attempts) if attempts else min(s.time for s in samples)
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = {}
+    for index, node in enumerate(nodes, start=1):
+        if not samples_of.get(node.node_id):
+            continue
+        name = gpu_png(index)
+        fig, axes = plt.subplots(2, 1, sharex=True, figsize=(8, 4.8), dpi=100)
+        try:
+            _gpu_node(axes, samples_of[node.node_id], windows, attempts, origin)
+            axes[0].set_title(f"GPU utilisation and memory, node {node.label}")
+            fig.tight_layout()
+            tmp = out_dir / f".{name}.tmp"
+            fig.savefig(tmp, format="png")
+            tmp.replace(out_dir / name)
+            drawn[node.node_id] = name
         finally:
             plt.close(fig)
     return drawn

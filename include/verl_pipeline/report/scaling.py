@@ -1,4 +1,4 @@
-"""The scaling check: is this setup scalable, and if not, what to change.
+"""The scaling check and the run's flags: is this setup scalable, did the run learn, and if not, what to change.
 
 A scalable RL setup keeps throughput near-linear in nodes (tokens per second **per GPU** stays flat
 as nodes are added), keeps its GPUs busy, and spends a small share of each step on anything but
@@ -8,7 +8,8 @@ compute. The rules here are pure functions of what verl reported:
   recent earlier successful run at each other node count (``perf/throughput`` is per GPU, so linear
   scaling means the ratio of the larger run's to the smaller run's is 1.0).
 - **Flags**, each with its remedy: generation dominating the step; GPU memory near its limit;
-  per-GPU throughput falling as nodes grow.
+  per-GPU throughput falling as nodes grow; a node whose GPUs stay under 70% busy while the run
+  trains; a gradient norm that stayed 0 (the run learned nothing).
 
 Earlier runs are read from their ``report.json`` (every report stores its :class:`ScalingPoint`),
 so the check needs nothing but the storage root.
@@ -23,6 +24,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.report.gpu import NodeGpuSummary
+
 log = logging.getLogger(__name__)
 
 #: Below this efficiency (per-GPU throughput at more nodes / at fewer nodes) scaling is not near-linear.
@@ -31,12 +34,19 @@ MIN_EFFICIENCY = 0.9
 MAX_GEN_SHARE = 0.5
 #: Peak allocated memory above this share of the GPU's memory is "near the limit".
 MAX_MEMORY_SHARE = 0.9
+#: A node whose GPUs are busy less than this (mean over the training window, %) is under-used: the
+#: health indicator to watch is GPU utilisation above 70%.
+MIN_GPU_UTILIZATION_PCT = 70.0
+#: A gradient norm at or below this is 0 (what a float sum of zeros leaves).
+MAX_ZERO_GRAD_NORM = 1e-9
 
 
 class FlagKind(str, Enum):
     GENERATION_DOMINATES = "generation_dominates"
     MEMORY_NEAR_LIMIT = "memory_near_limit"
     SCALING_FALLS = "per_gpu_throughput_falls"
+    GPU_UTILIZATION_LOW = "gpu_utilization_low"
+    GRAD_NORM_ZERO = "grad_norm_zero"
 
 
 REMEDIES = {
@@ -54,6 +64,24 @@ REMEDIES = {
         "check the inter-node network: NCCL over InfiniBand (the cluster profile's network.infiniband and "
         "ib_hcas → NCCL_IB_HCA, NCCL_IB_DISABLE unset, NCCL_SOCKET_IFNAME), and run once with "
         "nccl_debug to see which transport NCCL chose"
+    ),
+    FlagKind.GPU_UTILIZATION_LOW: (
+        "give each GPU more work at a time: larger micro batches (the model profile's "
+        "scaling.max_micro_batch_size_per_gpu and scaling.log_prob_micro_batch_size_per_gpu), or "
+        "actor_rollout_ref.actor.use_dynamic_bsz=true with a larger actor_rollout_ref.actor.ppo_max_token_len_per_gpu "
+        "(micro batches packed by tokens); actor_rollout_ref.model.use_remove_padding=true; a higher "
+        "actor_rollout_ref.rollout.gpu_memory_utilization (more KV cache, larger generation batches); FSDP offload "
+        "off when memory allows (actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload and "
+        "actor_rollout_ref.ref.fsdp_config.param_offload=false); a smaller "
+        "actor_rollout_ref.rollout.tensor_model_parallel_size for a small model; and check that data loading keeps "
+        "up (data.dataloader_num_workers). Set them in a profile's verl: section, with --set or the verl_overrides "
+        "param; render shows what the scaling rules chose"
+    ),
+    FlagKind.GRAD_NORM_ZERO: (
+        "give the run a learning signal: an entropy bonus (actor_rollout_ref.actor.entropy_coeff, e.g. 0.001), a "
+        "larger learning rate (actor_rollout_ref.actor.optim.lr), an easier reward or data the model solves some of "
+        "the time, or more responses per prompt (actor_rollout_ref.rollout.n) so a group is likelier to hold "
+        "different rewards"
     ),
 }
 
@@ -150,10 +178,51 @@ def scaling_flag(comparisons: list[Comparison]) -> Flag | None:
                 REMEDIES[FlagKind.SCALING_FALLS])
 
 
+def under_used(node: NodeGpuSummary) -> bool:
+    """The node's GPUs were busy less than :data:`MIN_GPU_UTILIZATION_PCT` on average over the training
+    window (a node without a sample in it is not judged)."""
+    return node.mean_utilization_pct is not None and node.mean_utilization_pct < MIN_GPU_UTILIZATION_PCT
+
+
+def gpu_utilization_flag(nodes: list[NodeGpuSummary]) -> Flag | None:
+    """Every node :func:`under_used` while the run trained."""
+    low = [n for n in nodes if under_used(n)]
+    if not low:
+        return None
+    each = "; ".join(f"node {n.label}: {n.mean_utilization_pct:.0f}% on average (median "
+                     f"{n.median_utilization_pct:.0f}%, lowest {n.min_utilization_pct:.0f}%, {n.samples_in_window} "
+                     f"sample(s))" for n in low)
+    return Flag(FlagKind.GPU_UTILIZATION_LOW,
+                f"GPU utilisation under {MIN_GPU_UTILIZATION_PCT:.0f}% while the run trained on {len(low)} of "
+                f"{len(nodes)} node(s): {each}",
+                REMEDIES[FlagKind.GPU_UTILIZATION_LOW])
+
+
+def grad_norm_flag(grad_norms: list[float], advantage_ranges: list[tuple[float, float]]) -> Flag | None:
+    """The actor's gradient norm was 0 at every training step that logged one: no weight changed.
+
+    ``advantage_ranges``: each step's smallest and largest advantage, where verl logged them (evidence).
+    """
+    if not grad_norms or any(abs(g) > MAX_ZERO_GRAD_NORM for g in grad_norms):
+        return None
+    advantages = (" and every advantage was 0 (critic/advantages/min and max)"
+                  if advantage_ranges and all(lo == hi == 0 for lo, hi in advantage_ranges) else "")
+    return Flag(FlagKind.GRAD_NORM_ZERO,
+                f"actor/grad_norm was 0 at all {len(grad_norms)} training step(s){advantages}: no update changed "
+                "a weight, so the trained model equals the one the run started from. A zero advantage gives a zero "
+                "gradient: with group-relative advantages (GRPO, RLOO) every response to a prompt got the same "
+                "reward, typically an untrained or random model that never earns a hard reward (all 0), with no "
+                "entropy bonus to move it",
+                REMEDIES[FlagKind.GRAD_NORM_ZERO])
+
+
 def flags(*, timing_s: dict[str, float], peak_memory_gb: float | None, gpu_memory_gb: float | None,
-          comparisons: list[Comparison]) -> list[Flag]:
+          comparisons: list[Comparison], gpu_nodes: list[NodeGpuSummary] | None = None,
+          grad_norms: list[float] | None = None,
+          advantage_ranges: list[tuple[float, float]] | None = None) -> list[Flag]:
     """Every flag the metrics raise, in a fixed order."""
-    found = [generation_flag(timing_s), memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons)]
+    found = [generation_flag(timing_s), memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons),
+             gpu_utilization_flag(gpu_nodes or []), grad_norm_flag(grad_norms or [], advantage_ranges or [])]
     return [f for f in found if f is not None]
 
 

@@ -1,7 +1,8 @@
 """Build a run's report from its run directory: the one path the report task and the CLI call.
 
 Reads ``run_spec.json``, ``job.json``, ``attempts.jsonl``, every attempt's metrics file
-(:func:`verl_pipeline.jobs.attempts.metrics_files`) and ``preflight.json``; writes
+(:func:`verl_pipeline.jobs.attempts.metrics_files`), ``preflight.json`` and the GPU readings
+(``RunDir.gpu_usage_file``); writes
 ``report/report.json``, the plots and ``report/report.html``, each atomically.
 """
 
@@ -24,6 +25,7 @@ from verl_pipeline.report.build import (
     StepRow,
     build_report,
     merge_rows,
+    training_windows,
 )
 from verl_pipeline.rundir import RunDir
 
@@ -46,7 +48,7 @@ class ReportFiles:
         return {"report_dir": str(self.report_dir), "html": str(self.html), "json": str(self.json),
                 "status": r.status.value, "mode": r.run.mode, "steps_done": r.steps_done,
                 "total_steps": r.run.total_steps, "flags": [f.kind.value for f in r.flags],
-                "plots": sorted(r.plots)}
+                "plots": sorted([*r.plots, *r.gpu_plots.values()])}
 
 
 def report_dir(run_dir: Path) -> Path:
@@ -86,6 +88,13 @@ def _ended_at(run_dir: Path) -> float | None:
     return max(times) if times else None
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 def infer_status(run_dir: Path, facts: RunFacts, rows: list[StepRow], preflight: dict[str, Any] | None) -> RunOutcome:
     """How the run ended when no one says (a CLI rebuild): its last report's word, else its files'."""
     earlier = _read_json(report_dir(run_dir) / REPORT_JSON) or _read_json(RunDir(run_dir).manifest_file) or {}
@@ -106,23 +115,28 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     rows = read_rows(run_dir)
     preflight = _read_json(RunDir(run_dir).preflight_file)
     status = status or infer_status(run_dir, facts, rows, preflight)
+    from verl_pipeline.jobs.gpu_usage import read_samples
     from verl_pipeline.jobs.progress import first_step_seen_at
 
     attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment,
-                            first_step_seen_at=first_step_seen_at(RunDir(run_dir).metrics_file(a.attempt)))
+                            first_step_seen_at=first_step_seen_at(RunDir(run_dir).metrics_file(a.attempt)),
+                            last_row_at=_mtime(RunDir(run_dir).metrics_file(a.attempt)))
                 for a in RunDir(run_dir).attempts()]
+    gpu_samples = list(read_samples(RunDir(run_dir).gpu_usage_file))
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
     in_run = str((report_dir(run_dir) / REPORT_JSON).relative_to(run_dir))
     earlier = scaling.earlier_points(storage_root, facts.profile, report_file=in_run, exclude_run_key=facts.run_key)
     report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
                           ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
-                          earlier=earlier)
+                          earlier=earlier, gpu_samples=gpu_samples)
     out = report_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plots:
-        from verl_pipeline.report.plots import draw
+        from verl_pipeline.report.plots import draw, draw_gpu
 
         report.plots = draw(merge_rows(rows), report.attempts, out)
+        report.gpu_plots = draw_gpu(gpu_samples, report.gpu_nodes, training_windows(report.attempts),
+                                    report.attempts, out)
     from verl_pipeline.report.html import render_html
 
     with atomic_path(out / REPORT_HTML) as tmp:

@@ -29,6 +29,12 @@ MFU_CRITIC = "perf/mfu/critic"
 MEMORY_ROLES = ("actor", "critic")
 MAX_MEMORY_ALLOCATED = tuple(f"{role}/perf/max_memory_allocated_gb" for role in MEMORY_ROLES)
 MAX_MEMORY_RESERVED = tuple(f"{role}/perf/max_memory_reserved_gb" for role in MEMORY_ROLES)
+#: The actor's gradient norm of a step, before clipping (the worker logs ``grad_norm``, the trainers
+#: prefix the role: ``rename_dict(…, "actor/")``); 0 at every step: the update changed no weight.
+GRAD_NORM = "actor/grad_norm"
+#: The step's smallest and largest advantage (``compute_data_metrics``); both 0: nothing to learn from.
+ADVANTAGES_MIN = "critic/advantages/min"
+ADVANTAGES_MAX = "critic/advantages/max"
 #: ``timing_s/<phase>``: seconds of each phase of a step (``marked_timer`` in verl's trainers).
 TIMING_PREFIX = "timing_s/"
 #: The whole step; every other ``timing_s/*`` is a part of it, except :data:`TIMING_OUTSIDE_STEP`.
