@@ -14,6 +14,9 @@ tiny() {  # scenario name
   echo "$(date -u +%T) $1 rc=$?" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
+# The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU).
+python -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \
+g.write_real_size_model(pathlib.Path('$work/real-size/models/qwen2.5-0.5b-arch-random'))" > "$out/model.out" 2>&1 &
 tiny acceptance & tiny resume-worker & tiny resume-raylet &
 wait
 python "$here/gpu_acceptance.py" --scenario real-size --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
