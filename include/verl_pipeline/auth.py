@@ -28,6 +28,9 @@ TOKEN_FILE = "ray_auth_token"
 MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VAR = "RAY_AUTH_TOKEN"
 TOKEN_PATH_VAR = "RAY_AUTH_TOKEN_PATH"
+#: The pipeline's own fallback for the token of a cluster it did not start (``address``), when no
+#: Airflow connection gives one.
+PIPELINE_TOKEN_VAR = "VERL_PIPELINE_RAY_TOKEN"
 #: What an open Jobs API lets anyone who reaches its port do (named in every refusal).
 SHADOWRAY = ("anyone who can reach this port can run code on the cluster as its user "
              "(ShadowRay, CVE-2023-48022)")
@@ -68,20 +71,38 @@ def write_token_file(directory: Path) -> Path:
     return path
 
 
-def read_token_file(path: Path) -> str:
-    """The token in ``path``; refuses a file that others can read (the token would not be secret)."""
+def check_token_file(path: Path) -> Path:
+    """``path`` when it is a non-empty token file only its owner can read; refused otherwise.
+
+    Reads the file's metadata, never the token: for what prints or passes on the path.
+    """
     try:
         st = os.stat(path)
-        token = path.read_text().strip()
     except OSError as e:
-        raise ClusterError(f"cannot read the Ray token file {path}: {e} (the cluster was started by another user "
-                           "or its state directory was removed: provision the cluster again)") from e
+        raise ClusterError(_unreadable(path, e)) from e
     if st.st_mode & 0o077:
         raise ClusterError(f"the Ray token file {path} has mode {stat.filemode(st.st_mode)}: others can read it "
                            f"(fix: chmod 600 {path}, then provision a fresh cluster: the token may be known)")
+    if st.st_size == 0:
+        raise ClusterError(f"the Ray token file {path} is empty: provision the cluster again")
+    return path
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path``; refuses a file that others can read (the token would not be secret)."""
+    check_token_file(path)
+    try:
+        token = path.read_text().strip()
+    except OSError as e:
+        raise ClusterError(_unreadable(path, e)) from e
     if not token:
         raise ClusterError(f"the Ray token file {path} is empty: provision the cluster again")
     return token
+
+
+def _unreadable(path: Path, error: OSError) -> str:
+    return (f"cannot read the Ray token file {path}: {error} (the cluster was started by another user "
+            "or its state directory was removed: provision the cluster again)")
 
 
 def ray_env(mode: AuthMode, token_file: Path | None) -> dict[str, str | None]:

@@ -8,6 +8,7 @@ Examples::
     verl-pipeline prefetch
     verl-pipeline render --mode preflight         # exact entrypoint + runtime_env
     verl-pipeline submit && verl-pipeline logs --follow
+    eval "$(verl-pipeline cluster env)"          # then Ray's own CLI: ray job list / logs <id> / status <id>
     verl-pipeline cluster down
     verl-pipeline report .work/home/runs/<run>   # (re)build a run's report.json, plots, report.html
 """
@@ -18,16 +19,22 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
+import shlex
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_pipeline.constants import BackendKind, Mode, Placement
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
+
+if TYPE_CHECKING:
+    from verl_pipeline.cluster.base import ClusterHandle
 
 CLI_DAG_ID = "cli"
 CLI_TASK_ID = "submit"
@@ -126,8 +133,15 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
     from verl_pipeline.cluster.registry import get_backend
 
+    if args.run_dir and args.action != "env":
+        from verl_pipeline.exceptions import ConfigError
+
+        raise ConfigError("--run-dir", args.run_dir, f"only `cluster env` reads a run directory, not `cluster "
+                          f"{args.action}`", "name the run with --run-name, and --profile when it is not smoke")
     if args.backend:
         _select_backend(args)
+    if args.action == "env":
+        return _cluster_env(args)
     spec = _spec(args)
     if args.action == "up":
         endpoint = (args.address, None) if args.address else None
@@ -149,6 +163,111 @@ def cmd_cluster(args: argparse.Namespace) -> int:
              f"{status.nodes_alive} node(s), {status.cpus:g} CPU, {status.gpus:g} GPU, Ray {status.ray_version} "
              f"({status.detail}); infrastructure: {health.detail}")
         return 0 if status.ready and health.alive else 1
+    return 0
+
+
+#: Where Ray's CLI (``ray job …``) finds the Jobs API when ``--address`` is not given.
+RAY_ADDRESS_VAR = "RAY_ADDRESS"
+
+
+@dataclasses.dataclass(frozen=True)
+class RayShellEnv:
+    """The shell environment under which Ray's own CLI (``ray job list/logs/status``) reaches one cluster.
+
+    It holds addresses, modes and paths, never a token: where the token lives only in a variable of
+    the caller's shell, ``copies`` names that variable and the shell expands it when it evaluates the lines.
+    """
+
+    #: Variable -> value (None: unset it, so that an inherited one cannot win over the cluster's).
+    values: dict[str, str | None]
+    #: Variable -> the caller's variable it takes its value from.
+    copies: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: What else helps with this cluster (printed as shell comments).
+    notes: tuple[str, ...] = ()
+    #: Why Ray's CLI may still be refused with these lines (printed on stderr).
+    warnings: tuple[str, ...] = ()
+
+    def shell(self) -> str:
+        """``export``/``unset`` lines for ``eval``; values quoted for the shell, notes as comments."""
+        lines = [f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"
+                 for name, value in self.values.items()]
+        lines += [f'export {name}="${{{source}}}"' for name, source in self.copies.items()]
+        # One line each: a line break in a note would end the comment and run the rest.
+        lines += ["# " + " ".join(note.splitlines()) for note in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"env": dict(self.values), "copies": dict(self.copies), "notes": list(self.notes),
+                "warnings": list(self.warnings)}
+
+
+def ray_shell_env(handle: ClusterHandle, environ: Mapping[str, str]) -> RayShellEnv:
+    """What Ray's CLI needs to reach ``handle``'s cluster: the Jobs API's URL, the cluster's auth mode and
+    where the token is — the token file's path (local, Slurm), or for a cluster the pipeline did not
+    start (``address``) ``$VERL_PIPELINE_RAY_TOKEN`` when ``environ`` has it. The token is never read."""
+    from urllib.parse import urlsplit
+
+    from verl_pipeline import auth
+
+    if not handle.dashboard_url:
+        raise PipelineError(f"cluster {handle.name} has no dashboard URL yet (its {handle.backend} start has not "
+                            "finished): wait until `verl-pipeline cluster status` says ready, then run this again")
+    mode = auth.AuthMode(handle.auth_mode)
+    copies: dict[str, str] = {}
+    warnings: list[str] = []
+    if mode is auth.AuthMode.TOKEN and handle.token_file:
+        changes = auth.ray_env(mode, auth.check_token_file(Path(handle.token_file)))
+    elif mode is auth.AuthMode.TOKEN:
+        changes = {auth.MODE_VAR: mode.value}
+        if environ.get(auth.PIPELINE_TOKEN_VAR):
+            changes[auth.TOKEN_PATH_VAR] = None
+            copies[auth.TOKEN_VAR] = auth.PIPELINE_TOKEN_VAR
+        else:
+            source = (f"the password of the Airflow connection {handle.conn_id!r}" if handle.conn_id
+                      else f"${auth.PIPELINE_TOKEN_VAR}")
+            warnings.append(
+                f"cluster {handle.name} uses token auth and its token is {source}, which this shell does not have "
+                f"(${auth.PIPELINE_TOKEN_VAR} is not set): Ray's CLI reads ${auth.TOKEN_VAR}, "
+                f"${auth.TOKEN_PATH_VAR} or ~/.ray/auth_token (fix: put the token in a file only you can read and "
+                f"export {auth.TOKEN_PATH_VAR}=<that file>, or export {auth.PIPELINE_TOKEN_VAR} and run this again)")
+    else:
+        changes = auth.ray_env(mode, None)
+    notes = []
+    if handle.gcs_address:
+        notes.append(f"ray status --address {shlex.quote(handle.gcs_address)}   (`ray status` reads the GCS; "
+                     f"{RAY_ADDRESS_VAR} is the Jobs API)")
+    if handle.ca_bundle:
+        notes.append(f"the dashboard's certificate is checked against {handle.ca_bundle}: add --verify "
+                     f"{shlex.quote(handle.ca_bundle)} to `ray job` commands")
+    url = urlsplit(handle.dashboard_url)
+    host = url.hostname or ""
+    if handle.backend == BackendKind.KUBERAY.value and ".svc" in host:
+        namespace, service, port = handle.extra.get("namespace", "default"), host.split(".")[0], url.port or 80
+        notes.append(f"{handle.dashboard_url} is the head Service inside Kubernetes; from outside it: kubectl "
+                     f"port-forward -n {namespace} svc/{service} {port}:{port}, then export "
+                     f"{RAY_ADDRESS_VAR}=http://127.0.0.1:{port}")
+    return RayShellEnv(values={RAY_ADDRESS_VAR: handle.dashboard_url, **changes}, copies=copies,
+                       notes=tuple(notes), warnings=tuple(warnings))
+
+
+def _cluster_env(args: argparse.Namespace) -> int:
+    """``cluster env``: the lines that point Ray's CLI at the run's cluster (``eval "$(…)"``)."""
+    from verl_pipeline.cluster.base import ClusterHandle
+
+    if args.run_dir:
+        run_dir = RunDir(Path(args.run_dir))
+        recorded = run_dir.cluster()
+        if recorded is None:
+            raise PipelineError(f"no cluster recorded in {args.run_dir} (no {run_dir.cluster_file.name}: the run's "
+                                "cluster is not up, or was torn down): run `verl-pipeline cluster up` first (a DAG "
+                                "run: its provision task)")
+        handle = ClusterHandle.from_dict(recorded)
+    else:
+        handle = _handle(_spec(args))
+    env = ray_shell_env(handle, os.environ)
+    for warning in env.warnings:
+        print(f"verl-pipeline: warning: {warning}", file=sys.stderr)
+    _out(args, {"cluster": handle.name, "backend": handle.backend, **env.to_dict()}, env.shell())
     return 0
 
 
@@ -396,8 +515,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("cluster", help="provision / tear down / inspect the run's Ray cluster")
-    p.add_argument("action", choices=["up", "down", "status"])
+    p = sub.add_parser("cluster", help="provision / tear down / inspect the run's Ray cluster, or print the shell "
+                                       "environment for Ray's own CLI (env)",
+                       description="up / down / status: the run's Ray cluster. env: `export` lines (address, auth "
+                                   "mode, the token file's path, never the token) after which Ray's own CLI reaches "
+                                   "the cluster: eval \"$(verl-pipeline cluster env --run-name NAME)\"; ray job list")
+    p.add_argument("action", choices=["up", "down", "status", "env"])
+    p.add_argument("--run-dir", default=None, metavar="DIR",
+                   help="env only: the run directory (<storage>/runs/<run key>, as the wait task's log names it) "
+                        "instead of --run-name and the profile flags")
     p.add_argument("--address", default=None, help="dashboard URL of an existing cluster (address backend)")
     p.add_argument("--backend", choices=[k.value for k in BackendKind], default=None,
                    help="where the cluster comes from; picks the cluster profile using it (with --cluster-profile: "

@@ -145,11 +145,18 @@ class RayJobTrigger(BaseTrigger):
             self.log.warning("Ray job %s: %s; the full log: %s", self.job_id, ", ".join(what), self._where(info))
 
     def _where(self, info: Any) -> str:
+        import shlex
+
         from verl_pipeline.jobs.client import JOB_LOG_FILE
         from verl_pipeline.jobs.ids import job_page_url
 
         dashboard = str(self.request.cluster.get("dashboard_url", ""))
-        return (f"{job_page_url(dashboard, self.job_id)}, `ray job logs {self.job_id} --address {dashboard}`, or "
+        # Ray's CLI needs the cluster's auth mode and token file besides its address (`--address` alone is
+        # refused by a token-auth cluster): `verl-pipeline cluster env` prints all three for the run.
+        run = (f"--run-dir {shlex.quote(self.request.cursor_dir)}" if self.request.cursor_dir
+               else "--run-name <dag_id>/<run_id> --profile <the run's profile>")
+        return (f"{job_page_url(dashboard, self.job_id)}, "
+                f"`eval \"$(verl-pipeline cluster env {run})\"; ray job logs {self.job_id}`, or "
                 f"{JOB_LOG_FILE.format(submission_id=self.job_id)} in the Ray log directory of node "
                 f"{info.driver_node_id or '(the driver node)'}")
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.auth import AuthMode, read_token_file
+from verl_pipeline.auth import PIPELINE_TOKEN_VAR, AuthMode, read_token_file
 from verl_pipeline.exceptions import ClusterError
 from verl_pipeline.jobs.client import RayJobsClient
 
@@ -63,7 +63,7 @@ class ClusterHandle:
             return None
         if self.token_file:
             return read_token_file(Path(self.token_file))
-        return os.environ.get("VERL_PIPELINE_RAY_TOKEN") or None
+        return os.environ.get(PIPELINE_TOKEN_VAR) or None
 
     def client(self, token: str | None = None, *, session: Any = None) -> RayJobsClient:
         """A Jobs API client for this cluster (no I/O until used, except reading a token file).
