@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -13,12 +13,14 @@ import pytest
 from verl_pipeline.airflow.triggers import CLASSPATH, RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
-from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream
+from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream, NodeInfo
+from verl_pipeline.jobs.gpu_usage import read_samples, readings_from_summary
 from verl_pipeline.jobs.logstream import WaitCursor
 from verl_pipeline.jobs.outcome import Action, Observation, decide
 from verl_pipeline.jobs.progress import first_step_seen_at
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import Hang
+from verl_pipeline.rundir import RunDir
 
 CLUSTER = ClusterHandle(backend="local", name="n", dashboard_url="http://127.0.0.1:1", owned=True).to_dict()
 
@@ -41,13 +43,18 @@ class ScriptedHook:
     Range request), in chunks of ``chunk`` bytes, so lines and characters split across reads.
     """
 
-    def __init__(self, states: list[Any], logs: list[str | bytes], *, chunk: int = 7) -> None:
+    def __init__(self, states: list[Any], logs: list[str | bytes], *, chunk: int = 7,
+                 nodes: Callable[[int], list[NodeInfo]] | None = None) -> None:
         self.states = list(states)
         self.log_seq = [x.encode() if isinstance(x, str) else x for x in logs]
         self.status_calls = 0
         self.entered = 0
         self.bytes_read = 0
         self.chunk = chunk
+        #: The cluster's nodes on each poll (``nodes(poll)``); a one-node CPU cluster by default.
+        self.nodes = nodes or (lambda poll: cluster_nodes(1))
+        #: The polls on which the node summary was read.
+        self.node_reads: list[int] = []
 
     async def __aenter__(self) -> ScriptedHook:
         self.entered += 1
@@ -73,6 +80,22 @@ class ScriptedHook:
         # size unknown (as from the state API): the stream is read in chunks, cut anywhere
         yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.AGENT,
                         body=Body(new, self.chunk))
+
+    async def anodes(self) -> list[NodeInfo]:
+        self.node_reads.append(self.status_calls)
+        return self.nodes(self.status_calls)
+
+
+def cluster_nodes(alive: int, *, dead: int = 0, gpu_util: list[float | None] | None = None) -> list[NodeInfo]:
+    """A head without GPUs, ``alive - 1`` workers each with GPUs at ``gpu_util`` (none when None), and
+    ``dead`` dead workers, as the client parses Ray's node summary."""
+    gpus = readings_from_summary([{"index": i, "utilizationGpu": u, "memoryUsed": 90000, "memoryTotal": 143771}
+                                  for i, u in enumerate(gpu_util or [])])
+    head = NodeInfo("h" * 56, True, True, "10.0.0.1", {"CPU": 8.0})
+    workers = [NodeInfo(f"{k:056d}", True, False, f"10.0.1.{k}", {"CPU": 64.0, "GPU": float(len(gpus))}, gpus)
+               for k in range(1, alive)]
+    gone = [NodeInfo(f"d{k:055d}", False, False, f"10.0.2.{k}", {}, ()) for k in range(dead)]
+    return [head, *workers, *gone]
 
 
 class Lines(logging.Handler):
@@ -344,6 +367,48 @@ async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(t
         "Ray job job-1 progress: step 3/4 (75%) · 2 min/step · ETA 2 m · perf/throughput 503.5"]
 
 
+async def test_once_the_log_shows_steps_the_metrics_file_is_read_only_for_steps_it_has_not_given(
+        tmp_path: Path) -> None:
+    """verl prints each step's metrics to the log too: the file is read on the polls where the log
+    shows a step the file has not given yet (and every poll before the log shows any)."""
+    metrics = tmp_path / "metrics-a1.jsonl"
+    metrics.write_text("")
+    reads: list[int] = []
+
+    class Counted(RayJobTrigger):
+        def _read_metrics(self) -> list[str]:
+            reads.append(hook.status_calls)
+            return super()._read_metrics()
+
+    def row(step: int) -> str:
+        return json.dumps({"step": step, "data": {"training/global_step": step, "perf/throughput": 100.0 + step}})
+
+    log = ["starting\n", "starting\n", "starting\n" + _step(1)] + ["starting\n" + _step(1)] * 3 + \
+        ["starting\n" + _step(1) + _step(2)] * 2
+    hook = ScriptedHook(["RUNNING"] * 7 + ["SUCCEEDED"], log)
+    trigger = Counted(cluster=CLUSTER, job_id="job-1", poll_interval=0.01, total_steps=4, progress_interval=0,
+                      metrics_path=str(metrics))
+    lines = capture(trigger)
+    # verl writes the file row as it prints the console line; here the file lags the log by a poll.
+    original = hook.alog_stream
+
+    @asynccontextmanager
+    async def log_then_file(info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
+        async with original(info, start, max_bytes=max_bytes) as stream:
+            yield stream
+        metrics.write_text("".join(row(s) + "\n" for s in range(1, 1 + (hook.status_calls >= 3) +
+                                                                 (hook.status_calls >= 7))))
+
+    hook.alog_stream = log_then_file  # type: ignore[method-assign]
+    events = await _events(trigger, hook)
+    assert events[0]["progress"]["step"] == 2
+    # Polls 1-3: no step in the log yet; 4: the log showed step 1 on poll 3, the file had not; 8: the
+    # log showed step 2 on poll 7; 8 is also the job's last look. Polls 5-7: nothing to read.
+    assert reads == [1, 2, 3, 4, 8]
+    assert [m.split(" · ")[0] for m in lines if " progress: " in m] == ["Ray job job-1 progress: step 1/4 (25%)",
+                                                                       "Ray job job-1 progress: step 2/4 (50%)"]
+
+
 def test_serialize_round_trip() -> None:
     t = RayJobTrigger(cluster=CLUSTER, job_id="j", conn_id="ray_default", poll_interval=7.0, log_offset_bytes=42,
                       metrics_path="/runs/r/metrics-a1.jsonl", metrics_offset_bytes=9, total_steps=500,
@@ -367,6 +432,7 @@ def _every_field_set() -> WaitRequest:
                        expected_nodes=2, node_grace_polls=5, forward_logs=False, max_lines_per_poll=10,
                        max_read_bytes=4096, metrics_path="/runs/r/metrics-a1.jsonl", total_steps=500,
                        progress_interval=1.5, watch={"stall_timeout_s": 60.0}, cursor_dir="/runs/r",
+                       gpu_sample_interval=120.0,
                        log_offset_bytes=42, metrics_offset_bytes=9,
                        progress={"step": 3, "total": 500, "seconds_per_step": 6.0, "metrics": {}})
 
@@ -444,20 +510,106 @@ async def test_against_a_real_ray_job(ray_cluster: ClusterHandle, monkeypatch: p
 
 
 async def test_a_lost_node_ends_the_wait_even_if_the_job_hangs() -> None:
-    class Shrinking(ScriptedHook):
-        def __init__(self) -> None:
-            super().__init__(["RUNNING"], [""])
-            self.alive = [2, 1, 2, 1, 1, 1]
+    alive_on_poll = [2, 1, 2, 1, 1, 1, 1, 1, 1]
 
-        async def anodes_alive(self) -> int:
-            return self.alive.pop(0) if len(self.alive) > 1 else self.alive[0]
+    def nodes(poll: int) -> list[NodeInfo]:
+        alive = alive_on_poll[poll - 1]
+        return cluster_nodes(alive, dead=2 - alive)
 
-    hook = Shrinking()
+    hook = ScriptedHook(["RUNNING"], [""], nodes=nodes)
     events = await _events(_trigger(expected_nodes=2, node_grace_polls=3), hook)
     assert events[0]["status"] == "node_lost"
     assert "1 of 2 nodes alive" in events[0]["message"] and events[0]["job_status"] == "RUNNING"
-    # A blip shorter than the grace does not end the wait.
-    assert hook.status_calls == 6
+    # Counted every poll, the loss (from poll 4 on) would end the wait on poll 6; counted every other
+    # poll while all are alive, at most one poll later. A blip shorter than the grace does not end it.
+    assert hook.status_calls in (6, 7)
+    assert hook.node_reads[:2] == [1, 3] and hook.node_reads[-3:] == list(range(hook.status_calls - 2,
+                                                                                 hook.status_calls + 1))
+
+
+async def test_on_a_cluster_it_owns_the_waiter_sees_an_end_on_the_next_poll_and_counts_every_other_poll(
+        tmp_path: Path) -> None:
+    """The arguments the wait operator gives a training job on a cluster the pipeline owns: the job's
+    end is seen on the first poll that finds it ended; the nodes are read on every other poll."""
+    hook = ScriptedHook(["RUNNING"] * 9 + ["SUCCEEDED"], ["a\n"], nodes=lambda poll: cluster_nodes(2, gpu_util=[50]))
+    events = await _events(_trigger(expected_nodes=2, total_steps=10, watch={}, cursor_dir=str(tmp_path),
+                                    metrics_path=str(tmp_path / "metrics-a1.jsonl")), hook)
+    assert events[0]["status"] == "succeeded" and hook.status_calls == 10
+    assert hook.node_reads == [1, 3, 5, 7, 9]
+
+
+async def test_a_log_line_that_says_something_died_counts_the_nodes_on_that_poll() -> None:
+    died = "ray.exceptions.ActorDiedError: The actor died because its node has died.\n"
+    hook = ScriptedHook(["RUNNING"] * 5 + ["SUCCEEDED"], ["a\n", "a\n", "a\n" + died], nodes=lambda p: cluster_nodes(2))
+    await _events(_trigger(expected_nodes=2), hook)
+    assert hook.node_reads == [1, 3, 5]  # poll 3 by the cadence as well: see the next case
+    hook = ScriptedHook(["RUNNING"] * 5 + ["SUCCEEDED"], ["a\n", "a\n" + died], nodes=lambda p: cluster_nodes(2))
+    await _events(_trigger(expected_nodes=2), hook)
+    assert hook.node_reads == [1, 2, 4]  # poll 2 for the line, then every other poll again
+
+
+# -- GPUs ---------------------------------------------------------------------------------------------
+async def test_each_gpu_node_is_sampled_at_most_once_per_interval(tmp_path: Path) -> None:
+    usage = RunDir(tmp_path).gpu_usage_file
+    hook = ScriptedHook(["RUNNING"] * 7 + ["SUCCEEDED"], [""], nodes=lambda poll: cluster_nodes(3, gpu_util=[90, 70]))
+    await _events(_trigger(expected_nodes=3, cursor_dir=str(tmp_path), gpu_sample_interval=3600), hook)
+    samples = list(read_samples(usage))
+    assert len(hook.node_reads) == 4 and len(samples) == 2  # one reading within the hour: both GPU nodes
+    assert {s.node_ip for s in samples} == {"10.0.1.1", "10.0.1.2"}  # the CPU-only head is not written
+    assert [g.utilization_pct for g in samples[0].gpus] == [90.0, 70.0]
+    usage.unlink()
+    hook = ScriptedHook(["RUNNING"] * 7 + ["SUCCEEDED"], [""], nodes=lambda poll: cluster_nodes(3, gpu_util=[90, 70]))
+    await _events(_trigger(expected_nodes=3, cursor_dir=str(tmp_path), gpu_sample_interval=1e-9), hook)
+    assert len(list(read_samples(usage))) == 2 * len(hook.node_reads)  # each reading, when the interval allows
+
+
+async def test_on_a_cluster_it_does_not_own_the_waiter_reads_the_nodes_only_for_gpu_samples(tmp_path: Path) -> None:
+    def hook() -> ScriptedHook:
+        return ScriptedHook(["RUNNING"] * 5 + ["SUCCEEDED"], [""], nodes=lambda poll: cluster_nodes(2, gpu_util=[3]))
+
+    recording = hook()
+    await _events(_trigger(cursor_dir=str(tmp_path), gpu_sample_interval=3600), recording)
+    assert recording.node_reads == [1] and len(list(read_samples(RunDir(tmp_path).gpu_usage_file))) == 1
+    for kwargs in ({}, {"cursor_dir": str(tmp_path / "off"), "gpu_sample_interval": 0}):
+        quiet = hook()
+        await _events(_trigger(**kwargs), quiet)
+        assert quiet.node_reads == []
+    assert not (tmp_path / "off").exists()
+
+
+async def test_a_cpu_cluster_leaves_no_gpu_file(tmp_path: Path) -> None:
+    hook = ScriptedHook(["RUNNING"] * 3 + ["SUCCEEDED"], [""], nodes=lambda poll: cluster_nodes(2))
+    await _events(_trigger(expected_nodes=2, cursor_dir=str(tmp_path), gpu_sample_interval=1e-9), hook)
+    assert hook.node_reads and not RunDir(tmp_path).gpu_usage_file.exists()
+
+
+async def test_the_progress_line_shows_the_gpus_as_last_read() -> None:
+    logs = ["", *("".join(_step(n) for n in range(1, k + 1)) for k in range(1, 4))]
+    hook = ScriptedHook(["RUNNING"] * 4 + ["SUCCEEDED"], logs,
+                        nodes=lambda poll: [*cluster_nodes(2, gpu_util=[80, 90, 95, 83]),
+                                            *cluster_nodes(2, gpu_util=[85, 86, None, 90])[1:]])
+    trigger = _trigger(total_steps=10, progress_interval=0, expected_nodes=3)
+    lines = capture(trigger)
+    await _events(trigger, hook)
+    progress = [m for m in lines if " progress: " in m]
+    assert progress[-1].startswith("Ray job job-1 progress: step 3/10 (30%)")
+    assert progress[-1].endswith(" · GPU 87% (2 nodes, min 80%)")
+
+
+@pytest.mark.parametrize(("util", "said"), [(0, "GPUs idle (0% to 0%, mean 0% on 2 GPUs of 1 node)"),
+                                            (100, "GPUs busy (100% to 100%, mean 100% on 2 GPUs of 1 node)")])
+async def test_a_hang_says_what_the_gpus_were_doing_when_it_was_found(util: int, said: str) -> None:
+    hook = ScriptedHook(["RUNNING"], [_step(1)], nodes=lambda poll: cluster_nodes(2, gpu_util=[util, util]))
+    trigger = _trigger(total_steps=10, watch={"stall_timeout_s": 0.3}, expected_nodes=2)
+    lines = capture(trigger)
+    events = await _events(trigger, hook)
+    assert events[0]["status"] == "hung" and said in events[0]["message"]
+    assert any(said in m for m in lines)  # the task log says it when the hang is found
+    hang = Hang.from_dict(json.loads(json.dumps(events[0]["hang"])))
+    assert hang is not None and hang.gpu is not None and hang.gpu.mean_pct == util and hang.message == events[0][
+        "message"]
+    assert hook.node_reads[-1] == hook.status_calls  # read again on the poll that found the hang
+    assert said in decide(Observation.from_event(events[0])).message
 
 
 def _step(n: int) -> str:

@@ -80,3 +80,20 @@ def test_wait_cursor_round_trip_and_another_jobs_cursor_is_not_used(tmp_path: Pa
     assert (loaded.log_offset_bytes, loaded.metrics_offset_bytes, loaded.progress) == (1234, 56, event["progress"])
     assert WaitCursor.load(tmp_path, "run-a2") == WaitCursor(job_id="run-a2")
     assert WaitCursor.load(tmp_path / "none", "run-a1") == WaitCursor(job_id="run-a1")
+
+
+def test_a_block_of_lines_comes_out_as_line_by_line_decoding_gives_it() -> None:
+    """Lines with CR LF, invalid UTF-8, an empty line and one over the piece size, in one chunk."""
+    lines = [b"plain", b"crlf\r", b"bad \xff\xfe bytes", b"", b"cut \xe2\x82", b"\xe2\x82\xac euro", b"x" * 50, b"end"]
+    data = b"\n".join(lines) + b"\n"
+    reader = LineReader(0, max_line_bytes=40)
+    expected = []
+    for line in lines:
+        line = line.rstrip(b"\r")
+        while len(line) > 40:
+            expected.append(line[:40].decode("utf-8", errors="replace"))
+            line = line[40:]
+        expected.append(line.decode("utf-8", errors="replace"))
+    assert reader.feed(data) == expected and reader.cursor == len(data)
+    short = LineReader(0)
+    assert short.feed(data) == [line.rstrip(b"\r").decode("utf-8", errors="replace") for line in lines]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from verl_pipeline.constants import JobState
 from verl_pipeline.jobs.classify import FailureKind
 from verl_pipeline.jobs.client import JobInfo
 from verl_pipeline.jobs.outcome import Action, Observation, TrainingRecord, WaitEvent, decide
+from verl_pipeline.jobs.progress import GpuSummary
 from verl_pipeline.jobs.watchdog import Hang
 
 EXIT = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
@@ -51,6 +53,13 @@ def test_a_lost_node_or_a_hang_stops_the_job_and_retries(kind: WaitEvent) -> Non
     assert d.action is Action.RETRY and d.stop_job and d.kind is FailureKind.INFRASTRUCTURE
     assert d.reason == ("hang: no training step for 42m, last step 118" if kind is WaitEvent.HUNG else "node died")
     assert f"[infrastructure failure: {d.reason}]" in d.message and "resumes from the last checkpoint" in d.message
+
+
+def test_a_hangs_gpu_reading_is_in_the_decisions_message_not_its_reason() -> None:
+    gpu = GpuSummary(mean_pct=0.5, min_pct=0.0, max_pct=2.0, gpus=8, nodes=1)
+    d = decide(obs(WaitEvent.HUNG, "", "RUNNING", replace(HANG, gpu=gpu)))
+    assert d.reason == "hang: no training step for 42m, last step 118"
+    assert "stall limit 30m; GPUs idle (0% to 2%, mean 0% on 8 GPUs of 1 node)" in d.message
 
 
 def test_the_retry_after_the_pipeline_stopped_a_job_resubmits_it() -> None:

@@ -3,10 +3,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from verl_pipeline.jobs.gpu_usage import NodeGpuSample, readings_from_summary
 from verl_pipeline.jobs.progress import (
+    GpuSummary,
     Progress,
     ProgressTracker,
     first_step_seen_at,
+    metrics_file_due,
     parse_console_line,
     parse_jsonl_row,
     record_first_step,
@@ -88,3 +91,27 @@ def test_the_first_training_step_is_dated_when_it_arrives(tmp_path: Path) -> Non
     assert not record_first_step(metrics, Progress(step=3, total=4, first_step_seen_at=900.0))  # the first stays
     assert first_step_seen_at(metrics) == 500.0
     assert first_step_file(metrics) == tmp_path / "metrics-a1.first-step.json"
+
+
+def _node(node: str, *utils: int | None) -> NodeGpuSample:
+    gpus = [{"index": i, "utilizationGpu": u, "memoryUsed": 90000, "memoryTotal": 143771} for i, u in enumerate(utils)]
+    return NodeGpuSample(0.0, node, "10.0.0.1", readings_from_summary(gpus))
+
+
+def test_the_progress_line_shows_the_gpus_mean_nodes_and_least_busy() -> None:
+    summary = GpuSummary.of([_node("a", 80, 90, 95, 83), _node("b", 85, 86, None, 90)])
+    assert summary is not None and summary.line() == "GPU 87% (2 nodes, min 80%)"
+    one = GpuSummary.of([_node("a", 0), _node("cpu-only")])
+    assert one is not None and one.line() == "GPU 0% (1 node, min 0%)"
+    assert GpuSummary.of([_node("a", None)]) is None  # no utilisation read: nothing to show
+
+
+def test_the_metrics_file_is_read_when_the_log_shows_a_step_the_file_has_not_given() -> None:
+    def due(console: int | None, file: int | None, *, ended: bool = False, complete: bool = True) -> bool:
+        return metrics_file_due(ended=ended, console_step=console, file_step=file, log_complete=complete)
+
+    assert due(None, None) and due(None, 4)  # the log shows no step (yet, or no console logger): every poll
+    assert due(5, None) and due(5, 4)  # the log is ahead of the file
+    assert not due(5, 5) and not due(4, 5)  # the file gave every step the log showed: not this poll
+    assert due(5, 5, ended=True)  # the job's last look reads whatever verl wrote last
+    assert due(5, 5, complete=False)  # bytes were skipped or the read failed: a step's line may be missing

@@ -29,7 +29,7 @@ def test_a_request_is_keyword_only_and_frozen() -> None:
 @pytest.mark.parametrize(("field", "value"), [
     ("poll_interval", 0), ("poll_interval", -1.0), ("max_poll_errors", 0), ("node_grace_polls", 0),
     ("max_read_bytes", 0), ("progress_interval", -1), ("max_lines_per_poll", -5), ("log_offset_bytes", -1),
-    ("poll_interval", "5"), ("max_poll_errors", True),
+    ("poll_interval", "5"), ("max_poll_errors", True), ("gpu_sample_interval", -60),
 ])
 def test_a_bad_setting_names_the_field_and_its_default(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:

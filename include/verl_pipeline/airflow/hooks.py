@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AbstractAsyncContextManager
 from functools import cached_property
 from types import TracebackType
@@ -11,7 +12,54 @@ from airflow.sdk.bases.hook import BaseHook
 
 from verl_pipeline.cluster.address import Endpoint
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.jobs.client import JobInfo, LogStream, RayJobsClient
+from verl_pipeline.jobs.client import JobInfo, LogStream, NodeInfo, RayJobsClient
+
+#: Seconds one HTTP request of a waiter may take, connecting included.
+REQUEST_TIMEOUT_S = 30.0
+
+
+class _SharedSession:
+    """One aiohttp session (one connection pool) per event loop, for every hook entered in it.
+
+    The triggerer runs every waiter in one event loop: sharing the pool lets the waiters of one
+    cluster reuse each other's kept-alive connections (a process holds a few sockets per cluster
+    instead of two per waiter, and a poll slower than the keep-alive still finds a warm connection).
+    Nothing of one cluster leaks to another: each request carries its own cluster's token and TLS
+    settings, and no cookies are kept. The pool has no connection limit, so one unreachable cluster's
+    waiters never queue another's requests. Closed when the last hook of its loop exits.
+    """
+
+    _by_loop: dict[asyncio.AbstractEventLoop, _SharedSession] = {}
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.users = 0
+
+    @classmethod
+    def acquire(cls) -> Any:
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        shared = cls._by_loop.get(loop)
+        if shared is None or shared.session.closed:
+            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+                                            connector=aiohttp.TCPConnector(limit=0),
+                                            cookie_jar=aiohttp.DummyCookieJar())
+            shared = cls._by_loop[loop] = cls(session)
+        shared.users += 1
+        return shared.session
+
+    @classmethod
+    async def release(cls, session: Any) -> None:
+        loop = asyncio.get_running_loop()
+        shared = cls._by_loop.get(loop)
+        if shared is None or shared.session is not session:  # its loop's pool was replaced: close this one
+            await session.close()
+            return
+        shared.users -= 1
+        if shared.users <= 0:
+            del cls._by_loop[loop]
+            await session.close()
 
 
 def endpoint_from_connection(conn: Any) -> Endpoint:
@@ -32,8 +80,9 @@ def endpoint_from_connection(conn: Any) -> Endpoint:
 class RayJobsHook(BaseHook):
     """Sync and async access to one Ray cluster's Jobs API.
 
-    Async use opens one HTTP session and looks the connection's token up once, for as long as the
-    hook is entered (a trigger enters it once per run)::
+    Async use looks the connection's token up once, for as long as the hook is entered (a trigger
+    enters it once per run), and shares one HTTP session with every hook entered in the same event
+    loop (see :class:`_SharedSession`)::
 
         async with RayJobsHook(cluster, conn_id=...) as hook:
             info = await hook.aget_job(job_id)
@@ -75,7 +124,6 @@ class RayJobsHook(BaseHook):
         return self.client.stop(submission_id)
 
     async def __aenter__(self) -> RayJobsHook:
-        import aiohttp
         from asgiref.sync import sync_to_async
 
         token = None
@@ -84,7 +132,7 @@ class RayJobsHook(BaseHook):
             token = endpoint_from_connection(conn).token
         if token is None:
             token = await sync_to_async(self.handle.token)()
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0))
+        self._session = _SharedSession.acquire()
         self._aclient = self.handle.client(token, session=self._session)
         return self
 
@@ -92,7 +140,7 @@ class RayJobsHook(BaseHook):
                         tb: TracebackType | None) -> None:
         session, self._session, self._aclient = self._session, None, None
         if session is not None:
-            await session.close()
+            await _SharedSession.release(session)
 
     def _entered(self) -> RayJobsClient:
         if self._aclient is None:
@@ -109,5 +157,6 @@ class RayJobsHook(BaseHook):
     async def alogs(self, submission_id: str) -> str:
         return await self._entered().alogs(submission_id)
 
-    async def anodes_alive(self) -> int:
-        return sum(1 for n in await self._entered().anodes() if n.alive)
+    async def anodes(self) -> list[NodeInfo]:
+        """Every node of the cluster, alive or dead, with its GPUs' readings (Ray's node summary)."""
+        return await self._entered().anodes()

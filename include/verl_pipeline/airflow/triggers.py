@@ -12,8 +12,21 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from verl_pipeline.jobs.gpu_usage import NodeGpuSample, append_samples
+from verl_pipeline.jobs.logstream import LineReader, WaitCursor
 from verl_pipeline.jobs.outcome import WaitEvent
+from verl_pipeline.jobs.progress import (
+    GpuSummary,
+    Progress,
+    ProgressTracker,
+    metrics_file_due,
+    parse_console_line,
+    parse_jsonl_row,
+    record_first_step,
+)
 from verl_pipeline.jobs.wait_request import WaitRequest
+from verl_pipeline.jobs.watchdog import NodeWatch, StallWatch, WatchSettings, speaks_of_a_death
+from verl_pipeline.rundir import RunDir
 
 #: Where Airflow finds the trigger again (kept as it is: deferred tasks of a running deployment resume by it).
 CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
@@ -34,32 +47,46 @@ class RayJobTrigger(BaseTrigger):
     skipped, always at a line end), ``metrics_offset_bytes`` (bytes of verl's metrics JSONL read)
     and ``progress`` (the last step verl reported, see :mod:`verl_pipeline.jobs.progress`).
 
-    Logs are read from the driver node's dashboard agent with an HTTP ``Range`` request from the
-    cursor, so a poll reads the job's new output, not its whole log. At most
+    Each poll asks for the job's status and the log's new bytes; the job's end is seen on the first
+    poll after it. Logs are read from the driver node's dashboard agent with an HTTP ``Range``
+    request from the cursor, so a poll reads the job's new output, not its whole log. At most
     ``max_lines_per_poll`` lines are forwarded per poll and at most ``max_read_bytes`` read.
 
-    Progress (``step 120/500 (24%) · 3.1 min/step · ETA …``) comes from ``metrics_path`` (verl's
-    file logger, when the triggerer can read it) or else verl's console metric lines in the log;
-    it is logged when a new step arrived and ``progress_interval`` seconds have passed since the
-    last report, so every step is reported when steps are slower than that; the last step
+    Progress (``step 120/500 (24%) · 3.1 min/step · ETA … · GPU 87% (2 nodes, min 80%)``) comes from
+    verl's console metric lines in the log, or from ``metrics_path`` (verl's file logger, when the
+    triggerer can read it): the file is read when the log shows a step the file has not given yet,
+    and every poll while the log shows none (see :func:`~verl_pipeline.jobs.progress.metrics_file_due`).
+    It is logged when a new step arrived and ``progress_interval`` seconds have passed since the last
+    report, so every step is reported when steps are slower than that; the last step
     (``total_steps``) is always logged, and so is the last step of a job that ended (once).
 
-    ``node_lost``: fewer Ray nodes than the cluster was provisioned with stayed alive for
-    ``node_grace_polls`` polls while the job still ran. A job can hang instead of failing when a
-    node dies (collectives waiting on a dead peer, work waiting for a node that will not return),
-    so the waiter does not wait for the job to notice.
+    ``node_lost``: fewer Ray nodes than the cluster was provisioned with (``expected_nodes``) stayed
+    alive for ``node_grace_polls`` counts in a row while the job still ran. A job can hang instead
+    of failing when a node dies (collectives waiting on a dead peer, work waiting for a node that
+    will not return), so the waiter does not wait for the job to notice. The nodes are counted every
+    other poll, every poll once one is missing, and at once when the log says something died (see
+    :class:`~verl_pipeline.jobs.watchdog.NodeWatch`): a loss ends the wait at most one poll later
+    than counting every poll would.
+
+    GPUs: the node counts read Ray's node summary, which carries each GPU's utilisation and memory;
+    the waiter keeps the latest for the progress line and the watchdog, and appends one sample per
+    GPU node every ``gpu_sample_interval`` seconds to the run directory's ``gpu-usage.jsonl``
+    (:mod:`verl_pipeline.jobs.gpu_usage`). On a cluster the pipeline does not own (no node counts),
+    it reads the summary that often for the samples alone.
 
     ``cursor_dir`` (the run directory, when the triggerer can write it): the cursor is saved there
     when it moved — on the first quiet poll, and every ``CURSOR_SAVE_INTERVAL_S`` while the job keeps
     printing — and a waiter starting over the same job (a restarted triggerer runs the trigger again
     from the kwargs it was deferred with) continues from the saved one: no line is forwarded twice,
-    except up to that interval of output when the triggerer died while the job was printing.
+    except up to that interval of output when the triggerer died while the job was printing. The
+    cursor and the GPU samples of a poll are written in one go, off the event loop.
 
     ``hung``: the job ran without a new training step for longer than the watchdog allows
     (``watch``, a :class:`~verl_pipeline.jobs.watchdog.WatchSettings` dict; None: no watchdog, as for
     preflight jobs, which have no steps). The event's ``hang`` is the watchdog's
     :class:`~verl_pipeline.jobs.watchdog.Hang` as a dict (the last step, the seconds without one, the
-    limit): what the wait's decision reads; its ``message`` says the same for people.
+    limit, what the GPUs were doing, read again when the hang is found): what the wait's decision
+    reads; its ``message`` says the same for people.
 
     The keyword arguments are the fields of :class:`~verl_pipeline.jobs.wait_request.WaitRequest`
     (their defaults and meaning are written there): ``RayJobTrigger(**request.to_dict())``.
@@ -86,11 +113,23 @@ class RayJobTrigger(BaseTrigger):
         self.cursor_dir = request.cursor_dir
         self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
         self._saved_at = float("-inf")
-        self._tracker: Any = None
-        self._stall: Any = None
+        self._tracker: ProgressTracker | None = None
+        self._stall: StallWatch | None = None
         self._reported_step = -1
         self._reported_at = float("-inf")
         self._first_step_recorded = False
+        # What the log showed, for the metrics file's reads and the node counts.
+        self._console_step: int | None = None
+        self._file_step: int | None = None
+        self._log_complete = True
+        self._death_in_log = False
+        # The nodes and their GPUs.
+        self._nodes = NodeWatch(request.expected_nodes, request.node_grace_polls) if request.expected_nodes else None
+        self._recording_gpus = bool(request.cursor_dir) and request.gpu_sample_interval > 0
+        self._gpus: list[NodeGpuSample] = []
+        self._gpus_read_at = float("-inf")
+        self._gpus_written_at = float("-inf")
+        self._gpus_to_write: list[NodeGpuSample] = []
 
     @property
     def job_id(self) -> str:
@@ -116,33 +155,47 @@ class RayJobTrigger(BaseTrigger):
     # -- logs ---------------------------------------------------------------------------------------
     async def _forward(self, hook: Any, info: Any) -> None:
         """Forward the lines written since the cursor; the cursor moves past every whole line read."""
-        from verl_pipeline.jobs.logstream import LineReader
-
-        forwarded = skipped = 0
+        room = self.request.max_lines_per_poll
+        skipped = 0
         batch: list[str] = []
         async with hook.alog_stream(info, self.log_offset_bytes, max_bytes=self.request.max_read_bytes) as stream:
             reader = LineReader(stream.start, mid_line=stream.mid_line)
             async for chunk in stream.chunks():
-                for line in reader.feed(chunk):
-                    if self._tracker is not None and "step:" in line:
-                        self._tracker.observe_console(line)
-                    if forwarded < self.request.max_lines_per_poll:
-                        batch.append(line)
-                        forwarded += 1
-                        if len(batch) >= LINES_PER_RECORD:
-                            self.log.info("[%s] %s", self.job_id, "\n".join(batch))
-                            batch = []
-                    else:
-                        skipped += 1
+                lines = reader.feed(chunk)
+                if self._tracker is not None:
+                    self._observe_console(lines)
+                taken = lines[:room]
+                batch += taken
+                room -= len(taken)
+                skipped += len(lines) - len(taken)
+                while len(batch) >= LINES_PER_RECORD:
+                    self._log_lines(batch[:LINES_PER_RECORD])
+                    batch = batch[LINES_PER_RECORD:]
             self.log_offset_bytes = reader.cursor
         if batch:
-            self.log.info("[%s] %s", self.job_id, "\n".join(batch))
+            self._log_lines(batch)
+        self._log_complete = not stream.skipped_bytes
         if skipped or stream.skipped_bytes:
             req = self.request
             what = [f"{skipped} lines not forwarded (over {req.max_lines_per_poll} per poll)"] if skipped else []
             if stream.skipped_bytes:
                 what.append(f"{stream.skipped_bytes} bytes skipped (more than {req.max_read_bytes} new bytes)")
             self.log.warning("Ray job %s: %s; the full log: %s", self.job_id, ", ".join(what), self._where(info))
+
+    def _log_lines(self, lines: list[str]) -> None:
+        """One task-log record for a batch of the job's lines."""
+        text = "\n".join(lines)
+        if self._nodes is not None and not self._death_in_log and speaks_of_a_death(text):
+            self._death_in_log = True
+        self.log.info("[%s] %s", self.job_id, text)
+
+    def _observe_console(self, lines: list[str]) -> None:
+        """verl's console metric lines among ``lines``: each new step to the tracker."""
+        assert self._tracker is not None
+        for line in lines:
+            if "step:" in line and (parsed := parse_console_line(line)) is not None:
+                self._console_step = max(self._console_step or 0, parsed[0])
+                self._tracker.observe(*parsed)
 
     def _where(self, info: Any) -> str:
         import shlex
@@ -177,10 +230,17 @@ class RayJobTrigger(BaseTrigger):
         self.metrics_offset_bytes += end
         return data[:end].decode("utf-8", errors="replace").splitlines()
 
-    async def _observe_metrics_file(self) -> None:
-        if self._tracker is not None and self.request.metrics_path:
-            for line in await asyncio.to_thread(self._read_metrics):
-                self._tracker.observe_jsonl(line)
+    async def _observe_metrics_file(self, *, ended: bool) -> None:
+        if self._tracker is None or not self.request.metrics_path:
+            return
+        if not metrics_file_due(ended=ended, console_step=self._console_step, file_step=self._file_step,
+                                log_complete=self._log_complete):
+            return
+        for line in await asyncio.to_thread(self._read_metrics):
+            parsed = parse_jsonl_row(line)
+            if parsed is not None:
+                self._file_step = max(self._file_step or 0, parsed[0])
+                self._tracker.observe(*parsed)
 
     def _report_progress(self, *, final: bool = False) -> None:
         """Log the progress when a new step arrived and the interval passed, and always for the last
@@ -196,15 +256,15 @@ class RayJobTrigger(BaseTrigger):
             self._stall.step(last.step, now, self._tracker.slowest_s)
         if final or last.reached_total or now - self._reported_at >= self.request.progress_interval:
             self._reported_step, self._reported_at = last.step, now
-            self.log.info("Ray job %s progress: %s", self.job_id, last.line())
+            gpus = GpuSummary.of(self._gpus)
+            line = last.line() + (f" · {gpus.line()}" if gpus is not None else "")
+            self.log.info("Ray job %s progress: %s", self.job_id, line)
 
     async def _record_first_step(self) -> None:
         """Keep when the job's first step arrived, beside its metrics file, for the run report."""
         last = self._tracker.last if self._tracker is not None else None
         if self._first_step_recorded or last is None or not self.request.metrics_path:
             return
-        from verl_pipeline.jobs.progress import record_first_step
-
         self._first_step_recorded = True  # once per waiter, written or not
         try:
             await asyncio.to_thread(record_first_step, Path(self.request.metrics_path), last)
@@ -213,33 +273,32 @@ class RayJobTrigger(BaseTrigger):
 
     async def _poll_logs(self, hook: Any, info: Any) -> bool:
         """Forward new lines and update progress; a failed read (False) is retried next poll, never fatal."""
+        ended = info.status.is_terminal()
         try:
-            await self._observe_metrics_file()  # first, so verl's exact numbers win over its console's
+            await self._observe_metrics_file(ended=ended)  # first, so verl's exact numbers win over its console's
             if self.request.forward_logs:
                 await self._forward(hook, info)
             # The read of an ended job is its last: its final progress is logged whatever the interval.
-            self._report_progress(final=info.status.is_terminal())
+            self._report_progress(final=ended)
             await self._record_first_step()
             return True
         except asyncio.CancelledError:
             raise
         except Exception as e:
+            self._log_complete = False
             self.log.warning("Could not read the log of Ray job %s (at byte %d): %s", self.job_id,
                              self.log_offset_bytes, e)
             return False
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
-            from verl_pipeline.jobs.progress import Progress, ProgressTracker
-
             req = self.request
             await self._resume_cursor()
             if req.total_steps or req.metrics_path or self.progress or req.watch:
                 self._tracker = ProgressTracker(req.total_steps, Progress.from_dict(self.progress))
                 self._reported_step = self._tracker.last.step if self._tracker.last else -1
             if req.watch is not None and (req.forward_logs or req.metrics_path):  # steps are visible
-                from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
-
+                assert self._tracker is not None
                 last_step = self._tracker.last.step if self._tracker.last else None
                 self._stall = StallWatch(WatchSettings.from_dict(req.watch), time.monotonic(), last_step)
             async with self._hook() as hook:
@@ -251,13 +310,47 @@ class RayJobTrigger(BaseTrigger):
         except Exception as e:
             yield self._event(WaitEvent.UNREACHABLE, f"the waiter failed: {e}", stack_trace=traceback.format_exc())
 
-    # -- the cursor on disk ------------------------------------------------------------------------------
+    # -- the nodes and their GPUs -------------------------------------------------------------------
+    async def _look_at_nodes(self, hook: Any, info: Any) -> TriggerEvent | None:
+        """Count the nodes when due, and read the GPUs when a sample is due; the ``node_lost`` event, if so."""
+        count = self._nodes is not None and self._nodes.due(reason=self._death_in_log)
+        self._death_in_log = False
+        sample = self._recording_gpus and time.monotonic() - self._gpus_read_at >= self.request.gpu_sample_interval
+        if not (count or sample):
+            return None
+        nodes = await self._read_nodes(hook)
+        if self._nodes is None or not count:
+            return None
+        expected = self._nodes.expected
+        alive = expected if nodes is None else sum(1 for n in nodes if n.alive)  # unreadable: no verdict
+        if self._nodes.counted(alive):
+            return self._event(WaitEvent.NODE_LOST, f"Ray node died: {alive} of {expected} nodes alive while job "
+                               f"{self.job_id} was {info.status.value}", job_status=info.status.value)
+        return None
+
+    async def _read_nodes(self, hook: Any) -> list[Any] | None:
+        """Ray's node summary (None when it could not be read); keeps its GPU readings, and queues a
+        sample of them for the run's GPU usage file when one is due."""
+        now = self._gpus_read_at = time.monotonic()
+        try:
+            nodes: list[Any] = await hook.anodes()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.log.warning("Could not read the Ray nodes of %s: %s", self.job_id, e)
+            return None
+        at = time.time()
+        self._gpus = [NodeGpuSample(time=at, node_id=n.node_id, node_ip=n.ip, gpus=n.gpus)
+                      for n in nodes if n.alive and n.gpus]
+        if self._recording_gpus and self._gpus and now - self._gpus_written_at >= self.request.gpu_sample_interval:
+            self._gpus_to_write, self._gpus_written_at = self._gpus, now
+        return nodes
+
+    # -- the cursor and the GPU samples on disk -----------------------------------------------------
     async def _resume_cursor(self) -> None:
         """Continue from the cursor a previous run of this trigger saved, when it got further."""
         if not self.cursor_dir:
             return
-        from verl_pipeline.jobs.logstream import WaitCursor
-
         saved = await asyncio.to_thread(WaitCursor.load, Path(self.cursor_dir), self.job_id)
         if saved.log_offset_bytes > self.log_offset_bytes or saved.metrics_offset_bytes > self.metrics_offset_bytes:
             self.log.info("Ray job %s: continuing from the saved cursor (log byte %d, was %d)", self.job_id,
@@ -267,30 +360,54 @@ class RayJobTrigger(BaseTrigger):
             self.progress = saved.progress or self.progress
         self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
 
-    async def _save_cursor(self, moved: bool) -> None:
-        """Save the cursor when it moved: at once when the job went quiet, else at most every
-        ``CURSOR_SAVE_INTERVAL_S`` (a chatty job does not cost a file write per poll)."""
+    def _cursor_to_save(self, moved: bool) -> WaitCursor | None:
+        """The cursor when it is to be saved: it moved since the last save, and the job went quiet or
+        ``CURSOR_SAVE_INTERVAL_S`` passed (a chatty job does not cost a file write per poll)."""
         offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
         if not self.cursor_dir or offsets == self._saved_offsets:
-            return
+            return None
         now = time.monotonic()
         if moved and now - self._saved_at < CURSOR_SAVE_INTERVAL_S:
-            return
+            return None
         self._saved_at = now
-        from verl_pipeline.jobs.logstream import WaitCursor
+        return WaitCursor(self.job_id, self.log_offset_bytes, self.metrics_offset_bytes, self.progress)
 
-        cursor = WaitCursor(self.job_id, self.log_offset_bytes, self.metrics_offset_bytes, self.progress)
-        try:
-            await asyncio.to_thread(cursor.save, Path(self.cursor_dir))
-            self._saved_offsets = offsets
-        except OSError as e:  # not writable from the triggerer: the deferral's cursor still serves
-            self.log.warning("Could not save the log cursor of Ray job %s: %s", self.job_id, e)
+    async def _write_run_files(self, moved: bool) -> None:
+        """Save the cursor and append the queued GPU samples, when either is due: one trip off the loop."""
+        cursor = self._cursor_to_save(moved)
+        samples, self._gpus_to_write = self._gpus_to_write, []
+        if cursor is None and not samples:
+            return
+        cursor_error, gpus_error = await asyncio.to_thread(self._write_files, cursor, samples)
+        if cursor is not None and cursor_error is None:
+            self._saved_offsets = (cursor.log_offset_bytes, cursor.metrics_offset_bytes)
+        if cursor_error is not None:  # not writable from the triggerer: the deferral's cursor still serves
+            self.log.warning("Could not save the log cursor of Ray job %s: %s", self.job_id, cursor_error)
             self.cursor_dir = None
+        if gpus_error is not None:
+            self.log.warning("Could not record the GPU usage of Ray job %s (not recorded from now on): %s",
+                             self.job_id, gpus_error)
+            self._recording_gpus = False
+
+    def _write_files(self, cursor: WaitCursor | None,
+                     samples: list[NodeGpuSample]) -> tuple[OSError | None, OSError | None]:
+        """The writes of :meth:`_write_run_files` (blocking file I/O: run in a thread); each one's error."""
+        cursor_error = gpus_error = None
+        if cursor is not None and self.cursor_dir:
+            try:
+                cursor.save(Path(self.cursor_dir))
+            except OSError as e:
+                cursor_error = e
+        if samples and self.request.cursor_dir:
+            try:
+                append_samples(RunDir(Path(self.request.cursor_dir)).gpu_usage_file, samples)
+            except OSError as e:
+                gpus_error = e
+        return cursor_error, gpus_error
 
     async def _wait(self, hook: Any) -> AsyncIterator[TriggerEvent]:
         req = self.request
         errors = 0
-        short_polls = 0
         while True:
             try:
                 info = await hook.aget_job(self.job_id)
@@ -311,28 +428,23 @@ class RayJobTrigger(BaseTrigger):
                 return
             before = self.log_offset_bytes, self.metrics_offset_bytes
             read = await self._poll_logs(hook, info)
-            await self._save_cursor(moved=(self.log_offset_bytes, self.metrics_offset_bytes) != before)
+            moved = (self.log_offset_bytes, self.metrics_offset_bytes) != before
             if info.status.is_terminal():
+                await self._write_run_files(moved)
                 yield self._event(WaitEvent.of_state(info.status), info.message, job_status=info.status.value,
                                   driver_exit_code=info.driver_exit_code)
                 return
-            if req.expected_nodes:
-                try:
-                    alive = await hook.anodes_alive()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    self.log.warning("Could not count the Ray nodes of %s: %s", self.job_id, e)
-                    alive = req.expected_nodes
-                short_polls = short_polls + 1 if alive < req.expected_nodes else 0
-                if short_polls >= req.node_grace_polls:
-                    yield self._event(WaitEvent.NODE_LOST, f"Ray node died: {alive} of {req.expected_nodes} nodes "
-                                      f"alive while job {self.job_id} was {info.status.value}",
-                                      job_status=info.status.value)
-                    return
+            lost = await self._look_at_nodes(hook, info)
+            await self._write_run_files(moved)
+            if lost is not None:
+                yield lost
+                return
             # Steps are only seen through the log: a poll that could not read it says nothing of a hang.
             hang = self._stall.hang(time.monotonic()) if self._stall is not None and read else None
             if hang is not None:
+                if self._nodes is not None or self._recording_gpus:
+                    await self._read_nodes(hook)  # what the GPUs are doing now is the hang's evidence
+                hang = replace(hang, gpu=GpuSummary.of(self._gpus))
                 self.log.warning("Ray job %s: %s", self.job_id, hang.message)
                 yield self._event(WaitEvent.HUNG, hang.message, job_status=info.status.value, hang=hang.to_dict())
                 return

@@ -179,7 +179,7 @@ def decide(
     if obs.kind is WaitEvent.HUNG:
         if obs.hang is None:  # an event of a trigger of an earlier release: its message says the rest
             return _infrastructure(obs, "hang", retry_try=retry_try, detail=obs.message, stop_job=True)
-        return _infrastructure(obs, obs.hang.reason, retry_try=retry_try, detail=obs.hang.limit, stop_job=True)
+        return _infrastructure(obs, obs.hang.reason, retry_try=retry_try, detail=obs.hang.detail, stop_job=True)
     if obs.kind is WaitEvent.UNREACHABLE:
         if infrastructure_gone:
             return _infrastructure(obs, infrastructure_gone, retry_try=retry_try, detail=obs.message)

@@ -1,9 +1,11 @@
 """Training progress from verl's own output: its file logger's JSONL, or its console metric lines.
 
 The numbers are the ones verl reports (``training/global_step``, ``perf/time_per_step``,
-``critic/score/mean``, ``perf/throughput``…); the pipeline only formats them::
+``critic/score/mean``, ``perf/throughput``…); the pipeline only formats them, and adds the GPUs'
+utilisation as Ray's node summary last reported it (:class:`GpuSummary`)::
 
     step 120/500 (24%) · 3.1 min/step · ETA 19 h 40 m · critic/score/mean 0.41 · perf/throughput 2310
+    · GPU 87% (2 nodes, min 80%)
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.jobs.gpu_usage import NodeGpuSample
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import first_step_file
 from verl_pipeline.trainer.metrics import (
@@ -183,6 +186,53 @@ class ProgressTracker:
     def observe_jsonl(self, line: str) -> bool:
         parsed = parse_jsonl_row(line)
         return parsed is not None and self.observe(*parsed)
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    """One reading of the cluster's GPUs (Ray's node summary), over every GPU that reported a utilisation."""
+
+    mean_pct: float
+    min_pct: float
+    max_pct: float
+    gpus: int
+    nodes: int
+
+    @classmethod
+    def of(cls, samples: Iterable[NodeGpuSample]) -> GpuSummary | None:
+        """From one reading of the nodes; None when no GPU reported a utilisation."""
+        values: list[float] = []
+        nodes = 0
+        for sample in samples:
+            read = [g.utilization_pct for g in sample.gpus if g.utilization_pct is not None]
+            nodes += bool(read)
+            values += read
+        if not values:
+            return None
+        return cls(mean_pct=sum(values) / len(values), min_pct=min(values), max_pct=max(values), gpus=len(values),
+                   nodes=nodes)
+
+    def line(self) -> str:
+        """``GPU 87% (2 nodes, min 80%)``: the mean, the nodes the GPUs are on, the least busy GPU."""
+        return f"GPU {self.mean_pct:.0f}% ({self.nodes} node{'s' * (self.nodes != 1)}, min {self.min_pct:.0f}%)"
+
+
+def metrics_file_due(*, ended: bool, console_step: int | None, file_step: int | None, log_complete: bool) -> bool:
+    """Whether a poll reads verl's metrics file, given what the job's log showed.
+
+    verl's console logger prints each step's metrics (the same numbers) to the log the waiter reads
+    anyway, so once the log shows steps, the file is read only when the log showed a step the file
+    has not given yet (its exact row, or a step the log's console line came without). Every poll
+    reads it while the log shows no step (none yet, or a trainer without the console logger), when
+    the last log read was not complete (failed, or bytes skipped: a step's line may be among them),
+    and for the job's last look.
+
+    :param console_step: the newest step of the log's console lines (None: none seen).
+    :param file_step: the newest step of the file's rows (None: none read).
+    """
+    if ended or console_step is None or not log_complete:
+        return True
+    return file_step is None or console_step > file_step
 
 
 def record_first_step(metrics_path: Path, progress: Progress) -> bool:

@@ -19,7 +19,7 @@ from verl_pipeline.exceptions import ConfigError
 #: Settings that must be above 0 (a zero poll interval would busy-loop the triggerer) or at least 0.
 _POSITIVE = ("poll_interval", "max_poll_errors", "node_grace_polls", "max_read_bytes")
 _NOT_NEGATIVE = ("progress_interval", "max_lines_per_poll", "expected_nodes", "total_steps", "log_offset_bytes",
-                 "metrics_offset_bytes")
+                 "metrics_offset_bytes", "gpu_sample_interval")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +55,13 @@ class WaitRequest:
     #: The hang watchdog's :class:`~verl_pipeline.jobs.watchdog.WatchSettings` as a dict (None: no
     #: watchdog, as for preflight jobs, which have no steps).
     watch: dict[str, Any] | None = None
-    #: The run directory, where the waiter saves its cursor (None: not writable from the triggerer).
+    #: The run directory, where the waiter saves its cursor and records the GPUs (None: not writable
+    #: from the triggerer).
     cursor_dir: str | None = None
+    #: Seconds between two GPU samples of a node in the run's ``gpu-usage.jsonl`` (0: none recorded).
+    #: On a cluster the pipeline owns they come from the node counts; on another one the waiter reads
+    #: Ray's node summary this often for them.
+    gpu_sample_interval: float = 60.0
     #: Bytes of the driver log already forwarded or skipped by earlier waiters (always at a line end).
     log_offset_bytes: int = 0
     #: Bytes of ``metrics_path`` already read.
