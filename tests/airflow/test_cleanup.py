@@ -19,6 +19,14 @@ class _Run:
     run_id = "manual__marked_failed"
 
 
+class _CallbackTi:
+    """The task instance a DAG-level callback gets: outside a task, Airflow 3 cannot read XCom (under
+    `airflow dags test` this ImportError, seen on the GPU machine when a run failed)."""
+
+    def xcom_pull(self, **_: object) -> object:
+        raise ImportError("cannot import name 'SUPERVISOR_COMMS' from 'airflow.sdk.execution_time.task_runner'")
+
+
 def test_failure_callback_stops_the_job_and_the_cluster(airflow_db: Path) -> None:
     """A run marked failed (teardown task never ran): the DAG's failure callback leaves nothing running."""
     spec = build_run_spec({}, run_name="verl_ppo/manual__marked_failed")
@@ -30,7 +38,8 @@ def test_failure_callback_stops_the_job_and_the_cluster(airflow_db: Path) -> Non
     deadline = time.monotonic() + 60
     while client.get_job(job_id).status.value != "RUNNING" and time.monotonic() < deadline:  # type: ignore[union-attr]
         time.sleep(0.5)
-    cleanup_failed_run({"dag_run": _Run(), "params": {}})
+    steps.freeze(spec)
+    cleanup_failed_run({"dag_run": _Run(), "params": {}, "ti": _CallbackTi()})
     assert ray_processes(handle.extra["temp_dir"]) == []
     assert (spec.run_dir / "cluster.stopped.json").exists()
     cleanup_failed_run({"dag_run": _Run(), "params": {}})  # twice is harmless

@@ -64,6 +64,11 @@ def run_spec_for_cleanup(context: Any) -> RunSpec:
             return spec_from_context(context)
         except PipelineError as e:
             log.warning("%s; finding the run's directory from its params", e)
+        except Exception as e:  # a cleanup must go on: its XCom may be out of reach
+            # A DAG-level callback runs outside any task: Airflow 3's XCom reads need a task's supervisor
+            # (`dags test` raises ImportError for SUPERVISOR_COMMS; the dag-processor has none either).
+            log.warning("The run's XCom cannot be read from this callback (%s: %s); finding the run's directory "
+                        "from its params", type(e).__name__, e)
     dag_run = context.get("dag_run")
     dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(dag_run, "dag_id", "verl_ppo")
     run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
