@@ -24,7 +24,9 @@ With ``--step-seconds``, each job trains: its log shows verl's console metric li
 Each job's log is virtual (no 20 GB on disk): 100-byte lines whose content is a function of the
 offset, ``initial_bytes`` long at start and ``growth_bytes`` longer every ``interval`` seconds
 (each job at its own phase). ``GET /_stats`` (not a Ray route) reports the body bytes and requests
-served, for the benchmark's bytes-per-poll figure.
+served, for the benchmark's bytes-per-poll figure. With ``--hosts K`` the same head answers on K
+loopback addresses (job ``i`` on the ``i % K``-th, its agent too): K clusters, each with its own
+connections, as the owned clusters of K runs are.
 
     python bench/fake_ray_jobs_api.py --jobs 1000 --port 0 --agent-port 0
 """
@@ -74,7 +76,8 @@ class FakeRay:
         self.lines_per_step = round(step_seconds / interval * self.growth / LINE) if step_seconds else 0
         self.t0 = time.monotonic()
         self.started_ms = int(time.time() * 1000)
-        self.agent_url = ""
+        #: The agent of each host (``http://address:port``); job ``i`` runs on host ``i % hosts``.
+        self.agent_urls: list[str] = []
         self.stats: dict[str, int] = {"status_requests": 0, "whole_log_requests": 0, "range_requests": 0,
                                       "log_body_bytes": 0, "node_requests": 0, "node_body_bytes": 0}
 
@@ -122,7 +125,8 @@ class FakeRay:
             "status": "RUNNING", "entrypoint": "python -m verl.trainer.main_ppo",
             "message": "Job is currently running.",
             "error_type": None, "start_time": self.started_ms, "end_time": None, "metadata": {}, "runtime_env": {},
-            "driver_agent_http_address": self.agent_url, "driver_node_id": "f" * 56, "driver_exit_code": None,
+            "driver_agent_http_address": self.agent_urls[i % len(self.agent_urls)], "driver_node_id": "f" * 56,
+            "driver_exit_code": None,
         }
         return web.Response(text=json.dumps(details), content_type="application/json")
 
@@ -205,6 +209,13 @@ class FakeRay:
         return web.json_response(self.stats)
 
 
+def host_addresses(hosts: int) -> list[str]:
+    """Loopback addresses of ``hosts`` clusters: 127.0.0.1 for one, else 127.1.x.y (Linux routes all of 127/8)."""
+    if hosts == 1:
+        return ["127.0.0.1"]
+    return [f"127.1.{h // 250}.{h % 250 + 1}" for h in range(hosts)]
+
+
 async def write_metrics(fake: FakeRay, template: str) -> None:
     """Append verl's file-logger row of each step to each job's metrics file once its log shows the
     step's console line (verl writes both for one step)."""
@@ -239,16 +250,18 @@ async def serve(args: argparse.Namespace) -> None:
     dashboard.router.add_get("/api/jobs/{job_or_submission_id}/logs", fake.whole_log)
     dashboard.router.add_get("/_stats", fake.get_stats)
     agent.router.add_get("/logs/{name}", fake.log_file)
-    runners = []
-    urls = []
+    addresses = host_addresses(args.hosts)
+    ports = []
     for app, port in ((dashboard, args.port), (agent, args.agent_port)):
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-        runners.append(runner)
-        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-    fake.agent_url = urls[1]
-    print(json.dumps({"dashboard_url": urls[0], "agent_url": urls[1]}), flush=True)
+        for address in addresses:  # the first picks the port, the others listen on it too
+            await web.TCPSite(runner, address, port, backlog=4096).start()
+            port = port or runner.addresses[0][1]
+        ports.append(port)
+    fake.agent_urls = [f"http://{a}:{ports[1]}" for a in addresses]
+    print(json.dumps({"dashboard_urls": [f"http://{a}:{ports[0]}" for a in addresses],
+                      "agent_urls": fake.agent_urls}), flush=True)
     if args.metrics_path:
         await write_metrics(fake, args.metrics_path)
     await asyncio.Event().wait()
@@ -262,6 +275,9 @@ def main() -> None:
     p.add_argument("--initial-bytes", type=int, default=20 * 1024 * 1024)
     p.add_argument("--growth-bytes", type=int, default=5 * 1024)
     p.add_argument("--interval", type=float, default=10.0)
+    p.add_argument("--hosts", type=int, default=1,
+                   help="clusters: the dashboard and agent listen on this many loopback addresses, job i on the "
+                        "i %% hosts-th")
     p.add_argument("--nodes", type=int, default=2, help="nodes in the node summary, all alive")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--metrics-path", help="each job's verl metrics JSONL, with {job} (none: not written)")

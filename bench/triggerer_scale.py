@@ -13,7 +13,9 @@ GPUs in the fake's node summary), the hang watchdog, verl's metrics file and the
 (cursor file, GPU usage file). Each job trains: its log shows verl's console line of a step every
 ``--step-seconds`` (60) and the fake then writes the step's row to the metrics file. ``--not-owned``
 runs the waits of a cluster the pipeline does not own (no node check, no metrics file), as measured
-before the owned-cluster arguments were added.
+before the owned-cluster arguments were added. All jobs are on one cluster (one host) unless
+``--hosts K`` spreads them over K (each its own loopback address, so its own connections: 1,000 owned
+clusters are ``--hosts 1000``).
 
 Figures, over the window after one warm-up interval:
 - CPU % of one core of this process (the triggerer's event loop), and its CPU time per poll made
@@ -98,7 +100,7 @@ def _stats(url: str) -> dict[str, int]:
     return dict(requests.get(f"{url}/_stats", timeout=30).json())
 
 
-async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> dict[str, Any]:
+async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Path) -> dict[str, Any]:
     import psutil
 
     from verl_pipeline.airflow.hooks import RayJobsHook
@@ -113,11 +115,14 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
 
-    if args.owned:
-        cluster = ClusterHandle(backend="local", name="bench", dashboard_url=dashboard_url, owned=True,
-                                expected_nodes=args.nodes, expected_gpus=args.nodes * args.gpus_per_node).to_dict()
-    else:
-        cluster = ClusterHandle(backend="address", name="bench", dashboard_url=dashboard_url, owned=False).to_dict()
+    def cluster_of(i: int) -> dict[str, Any]:
+        url = dashboard_urls[i % len(dashboard_urls)]
+        if args.owned:
+            return ClusterHandle(backend="local", name=f"bench-{i}", dashboard_url=url, owned=True,
+                                 expected_nodes=args.nodes, expected_gpus=args.nodes * args.gpus_per_node).to_dict()
+        return ClusterHandle(backend="address", name=f"bench-{i}", dashboard_url=url, owned=False).to_dict()
+
+    dashboard_url = dashboard_urls[0]
     recorder = Recorder()
     initial = args.initial_bytes - args.initial_bytes % LINE
     rng = random.Random(0)
@@ -129,6 +134,7 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
         run_dir = Path(args.run_dirs) / f"run-{i}" if args.run_dirs else None
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
+        cluster = cluster_of(i)
         request = WaitRequest(cluster=cluster, job_id=f"bench-job-{i}", poll_interval=args.poll,
                               log_offset_bytes=initial, total_steps=1000,
                               expected_nodes=args.nodes if args.owned else 0,
@@ -208,10 +214,13 @@ def main() -> None:
                    help="without saving the cursor in a run directory")
     p.add_argument("--not-owned", dest="owned", action="store_false",
                    help="waits on a cluster the pipeline does not own: no node check, no metrics file")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="clusters the jobs are spread over, each on its own loopback address (default: all on one)")
     p.add_argument("--nodes", type=int, default=2, help="nodes of each owned cluster (all alive)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--step-seconds", type=float, default=60.0, help="seconds between two training steps")
     p.add_argument("--profile", help="write a cProfile of the measured window here (pstats)")
+    p.add_argument("--out", help="also write the figures here (JSON)")
     args = p.parse_args()
     if args.owned and not args.cursor_file:
         p.error("an owned cluster's wait has its run directory: drop --no-cursor-file or add --not-owned")
@@ -225,7 +234,7 @@ def main() -> None:
     fake_args = [sys.executable, str(REPO / "bench" / "fake_ray_jobs_api.py"), "--jobs", str(args.jobs),
                  "--initial-bytes", str(args.initial_bytes), "--growth-bytes", str(args.growth_bytes),
                  "--interval", str(args.poll), "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node),
-                 "--step-seconds", str(args.step_seconds)]
+                 "--step-seconds", str(args.step_seconds), "--hosts", str(args.hosts)]
     if args.metrics_path:
         fake_args += ["--metrics-path", args.metrics_path]
     # The fake stands for a cluster on other machines: it runs at normal priority when the waiters are niced.
@@ -238,10 +247,13 @@ def main() -> None:
 
         fake_proc = psutil.Process(fake.pid)
         fake_cpu0 = sum(fake_proc.cpu_times()[:2])
-        out = asyncio.run(_run(args, urls["dashboard_url"], Path(tmp.name) / "triggers.log"))
+        out = asyncio.run(_run(args, urls["dashboard_urls"], Path(tmp.name) / "triggers.log"))
         out["owned_cluster"], out["watchdog"], out["cursor_file"] = args.owned, args.watch, args.cursor_file
+        out["clusters"] = args.hosts
         out["fake_ray_cpu_s"] = round(sum(fake_proc.cpu_times()[:2]) - fake_cpu0, 1)
         print(json.dumps(out, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     finally:
         fake.terminate()
         try:
