@@ -7,21 +7,40 @@ logs start at 20 MB and grow by 5 KB per poll interval; this process runs N ``Ra
 (the project's, unchanged; 10 s polls, started spread over one interval, each with the cursor a
 re-deferred waiter carries) and forwards their lines to a log file, as a triggerer would.
 
+By default each wait gets the arguments the wait operator gives a training job on a cluster the
+pipeline owns: the node count checked (``expected_nodes``, ``--nodes`` nodes of ``--gpus-per-node``
+GPUs in the fake's node summary), the hang watchdog, verl's metrics file and the run directory
+(cursor file, GPU usage file). Each job trains: its log shows verl's console line of a step every
+``--step-seconds`` (60) and the fake then writes the step's row to the metrics file. ``--not-owned``
+runs the waits of a cluster the pipeline does not own (no node check, no metrics file), as measured
+before the owned-cluster arguments were added. All jobs are on one cluster (one host) unless
+``--hosts K`` spreads them over K (each its own loopback address, so its own connections: 1,000 owned
+clusters are ``--hosts 1000``).
+
 Figures, over the window after one warm-up interval:
-- CPU % of one core of this process (the triggerer's event loop);
+- CPU % of one core of this process (the triggerer's event loop), and its CPU time per poll made
+  (the figure that holds when a loaded machine delays polls);
 - polls made, and polls on time (started at most 1 s later than ``poll_interval`` after the
   previous one), as a share of the polls due (N x window / interval);
 - log bytes Ray sent per poll (counted by the fake) against the new output per poll;
+- requests per poll (status, log range, node summary) and node summary bytes per poll;
+- how fast a run's GPU usage file grows, per GPU node and day;
 - this process's RSS at the end and its peak.
+
+``--profile FILE`` writes a cProfile (CPU time) of the measured window (pstats) and prints its top functions.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import itertools
 import json
 import logging
+import os
+import pstats
 import random
 import resource
 import subprocess
@@ -44,7 +63,8 @@ class Recorder:
 
 
 class TimedHook:
-    """The project's hook, with the start of each poll (the status request) recorded."""
+    """The project's hook, with the start of each poll (the status request) recorded; every other
+    attribute is the hook's own."""
 
     def __init__(self, inner: Any, recorder: Recorder) -> None:
         self.inner, self.recorder = inner, recorder
@@ -60,11 +80,18 @@ class TimedHook:
         self.recorder.poll(job_id)
         return await self.inner.aget_job(job_id)
 
-    def alog_stream(self, info: Any, start: int, *, max_bytes: int) -> Any:
-        return self.inner.alog_stream(info, start, max_bytes=max_bytes)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
-    async def anodes_alive(self) -> int:
-        return int(await self.inner.anodes_alive())
+
+def _gpu_usage_bytes(run_dirs: str | None) -> int:
+    """Bytes of every run's GPU usage file."""
+    from verl_pipeline.rundir import RunDir
+
+    if not run_dirs:
+        return 0
+    files = [RunDir(d).gpu_usage_file for d in Path(run_dirs).iterdir()]
+    return sum(f.stat().st_size for f in files if f.exists())
 
 
 def _stats(url: str) -> dict[str, int]:
@@ -73,7 +100,7 @@ def _stats(url: str) -> dict[str, int]:
     return dict(requests.get(f"{url}/_stats", timeout=30).json())
 
 
-async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> dict[str, Any]:
+async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Path) -> dict[str, Any]:
     import psutil
 
     from verl_pipeline.airflow.hooks import RayJobsHook
@@ -88,17 +115,30 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
 
-    cluster = ClusterHandle(backend="address", name="bench", dashboard_url=dashboard_url, owned=False).to_dict()
+    def cluster_of(i: int) -> dict[str, Any]:
+        url = dashboard_urls[i % len(dashboard_urls)]
+        if args.owned:
+            return ClusterHandle(backend="local", name=f"bench-{i}", dashboard_url=url, owned=True,
+                                 expected_nodes=args.nodes, expected_gpus=args.nodes * args.gpus_per_node).to_dict()
+        return ClusterHandle(backend="address", name=f"bench-{i}", dashboard_url=url, owned=False).to_dict()
+
+    dashboard_url = dashboard_urls[0]
     recorder = Recorder()
     initial = args.initial_bytes - args.initial_bytes % LINE
     rng = random.Random(0)
 
     async def one(i: int) -> None:
         await asyncio.sleep(rng.uniform(0, args.poll))  # waits deferred at different times
-        # As the wait operator defers a training job: the hang watchdog on, the cursor saved in the run dir.
+        # As the wait operator defers a training job: the hang watchdog on, the cursor saved in the run
+        # dir; on an owned cluster also the node count and verl's metrics file.
         run_dir = Path(args.run_dirs) / f"run-{i}" if args.run_dirs else None
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        cluster = cluster_of(i)
         request = WaitRequest(cluster=cluster, job_id=f"bench-job-{i}", poll_interval=args.poll,
                               log_offset_bytes=initial, total_steps=1000,
+                              expected_nodes=args.nodes if args.owned else 0,
+                              metrics_path=args.metrics_path.format(job=i) if args.metrics_path else None,
                               watch={} if args.watch else None, cursor_dir=str(run_dir) if run_dir else None)
         trigger = RayJobTrigger(**request.to_dict())
         trigger._log = logger
@@ -109,10 +149,22 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
     tasks = [asyncio.create_task(one(i)) for i in range(args.jobs)]
     await asyncio.sleep(2 * args.poll)  # every trigger started and polled once
     stats0 = await asyncio.to_thread(_stats, dashboard_url)
+    gpu_bytes0 = await asyncio.to_thread(_gpu_usage_bytes, args.run_dirs)
+    profile = cProfile.Profile(time.process_time) if args.profile else None  # CPU time, not wall
     ru0, cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.monotonic()
+    if profile is not None:
+        profile.enable()
     await asyncio.sleep(args.seconds)
+    if profile is not None:
+        profile.disable()
     ru1, cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.monotonic()
     stats1 = await asyncio.to_thread(_stats, dashboard_url)
+    gpu_bytes1 = await asyncio.to_thread(_gpu_usage_bytes, args.run_dirs)
+    if profile is not None:
+        profile.dump_stats(args.profile)
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+        print(text.getvalue(), file=sys.stderr)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -127,13 +179,23 @@ async def _run(args: argparse.Namespace, dashboard_url: str, log_path: Path) -> 
     due = args.jobs * window / args.poll
     polls = stats1["status_requests"] - stats0["status_requests"]
     body = stats1["log_body_bytes"] - stats0["log_body_bytes"]
+    ranges = stats1["range_requests"] - stats0["range_requests"]
+    node_requests = stats1["node_requests"] - stats0["node_requests"]
+    node_bytes = stats1["node_body_bytes"] - stats0["node_body_bytes"]
     growth = args.growth_bytes - args.growth_bytes % LINE
     return {
         "jobs": args.jobs, "window_s": round(window, 1), "poll_interval_s": args.poll,
         "cpu_pct_of_one_core": round(100 * (cpu1 - cpu0) / window, 1),
         "of_which_system_pct": round(100 * (ru1.ru_stime - ru0.ru_stime) / window, 1),
+        "cpu_ms_per_poll": round(1000 * (cpu1 - cpu0) / max(made, 1), 2),
         "polls_made_pct": round(100 * made / due, 1), "polls_on_time_pct": round(100 * on_time / due, 1),
         "log_bytes_per_poll": round(body / max(polls, 1)), "new_output_per_poll": growth,
+        "requests_per_poll": {"status": 1.0, "log_range": round(ranges / max(polls, 1), 2),
+                              "node_summary": round(node_requests / max(polls, 1), 2)},
+        "node_summary_bytes_per_poll": round(node_bytes / max(polls, 1)),
+        # One run's file grows by this much per GPU node per day (every node of the fake has GPUs).
+        "gpu_usage_bytes_per_gpu_node_per_day": round((gpu_bytes1 - gpu_bytes0) / args.jobs / args.nodes
+                                                      / window * 86400),
         "rss_mib_end": round(psutil.Process().memory_info().rss / 2**20),
         "rss_mib_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "log_lines_written": sum(1 for _ in open(log_path, "rb")),
@@ -150,13 +212,34 @@ def main() -> None:
     p.add_argument("--no-watch", dest="watch", action="store_false", help="without the hang watchdog")
     p.add_argument("--no-cursor-file", dest="cursor_file", action="store_false",
                    help="without saving the cursor in a run directory")
+    p.add_argument("--not-owned", dest="owned", action="store_false",
+                   help="waits on a cluster the pipeline does not own: no node check, no metrics file")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="clusters the jobs are spread over, each on its own loopback address (default: all on one)")
+    p.add_argument("--nodes", type=int, default=2, help="nodes of each owned cluster (all alive)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--step-seconds", type=float, default=60.0, help="seconds between two training steps")
+    p.add_argument("--profile", help="write a cProfile of the measured window here (pstats)")
+    p.add_argument("--out", help="also write the figures here (JSON)")
     args = p.parse_args()
+    if args.owned and not args.cursor_file:
+        p.error("an owned cluster's wait has its run directory: drop --no-cursor-file or add --not-owned")
 
-    fake = subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "fake_ray_jobs_api.py"), "--jobs", str(args.jobs),
-         "--initial-bytes", str(args.initial_bytes), "--growth-bytes", str(args.growth_bytes),
-         "--interval", str(args.poll)],
-        stdout=subprocess.PIPE, text=True)
+    from verl_pipeline.rundir import RunDir
+
+    tmp = tempfile.TemporaryDirectory(prefix="triggerer-scale-")
+    args.run_dirs = str(Path(tmp.name) / "runs") if args.cursor_file else None
+    args.metrics_path = (str(RunDir(Path(args.run_dirs) / "run-{job}").metrics_file(1))
+                         if args.owned and args.run_dirs else None)
+    fake_args = [sys.executable, str(REPO / "bench" / "fake_ray_jobs_api.py"), "--jobs", str(args.jobs),
+                 "--initial-bytes", str(args.initial_bytes), "--growth-bytes", str(args.growth_bytes),
+                 "--interval", str(args.poll), "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node),
+                 "--step-seconds", str(args.step_seconds), "--hosts", str(args.hosts)]
+    if args.metrics_path:
+        fake_args += ["--metrics-path", args.metrics_path]
+    # The fake stands for a cluster on other machines: it runs at normal priority when the waiters are niced.
+    fake = subprocess.Popen(fake_args, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, 0))
     try:
         assert fake.stdout is not None
         urls = json.loads(fake.stdout.readline())
@@ -164,18 +247,20 @@ def main() -> None:
 
         fake_proc = psutil.Process(fake.pid)
         fake_cpu0 = sum(fake_proc.cpu_times()[:2])
-        with tempfile.TemporaryDirectory(prefix="triggerer-scale-") as tmp:
-            args.run_dirs = str(Path(tmp) / "runs") if args.cursor_file else None
-            out = asyncio.run(_run(args, urls["dashboard_url"], Path(tmp) / "triggers.log"))
-            out["watchdog"], out["cursor_file"] = args.watch, args.cursor_file
+        out = asyncio.run(_run(args, urls["dashboard_urls"], Path(tmp.name) / "triggers.log"))
+        out["owned_cluster"], out["watchdog"], out["cursor_file"] = args.owned, args.watch, args.cursor_file
+        out["clusters"] = args.hosts
         out["fake_ray_cpu_s"] = round(sum(fake_proc.cpu_times()[:2]) - fake_cpu0, 1)
         print(json.dumps(out, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     finally:
         fake.terminate()
         try:
             fake.wait(10)
         except subprocess.TimeoutExpired:
             fake.kill()
+        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -39,8 +39,10 @@ class Body:
 class ScriptedHook:
     """Replays a sequence of job states / errors, and a growing log, like a real Jobs API would.
 
-    The log is bytes; each read serves the bytes from the cursor on (like Ray's agent with an HTTP
-    Range request), in chunks of ``chunk`` bytes, so lines and characters split across reads.
+    ``logs[i]`` is the whole log as it is on poll ``i + 1`` (the last one from then on), whether
+    that poll reads it or not. The log is bytes; a read serves the bytes from the cursor on (like
+    Ray's agent with an HTTP Range request), in chunks of ``chunk`` bytes, so lines and characters
+    split across reads.
     """
 
     def __init__(self, states: list[Any], logs: list[str | bytes], *, chunk: int = 7,
@@ -53,8 +55,9 @@ class ScriptedHook:
         self.chunk = chunk
         #: The cluster's nodes on each poll (``nodes(poll)``); a one-node CPU cluster by default.
         self.nodes = nodes or (lambda poll: cluster_nodes(1))
-        #: The polls on which the node summary was read.
+        #: The polls on which the node summary, and the log, were read.
         self.node_reads: list[int] = []
+        self.log_reads: list[int] = []
 
     async def __aenter__(self) -> ScriptedHook:
         self.entered += 1
@@ -74,7 +77,8 @@ class ScriptedHook:
 
     @asynccontextmanager
     async def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
-        log = self.log_seq.pop(0) if len(self.log_seq) > 1 else self.log_seq[0]
+        self.log_reads.append(self.status_calls)
+        log = self.log_seq[min(self.status_calls, len(self.log_seq)) - 1]
         new = log[start:]
         self.bytes_read += len(new)
         # size unknown (as from the state API): the stream is read in chunks, cut anywhere
@@ -274,8 +278,9 @@ async def test_progress_from_console_lines_at_each_step_when_steps_are_slower_th
     log = "".join(_step_line(s, 30.0) for s in (1, 2, 3))
     trigger = _trigger(total_steps=10, progress_interval=0)
     lines = capture(trigger)
-    events = await _events(trigger, ScriptedHook(["RUNNING", "RUNNING", "SUCCEEDED"],
-                                                 [log[:one], log[:2 * one], log]))
+    # One new step by each read of the log (the log is read every other poll).
+    events = await _events(trigger, ScriptedHook(["RUNNING"] * 4 + ["SUCCEEDED"],
+                                                 [log[:one], log[:one], log[:2 * one], log[:2 * one], log]))
     progress = [m for m in lines if " progress: " in m]
     assert progress == [f"Ray job job-1 progress: step {s}/10 ({10 * s}%) · 30 s/step · ETA {eta} m · "
                         f"critic/score/mean {0.1 * s:.4g} · perf/throughput {1000 + s}"
@@ -317,9 +322,10 @@ async def test_the_last_step_is_reported_whatever_the_interval() -> None:
     first = validation + _step_line(1, 6.0)
     log = first + "".join(_step_line(s, 6.0) for s in (2, 3, 4))
     trigger = _trigger(total_steps=4, progress_interval=60)
-    hook = Watched(["RUNNING", "RUNNING", "SUCCEEDED"], [first, log], lines=capture(trigger))
+    hook = Watched(["RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"], [first, first, log], lines=capture(trigger))
     events = await _events(trigger, hook)
-    assert hook.before_poll[2] == ["Ray job job-1 progress: step 1/4 (25%)", "Ray job job-1 progress: step 4/4 (100%)"]
+    # Polls 1 and 3 read the log, and the job still runs on poll 3.
+    assert hook.before_poll[3] == ["Ray job job-1 progress: step 1/4 (25%)", "Ray job job-1 progress: step 4/4 (100%)"]
     assert events[0]["progress"]["step"] == 4
 
 
@@ -369,8 +375,8 @@ async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(t
 
 async def test_once_the_log_shows_steps_the_metrics_file_is_read_only_for_steps_it_has_not_given(
         tmp_path: Path) -> None:
-    """verl prints each step's metrics to the log too: the file is read on the polls where the log
-    shows a step the file has not given yet (and every poll before the log shows any)."""
+    """verl prints each step's metrics to the log too: the file is read on the reads where the log
+    has shown a step the file has not given yet (and on every read before the log shows any)."""
     metrics = tmp_path / "metrics-a1.jsonl"
     metrics.write_text("")
     reads: list[int] = []
@@ -383,28 +389,28 @@ async def test_once_the_log_shows_steps_the_metrics_file_is_read_only_for_steps_
     def row(step: int) -> str:
         return json.dumps({"step": step, "data": {"training/global_step": step, "perf/throughput": 100.0 + step}})
 
-    log = ["starting\n", "starting\n", "starting\n" + _step(1)] + ["starting\n" + _step(1)] * 3 + \
-        ["starting\n" + _step(1) + _step(2)] * 2
-    hook = ScriptedHook(["RUNNING"] * 7 + ["SUCCEEDED"], log)
+    start = "starting\n"
+    hook = ScriptedHook(["RUNNING"] * 8 + ["SUCCEEDED"],
+                        [start] * 2 + [start + _step(1)] * 4 + [start + _step(1) + _step(2)])
     trigger = Counted(cluster=CLUSTER, job_id="job-1", poll_interval=0.01, total_steps=4, progress_interval=0,
                       metrics_path=str(metrics))
     lines = capture(trigger)
-    # verl writes the file row as it prints the console line; here the file lags the log by a poll.
     original = hook.alog_stream
 
     @asynccontextmanager
     async def log_then_file(info: JobInfo, start: int, *, max_bytes: int) -> AsyncIterator[LogStream]:
         async with original(info, start, max_bytes=max_bytes) as stream:
             yield stream
-        metrics.write_text("".join(row(s) + "\n" for s in range(1, 1 + (hook.status_calls >= 3) +
-                                                                 (hook.status_calls >= 7))))
+        # verl writes a step's row as it prints its console line; here the file lags the log a little.
+        shown = 1 if hook.status_calls >= 3 else 0
+        metrics.write_text("".join(row(s) + "\n" for s in range(1, shown + 1 + (hook.status_calls >= 7))))
 
     hook.alog_stream = log_then_file  # type: ignore[method-assign]
     events = await _events(trigger, hook)
-    assert events[0]["progress"]["step"] == 2
-    # Polls 1-3: no step in the log yet; 4: the log showed step 1 on poll 3, the file had not; 8: the
-    # log showed step 2 on poll 7; 8 is also the job's last look. Polls 5-7: nothing to read.
-    assert reads == [1, 2, 3, 4, 8]
+    assert hook.log_reads == [1, 3, 5, 7, 9] and events[0]["progress"]["step"] == 2
+    # Reads 1 and 3: no step in the log yet; 5: the log showed step 1 on poll 3, the file had not
+    # given it; 7: the file gave step 1, the log showed no newer one; 9: the job's last look.
+    assert reads == [1, 3, 5, 9]
     assert [m.split(" · ")[0] for m in lines if " progress: " in m] == ["Ray job job-1 progress: step 1/4 (25%)",
                                                                        "Ray job job-1 progress: step 2/4 (50%)"]
 
@@ -521,31 +527,30 @@ async def test_a_lost_node_ends_the_wait_even_if_the_job_hangs() -> None:
     assert events[0]["status"] == "node_lost"
     assert "1 of 2 nodes alive" in events[0]["message"] and events[0]["job_status"] == "RUNNING"
     # Counted every poll, the loss (from poll 4 on) would end the wait on poll 6; counted every other
-    # poll while all are alive, at most one poll later. A blip shorter than the grace does not end it.
-    assert hook.status_calls in (6, 7)
-    assert hook.node_reads[:2] == [1, 3] and hook.node_reads[-3:] == list(range(hook.status_calls - 2,
-                                                                                 hook.status_calls + 1))
+    # poll while all are alive (every poll once one is missing), on poll 7. The blip on poll 2 does not.
+    assert hook.node_reads == [2, 3, 5, 6, 7] and hook.status_calls == 7
 
 
-async def test_on_a_cluster_it_owns_the_waiter_sees_an_end_on_the_next_poll_and_counts_every_other_poll(
+async def test_on_a_cluster_it_owns_each_poll_reads_the_status_and_either_the_log_or_the_nodes(
         tmp_path: Path) -> None:
     """The arguments the wait operator gives a training job on a cluster the pipeline owns: the job's
-    end is seen on the first poll that finds it ended; the nodes are read on every other poll."""
+    end is seen on the first poll that finds it ended (and its log read to the end); the log and the
+    nodes are read on alternate polls."""
     hook = ScriptedHook(["RUNNING"] * 9 + ["SUCCEEDED"], ["a\n"], nodes=lambda poll: cluster_nodes(2, gpu_util=[50]))
     events = await _events(_trigger(expected_nodes=2, total_steps=10, watch={}, cursor_dir=str(tmp_path),
                                     metrics_path=str(tmp_path / "metrics-a1.jsonl")), hook)
     assert events[0]["status"] == "succeeded" and hook.status_calls == 10
-    assert hook.node_reads == [1, 3, 5, 7, 9]
+    assert hook.log_reads == [1, 3, 5, 7, 9, 10] and hook.node_reads == [2, 4, 6, 8]
 
 
 async def test_a_log_line_that_says_something_died_counts_the_nodes_on_that_poll() -> None:
     died = "ray.exceptions.ActorDiedError: The actor died because its node has died.\n"
+    hook = ScriptedHook(["RUNNING"] * 5 + ["SUCCEEDED"], ["a\n"], nodes=lambda p: cluster_nodes(2))
+    await _events(_trigger(expected_nodes=2), hook)
+    assert hook.node_reads == [2, 4]
     hook = ScriptedHook(["RUNNING"] * 5 + ["SUCCEEDED"], ["a\n", "a\n", "a\n" + died], nodes=lambda p: cluster_nodes(2))
     await _events(_trigger(expected_nodes=2), hook)
-    assert hook.node_reads == [1, 3, 5]  # poll 3 by the cadence as well: see the next case
-    hook = ScriptedHook(["RUNNING"] * 5 + ["SUCCEEDED"], ["a\n", "a\n" + died], nodes=lambda p: cluster_nodes(2))
-    await _events(_trigger(expected_nodes=2), hook)
-    assert hook.node_reads == [1, 2, 4]  # poll 2 for the line, then every other poll again
+    assert hook.node_reads == [2, 3, 5]  # poll 3 read the line, then every other poll again
 
 
 # -- GPUs ---------------------------------------------------------------------------------------------
@@ -554,7 +559,7 @@ async def test_each_gpu_node_is_sampled_at_most_once_per_interval(tmp_path: Path
     hook = ScriptedHook(["RUNNING"] * 7 + ["SUCCEEDED"], [""], nodes=lambda poll: cluster_nodes(3, gpu_util=[90, 70]))
     await _events(_trigger(expected_nodes=3, cursor_dir=str(tmp_path), gpu_sample_interval=3600), hook)
     samples = list(read_samples(usage))
-    assert len(hook.node_reads) == 4 and len(samples) == 2  # one reading within the hour: both GPU nodes
+    assert hook.node_reads == [2, 4, 6] and len(samples) == 2  # one reading within the hour: both GPU nodes
     assert {s.node_ip for s in samples} == {"10.0.1.1", "10.0.1.2"}  # the CPU-only head is not written
     assert [g.utilization_pct for g in samples[0].gpus] == [90.0, 70.0]
     usage.unlink()

@@ -120,6 +120,39 @@ async def test_a_reader_that_wants_every_byte_reads_max_bytes_at_a_time(agent: t
     assert got == body
 
 
+async def test_after_the_agent_could_not_be_reached_it_is_tried_again_later(
+        agent: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy moment (a connect that timed out) must not cost the whole file every poll for good."""
+    from verl_pipeline.jobs import client as client_module
+
+    url, logdir = agent
+    (logdir / f"job-driver-{JOB}.log").write_bytes(b"one\ntwo\n")
+
+    async def state_api(request: web.Request) -> web.Response:
+        assert request.query["submission_id"] == JOB
+        return web.Response(body=(logdir / f"job-driver-{JOB}.log").read_bytes())
+
+    app = web.Application()
+    app.router.add_get("/api/v0/logs/file", state_api)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    dashboard = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    closed = JobInfo.from_api({"submission_id": JOB, "status": "RUNNING", "driver_agent_http_address":
+                               "http://127.0.0.1:1"})
+    reachable = JobInfo.from_api({**closed.to_dict(), "driver_agent_http_address": url})
+    try:
+        for retry_s, source_after in ((client_module.AGENT_RETRY_S, LogSource.STATE_API), (0.0, LogSource.AGENT)):
+            monkeypatch.setattr(client_module, "AGENT_RETRY_S", retry_s)
+            client = RayJobsClient(dashboard)
+            data, stream = await _read(client, closed, 4)
+            assert (data, stream.source) == (b"two\n", LogSource.STATE_API)
+            data, stream = await _read(client, reachable, 4)  # the port is open again
+            assert (data, stream.source) == (b"two\n", source_after)
+    finally:
+        await runner.cleanup()
+
+
 class CountingProxy:
     """A TCP proxy in front of one ``host:port`` that counts the bytes the server sent through it."""
 

@@ -16,6 +16,11 @@ from verl_pipeline.jobs.client import JobInfo, LogStream, NodeInfo, RayJobsClien
 
 #: Seconds one HTTP request of a waiter may take, connecting included.
 REQUEST_TIMEOUT_S = 30.0
+#: Seconds an idle connection is kept for the next request: longer than a waiter's gap between two
+#: reads of one host (its log every other poll: 20 s at 10 s polls), shorter than the time after which
+#: Ray's dashboard and agent (aiohttp servers) close an idle connection themselves (75 s in older
+#: aiohttp releases, an hour in 3.14).
+KEEPALIVE_S = 60.0
 
 
 class _SharedSession:
@@ -23,7 +28,8 @@ class _SharedSession:
 
     The triggerer runs every waiter in one event loop: sharing the pool lets the waiters of one
     cluster reuse each other's kept-alive connections (a process holds a few sockets per cluster
-    instead of two per waiter, and a poll slower than the keep-alive still finds a warm connection).
+    instead of two per waiter), and connections are kept ``KEEPALIVE_S``, so a waiter's next read of
+    a host finds its connection still open.
     Nothing of one cluster leaks to another: each request carries its own cluster's token and TLS
     settings, and no cookies are kept. The pool has no connection limit, so one unreachable cluster's
     waiters never queue another's requests. Closed when the last hook of its loop exits.
@@ -43,7 +49,7 @@ class _SharedSession:
         shared = cls._by_loop.get(loop)
         if shared is None or shared.session.closed:
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
-                                            connector=aiohttp.TCPConnector(limit=0),
+                                            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
                                             cookie_jar=aiohttp.DummyCookieJar())
             shared = cls._by_loop[loop] = cls(session)
         shared.users += 1

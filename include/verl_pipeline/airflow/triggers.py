@@ -36,6 +36,10 @@ LINES_PER_RECORD = 200
 _METRICS_READ_BYTES = 1024 * 1024
 #: A chatty job's cursor is saved to the run directory at most this often (a quiet one's at once).
 CURSOR_SAVE_INTERVAL_S = 30.0
+#: Polls between two reads of a running job's log (the nodes are counted on the polls between). A
+#: read costs a request whatever it brings, so a read every other poll, of twice the output, halves
+#: what forwarding costs the triggerer; a new step is seen at most one poll later.
+LOG_READ_EVERY_POLLS = 2
 
 
 class RayJobTrigger(BaseTrigger):
@@ -47,10 +51,13 @@ class RayJobTrigger(BaseTrigger):
     skipped, always at a line end), ``metrics_offset_bytes`` (bytes of verl's metrics JSONL read)
     and ``progress`` (the last step verl reported, see :mod:`verl_pipeline.jobs.progress`).
 
-    Each poll asks for the job's status and the log's new bytes; the job's end is seen on the first
-    poll after it. Logs are read from the driver node's dashboard agent with an HTTP ``Range``
-    request from the cursor, so a poll reads the job's new output, not its whole log. At most
-    ``max_lines_per_poll`` lines are forwarded per poll and at most ``max_read_bytes`` read.
+    Each poll asks for the job's status, so the job's end is seen on the first poll after it. The
+    log is read on every other poll (``LOG_READ_EVERY_POLLS``), on the first, on the one after a read
+    that could not take everything, and on the poll that sees the job ended; the nodes are counted on
+    the polls between. Logs are read from the driver node's dashboard agent with an HTTP ``Range``
+    request from the cursor, so a read brings the job's new output, not its whole log. At most
+    ``max_lines_per_poll`` lines are forwarded and at most ``max_read_bytes`` read per poll since the
+    last read.
 
     Progress (``step 120/500 (24%) · 3.1 min/step · ETA … · GPU 87% (2 nodes, min 80%)``) comes from
     verl's console metric lines in the log, or from ``metrics_path`` (verl's file logger, when the
@@ -75,11 +82,12 @@ class RayJobTrigger(BaseTrigger):
     it reads the summary that often for the samples alone.
 
     ``cursor_dir`` (the run directory, when the triggerer can write it): the cursor is saved there
-    when it moved — on the first quiet poll, and every ``CURSOR_SAVE_INTERVAL_S`` while the job keeps
-    printing — and a waiter starting over the same job (a restarted triggerer runs the trigger again
-    from the kwargs it was deferred with) continues from the saved one: no line is forwarded twice,
-    except up to that interval of output when the triggerer died while the job was printing. The
-    cursor and the GPU samples of a poll are written in one go, off the event loop.
+    when it moved — on the first quiet read, every ``CURSOR_SAVE_INTERVAL_S`` while the job keeps
+    printing, and when the job ended — and a waiter starting over the same job (a restarted
+    triggerer runs the trigger again from the kwargs it was deferred with) continues from the saved
+    one: no line is forwarded twice, except up to that interval of output when the triggerer died
+    while the job was printing. The cursor and the GPU samples of a poll are written in one go, off
+    the event loop.
 
     ``hung``: the job ran without a new training step for longer than the watchdog allows
     (``watch``, a :class:`~verl_pipeline.jobs.watchdog.WatchSettings` dict; None: no watchdog, as for
@@ -123,6 +131,8 @@ class RayJobTrigger(BaseTrigger):
         self._file_step: int | None = None
         self._log_complete = True
         self._death_in_log = False
+        self._poll = 0
+        self._log_read_poll: int | None = None  # the poll that last read the log
         # The nodes and their GPUs.
         self._nodes = NodeWatch(request.expected_nodes, request.node_grace_polls) if request.expected_nodes else None
         self._recording_gpus = bool(request.cursor_dir) and request.gpu_sample_interval > 0
@@ -153,12 +163,14 @@ class RayJobTrigger(BaseTrigger):
                              "progress": self.progress, **extra})
 
     # -- logs ---------------------------------------------------------------------------------------
-    async def _forward(self, hook: Any, info: Any) -> None:
-        """Forward the lines written since the cursor; the cursor moves past every whole line read."""
-        room = self.request.max_lines_per_poll
+    async def _forward(self, hook: Any, info: Any, polls: int) -> None:
+        """Forward the lines written since the cursor, ``polls`` polls' worth at most; the cursor moves
+        past every whole line read."""
+        room = self.request.max_lines_per_poll * polls
         skipped = 0
         batch: list[str] = []
-        async with hook.alog_stream(info, self.log_offset_bytes, max_bytes=self.request.max_read_bytes) as stream:
+        async with hook.alog_stream(info, self.log_offset_bytes,
+                                    max_bytes=self.request.max_read_bytes * polls) as stream:
             reader = LineReader(stream.start, mid_line=stream.mid_line)
             async for chunk in stream.chunks():
                 lines = reader.feed(chunk)
@@ -174,7 +186,7 @@ class RayJobTrigger(BaseTrigger):
             self.log_offset_bytes = reader.cursor
         if batch:
             self._log_lines(batch)
-        self._log_complete = not stream.skipped_bytes
+        self._log_complete = not (skipped or stream.skipped_bytes)
         if skipped or stream.skipped_bytes:
             req = self.request
             what = [f"{skipped} lines not forwarded (over {req.max_lines_per_poll} per poll)"] if skipped else []
@@ -271,13 +283,19 @@ class RayJobTrigger(BaseTrigger):
         except OSError as e:  # not writable from the triggerer: the report says the time is unknown
             self.log.warning("Could not record when Ray job %s logged its first step: %s", self.job_id, e)
 
-    async def _poll_logs(self, hook: Any, info: Any) -> bool:
-        """Forward new lines and update progress; a failed read (False) is retried next poll, never fatal."""
+    async def _poll_logs(self, hook: Any, info: Any) -> bool | None:
+        """Forward new lines and update progress when this poll reads the log (None: it does not); a
+        failed read (False) is retried next poll, never fatal."""
         ended = info.status.is_terminal()
+        last = self._log_read_poll
+        polls = 1 if last is None else self._poll - last  # the polls this read covers
+        if not (ended or last is None or polls >= LOG_READ_EVERY_POLLS or not self._log_complete):
+            return None
+        self._log_read_poll = self._poll
         try:
             await self._observe_metrics_file(ended=ended)  # first, so verl's exact numbers win over its console's
             if self.request.forward_logs:
-                await self._forward(hook, info)
+                await self._forward(hook, info, polls)
             # The read of an ended job is its last: its final progress is logged whatever the interval.
             self._report_progress(final=ended)
             await self._record_first_step()
@@ -315,7 +333,9 @@ class RayJobTrigger(BaseTrigger):
         """Count the nodes when due, and read the GPUs when a sample is due; the ``node_lost`` event, if so."""
         count = self._nodes is not None and self._nodes.due(reason=self._death_in_log)
         self._death_in_log = False
-        sample = self._recording_gpus and time.monotonic() - self._gpus_read_at >= self.request.gpu_sample_interval
+        # On a cluster the waiter counts, the counts read the GPUs; on another, a read for them alone.
+        sample = (self._nodes is None and self._recording_gpus
+                  and time.monotonic() - self._gpus_read_at >= self.request.gpu_sample_interval)
         if not (count or sample):
             return None
         nodes = await self._read_nodes(hook)
@@ -360,21 +380,25 @@ class RayJobTrigger(BaseTrigger):
             self.progress = saved.progress or self.progress
         self._saved_offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
 
-    def _cursor_to_save(self, moved: bool) -> WaitCursor | None:
-        """The cursor when it is to be saved: it moved since the last save, and the job went quiet or
-        ``CURSOR_SAVE_INTERVAL_S`` passed (a chatty job does not cost a file write per poll)."""
+    def _cursor_to_save(self, moved: bool | None, *, final: bool = False) -> WaitCursor | None:
+        """The cursor when it is to be saved: it moved since the last save, and the job went quiet,
+        ``CURSOR_SAVE_INTERVAL_S`` passed (a chatty job does not cost a file write per poll), or the
+        job ended (``final``).
+
+        :param moved: whether this poll's read moved it (None: this poll did not read).
+        """
         offsets = (self.log_offset_bytes, self.metrics_offset_bytes)
-        if not self.cursor_dir or offsets == self._saved_offsets:
+        if not self.cursor_dir or moved is None or offsets == self._saved_offsets:
             return None
         now = time.monotonic()
-        if moved and now - self._saved_at < CURSOR_SAVE_INTERVAL_S:
+        if moved and not final and now - self._saved_at < CURSOR_SAVE_INTERVAL_S:
             return None
         self._saved_at = now
         return WaitCursor(self.job_id, self.log_offset_bytes, self.metrics_offset_bytes, self.progress)
 
-    async def _write_run_files(self, moved: bool) -> None:
+    async def _write_run_files(self, moved: bool | None, *, final: bool = False) -> None:
         """Save the cursor and append the queued GPU samples, when either is due: one trip off the loop."""
-        cursor = self._cursor_to_save(moved)
+        cursor = self._cursor_to_save(moved, final=final)
         samples, self._gpus_to_write = self._gpus_to_write, []
         if cursor is None and not samples:
             return
@@ -426,11 +450,12 @@ class RayJobTrigger(BaseTrigger):
             if info is None:
                 yield self._event(WaitEvent.UNREACHABLE, f"Ray job {self.job_id} does not exist on the cluster")
                 return
+            self._poll += 1
             before = self.log_offset_bytes, self.metrics_offset_bytes
             read = await self._poll_logs(hook, info)
-            moved = (self.log_offset_bytes, self.metrics_offset_bytes) != before
+            moved = None if read is None else (self.log_offset_bytes, self.metrics_offset_bytes) != before
             if info.status.is_terminal():
-                await self._write_run_files(moved)
+                await self._write_run_files(moved, final=True)
                 yield self._event(WaitEvent.of_state(info.status), info.message, job_status=info.status.value,
                                   driver_exit_code=info.driver_exit_code)
                 return
@@ -439,7 +464,7 @@ class RayJobTrigger(BaseTrigger):
             if lost is not None:
                 yield lost
                 return
-            # Steps are only seen through the log: a poll that could not read it says nothing of a hang.
+            # Steps are only seen through the log: a poll that did not read it says nothing of a hang.
             hang = self._stall.hang(time.monotonic()) if self._stall is not None and read else None
             if hang is not None:
                 if self._nodes is not None or self._recording_gpus:

@@ -17,6 +17,7 @@ import logging
 import re
 import ssl
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ _CHUNK = 64 * 1024
 FOLLOW_READ_BYTES = 1024 * 1024
 #: Ray's node summary: every node, alive or dead, with its resources and each GPU's utilisation and memory.
 _NODE_SUMMARY = "/nodes?view=summary"
+#: Seconds a client reads a job's log through the state API after its dashboard agent could not be
+#: reached, before it tries the agent again (a busy moment must not cost the whole file every poll for good).
+AGENT_RETRY_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -270,7 +274,7 @@ class RayJobsClient:
         self._token = token
         self.timeout_s = timeout_s
         self._session = session
-        self._agent_unreachable = False
+        self._agent_unreachable_until = float("-inf")  # monotonic time
         self._parsed_urls: dict[str, Any] = {}
         self.ca_bundle = ca_bundle
         self._ssl_context: ssl.SSLContext | None = None
@@ -445,13 +449,13 @@ class RayJobsClient:
         ``max_bytes`` of the file (``skipped_bytes``); without it the next ``max_bytes`` are read
         (a reader that wants every byte reads again from the new cursor). When the agent cannot be
         reached, the state API serves the file through the dashboard instead (whole file streamed;
-        bounded memory).
+        bounded memory) for the next ``AGENT_RETRY_S`` seconds; then the agent is tried again.
         """
         import aiohttp
 
         name = JOB_LOG_FILE.format(submission_id=info.submission_id)
         agent = info.driver_agent_http_address
-        if agent and not self._agent_unreachable:
+        if agent and time.monotonic() >= self._agent_unreachable_until:
             reading = False
             try:
                 async with self._agent_range(f"{agent.rstrip('/')}/logs/{name}", start, max_bytes,
@@ -462,10 +466,11 @@ class RayJobsClient:
             except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as e:
                 if reading:  # the agent answered; this is a failure while reading, not a closed port
                     raise
-                self._agent_unreachable = True
+                self._agent_unreachable_until = time.monotonic() + AGENT_RETRY_S
                 log.warning("The dashboard agent %s of job %s is unreachable (%s): reading its log through the "
-                            "state API at %s instead (the whole file each poll); open the agent's port to the "
-                            "triggerer to read only new bytes", agent, info.submission_id, e, self.dashboard_url)
+                            "state API at %s instead (the whole file each poll) for %.0f s, then trying the agent "
+                            "again; open the agent's port to the triggerer to read only new bytes", agent,
+                            info.submission_id, e, self.dashboard_url, AGENT_RETRY_S)
         async with self._state_api_file(info, start, max_bytes) as stream:
             yield stream
 

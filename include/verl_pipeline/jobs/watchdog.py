@@ -172,11 +172,12 @@ class StallWatch:
 class NodeWatch:
     """Counts a cluster's live nodes at a cadence and says when one is lost.
 
-    While every node is alive the nodes are counted every :data:`NODE_COUNT_EVERY_POLLS` polls, or at
-    once when the poll gives a reason (the job's log speaks of something that died); once a count comes
-    up short, every poll, and ``grace_polls`` short counts in a row mean a node is lost. A loss is
-    therefore reported at most one poll later than by counting every poll (``grace_polls + 1`` polls
-    after it at most), and a blip shorter than the grace is never reported.
+    While every node is alive the nodes are counted every :data:`NODE_COUNT_EVERY_POLLS` polls (from
+    the second: the waiter reads the job's log on the others), or at once when the poll gives a reason
+    (the job's log speaks of something that died); once a count comes up short, every poll, and
+    ``grace_polls`` short counts in a row mean a node is lost. A loss is therefore reported at most one
+    poll later than by counting every poll (``grace_polls + 1`` polls after it at most), and a blip
+    shorter than the grace is never reported.
 
     :param expected: the nodes the cluster was provisioned with.
     :param grace_polls: short counts in a row that mean a node is lost.
@@ -186,7 +187,7 @@ class NodeWatch:
         self.expected = expected
         self.grace_polls = grace_polls
         self.short_counts = 0
-        self._polls_since_count = NODE_COUNT_EVERY_POLLS  # the first poll counts
+        self._polls_since_count = 0
 
     def due(self, *, reason: bool = False) -> bool:
         """Whether this poll counts the nodes (call once per poll)."""
