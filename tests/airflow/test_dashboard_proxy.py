@@ -112,6 +112,9 @@ def proxied_run(airflow_db: Path, tmp_path: Path, ray_cluster: ClusterHandle) ->
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch, proxied_run: Any) -> Iterator[Any]:
+    # What the API server's entry module (airflow.api_fastapi.main) sets: the task SDK's connection look-up
+    # then reads the metadata DB, as in the API server.
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "server")
     with api_server.repo_plugins(monkeypatch), api_server.served_plugins() as client:
         yield client
 
@@ -176,6 +179,21 @@ def test_the_dashboard_is_served_to_readers_of_the_run_with_the_token_added_by_t
     leaks = [leak for r in seen for leak in scan_text(
         r.text + json.dumps(dict(r.headers)), {"ray token": token}, str(r.request.url))]
     assert leaks == [], leaks
+
+    # A cluster reached through an Airflow connection (the address backend): its password is the token,
+    # read by the API server from the metadata DB as the wait task's hook reads it.
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    conn_id = f"ray_proxy_test_{time.monotonic_ns()}"
+    with create_session() as session:
+        session.add(Connection(conn_id=conn_id, conn_type="http", host="127.0.0.1", password=token))
+    run_dir.save_cluster({**ray_cluster.to_dict(), "token_file": None, "conn_id": conn_id})
+    r = get("api/jobs/", headers=viewer)
+    assert r.status_code == 200 and job in {j["submission_id"] for j in r.json()}, r.text[:300]
+    run_dir.save_cluster({**ray_cluster.to_dict(), "token_file": None, "conn_id": conn_id + "_missing"})
+    r = get("api/jobs/", headers=viewer)
+    assert r.status_code == 502 and "no credentials" in r.text and conn_id in r.text, r.text
 
     # A cluster that refuses the pipeline's token: a 502 that says so (a 401 would raise Ray's token prompt).
     wrong = tmp_path / "wrong.auth" / "ray_auth_token"

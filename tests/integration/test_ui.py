@@ -233,8 +233,12 @@ def _check_ray_job_button(stack: AirflowStack, page: Any, *, run_id: str, secret
     button = page.get_by_role("link", name="Ray job")
     button.wait_for()
     assert button.get_attribute("href") == url
-    asked: list[tuple[str, int]] = []
-    page.on("response", lambda r: asked.append((r.url, r.status)))
+    answers: list[Any] = []
+
+    def answered(response: Any) -> None:
+        answers.append(response)
+
+    page.on("response", answered)
     page.set_viewport_size({"width": 1280, "height": 800})
     try:
         button.click()
@@ -246,21 +250,23 @@ def _check_ray_job_button(stack: AirflowStack, page: Any, *, run_id: str, secret
         assert page.get_by_text(TOKEN_PROMPT).count() == 0
         page.screenshot(path=str(ARTIFACTS / "ui-ray-job-proxied.png"))
     finally:
+        page.remove_listener("response", answered)
         page.set_viewport_size({"width": 1400, "height": 1000})
     RAY_JOB_PICTURE.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(ARTIFACTS / "ui-ray-job-proxied.png", RAY_JOB_PICTURE)
 
     # Everything the page asked for went through the proxy and was answered (no 401/403: the dashboard
     # shows its token prompt on either); nothing went to the cluster's own address.
-    proxied = sorted({u for u, _ in asked if u.startswith(dashboard)})
-    assert any(u.endswith("/api/jobs/" + job_id) for u in proxied), proxied
-    assert not [u for u, _ in asked if u.startswith(cluster["dashboard_url"])]
-    assert not [(u, st) for u, st in asked if u.startswith(dashboard) and st in (401, 403)], asked
-    # The token in no address, no answer (read again with the page's session), nothing the browser keeps.
-    leaks = [leak for u, _ in asked for leak in secret_canary.scan_text(u, secrets, "an address the page asked for")]
-    for u in proxied:
-        r = page.request.get(u)
-        leaks += secret_canary.scan_text(r.text() + json.dumps(r.headers), secrets, f"the proxy's answer to {u}")
+    proxied = [a for a in answers if a.url.startswith(dashboard)]
+    assert any(a.url.endswith("/api/jobs/" + job_id) for a in proxied), [a.url for a in answers]
+    assert not [a.url for a in answers if a.url.startswith(cluster["dashboard_url"])]
+    assert not [(a.url, a.status) for a in proxied if a.status in (401, 403)]
+    # The token in no address, no answer (its body as the browser got it), nothing the browser keeps.
+    leaks = [leak for a in answers for leak in secret_canary.scan_text(a.url, secrets, "an address the page asked for")]
+    for a in proxied:
+        body = a.body() if a.status < 300 else b""
+        leaks += secret_canary.scan_text(body.decode("utf-8", "replace") + json.dumps(a.all_headers()), secrets,
+                                         f"the proxy's answer to {a.url}")
     stored = json.dumps(page.context.storage_state(indexed_db=True)) + page.evaluate(
         "JSON.stringify(sessionStorage) + JSON.stringify(localStorage) + document.cookie")
     leaks += secret_canary.scan_text(stored, secrets, "the browser's cookies and storage")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from verl_pipeline.airflow.task_ids import PROVISION_TASK, RUN_DIR_KEY, TEARDOWN_TASK
+from verl_pipeline.exceptions import PipelineError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -186,6 +187,8 @@ def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -
     """Add the proxy to ``app`` at ``route`` (``…/{dag_id}/{run_id}/dashboard``), each request
     behind ``dependencies`` (Airflow's read access to the DAG's runs)."""
     import aiohttp
+    import anyio
+    from airflow.sdk.exceptions import AirflowNotFoundException
     from airflow.utils.session import create_session
     from fastapi import Request
     from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
@@ -202,7 +205,11 @@ def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -
     def client_of(dag_id: str, run_id: str) -> RayJobsClient:
         with create_session() as session:
             handle = find_cluster(dag_id, run_id, session=session)
-        return cluster_client(handle)
+        try:
+            return cluster_client(handle)
+        except (PipelineError, AirflowNotFoundException) as e:  # the token file or connection is missing
+            raise DashboardUnavailable(f"no credentials for the run's Ray dashboard at {handle.dashboard_url}: {e}",
+                                       502) from e
 
     class UpstreamResponse(StreamingResponse):
         """Ray's answer, streamed; the upstream connection and the slot are released however the
@@ -234,10 +241,11 @@ def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -
         upstream: Any = None
 
         async def release() -> None:
+            slots.active -= 1  # first: a cancelled close below must not leak the slot
             if upstream is not None:
-                upstream.release()
-            await session.close()
-            slots.active -= 1
+                upstream.close()
+            with anyio.CancelScope(shield=True):  # the browser may be gone: close anyway
+                await session.close()
 
         try:
             upstream = await session.request(request.method, url, headers=headers, allow_redirects=False,
