@@ -237,7 +237,7 @@ def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -
         url = client.dashboard_url + target + (f"?{request.url.query}" if request.url.query else "")
         headers = {**forwarded_request_headers(request.headers), **client.headers}
         slots.active += 1
-        session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+        session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
         upstream: Any = None
 
         async def release() -> None:
