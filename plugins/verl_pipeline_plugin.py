@@ -1,5 +1,6 @@
 """Registers the verl pipeline's UI pieces with Airflow: the "Ray job", "Run report" and "MLflow run" task buttons,
-the run reports app served by the API server (behind Airflow's auth) and a "Run report" tab on DAG runs."""
+the app the API server serves behind Airflow's auth (run reports, and each run's Ray dashboard with the cluster's
+token added by the server) and a "Run report" tab on DAG runs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from verl_pipeline.airflow.tracker_links import MlflowRunLink
 class VerlPipelinePlugin(AirflowPlugin):
     name = "verl_pipeline"
     operator_extra_links = [RayJobLink(), RunReportLink(), MlflowRunLink()]
-    fastapi_apps = [{"app": ReportApp(), "url_prefix": URL_PREFIX, "name": "verl pipeline run reports"}]
+    fastapi_apps = [{"app": ReportApp(), "url_prefix": URL_PREFIX,
+                     "name": "verl pipeline run reports and Ray dashboards"}]
     external_views = [{
         "name": "Run report",
         "href": view_href(),

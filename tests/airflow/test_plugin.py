@@ -3,8 +3,11 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
-from verl_pipeline.airflow.links import RayJobLink
+import pytest
+
+from verl_pipeline.airflow.links import RayJobLink, job_link
 from verl_pipeline.airflow.operators import SubmitVerlJobOperator, WaitForVerlJobOperator
+from verl_pipeline.airflow.report_app import URL_PREFIX, dashboard_url
 from verl_pipeline.airflow.report_link import RunReportLink
 from verl_pipeline.airflow.tracker_links import MlflowRunLink
 from verl_pipeline.jobs.ids import job_page_url
@@ -13,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plugin_registers_the_links_the_report_app_and_the_run_view() -> None:
-    from verl_pipeline.airflow.report_app import URL_PREFIX, ReportApp, view_href
+    from verl_pipeline.airflow.report_app import ReportApp, view_href
 
     ns = runpy.run_path(str(REPO / "plugins" / "verl_pipeline_plugin.py"))
     plugin = ns["VerlPipelinePlugin"]
@@ -33,12 +36,19 @@ def test_operators_carry_the_link_and_it_points_at_the_job_page() -> None:
     assert job_page_url("http://127.0.0.1:8265/", "verl-x-a1") == "http://127.0.0.1:8265/#/jobs/verl-x-a1"
 
 
-def test_link_is_persisted_under_its_xcom_key() -> None:
-    pushed: dict[str, object] = {}
+def test_the_ray_job_button_is_the_proxied_job_page() -> None:
+    run_id = "manual__2026-12-01T15:46:29.123+00:00"
+    quoted = "manual__2026-12-01T15%3A46%3A29.123%2B00%3A00"
+    assert dashboard_url("verl_ppo", run_id, base_url="") == f"{URL_PREFIX}/runs/verl_ppo/{quoted}/dashboard/"
+    assert job_link("verl_ppo", run_id, "verl-x-a1", base_url="http://h:8080/airflow/") == (
+        f"http://h:8080/airflow{URL_PREFIX}/runs/verl_ppo/{quoted}/dashboard/#/jobs/verl-x-a1")
 
-    class TI:
-        def xcom_push(self, key: str, value: object) -> None:
-            pushed[key] = value
 
-    RayJobLink().persist({"ti": TI()}, "http://h/#/jobs/j")
-    assert pushed == {RayJobLink().xcom_key: "http://h/#/jobs/j"}
+def test_the_button_is_persisted_under_its_xcom_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.airflow.context import FakeDag, FakeTI
+
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://airflow.example:8080")
+    ti = FakeTI({})
+    RayJobLink().persist({"ti": ti, "dag": FakeDag(), "run_id": "manual__r"}, "verl-x-a1")
+    assert ti.xcoms == {f"pushed:{RayJobLink().xcom_key}":
+                        f"http://airflow.example:8080{URL_PREFIX}/runs/verl_ppo/manual__r/dashboard/#/jobs/verl-x-a1"}

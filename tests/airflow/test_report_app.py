@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.airflow import api_server
+from tests.airflow.api_server import jwt
 from verl_pipeline.airflow.report_app import (
     URL_PREFIX,
     ReportNotFound,
@@ -90,19 +92,8 @@ def test_addresses_quote_the_run_id_and_share_one_prefix() -> None:
 
 @pytest.fixture
 def repo_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Airflow's plugin manager reading the repo's plugins/ (as the stack's api-server does); its
-    caches are cleared before and after, so other tests see their own plugins folder again."""
-    from airflow import plugins_manager, settings
-
-    caches = [plugins_manager._get_plugins, plugins_manager.get_fastapi_plugins,
-              plugins_manager._get_ui_plugins, plugins_manager._get_extra_operators_links_plugins,
-              plugins_manager.get_flask_plugins]
-    monkeypatch.setattr(settings, "PLUGINS_FOLDER", str(REPO / "plugins"))
-    for c in caches:
-        c.cache_clear()
-    yield
-    for c in caches:
-        c.cache_clear()
+    with api_server.repo_plugins(monkeypatch):
+        yield
 
 
 def test_wait_task_gets_both_links_when_the_api_server_loads_the_dag(repo_plugins: None) -> None:
@@ -119,72 +110,23 @@ def test_wait_task_gets_both_links_when_the_api_server_loads_the_dag(repo_plugin
     assert {"Ray job", "Run report"} <= set(links), links
 
 
-DAG_FILE = """
-from airflow.sdk import DAG
-from airflow.providers.standard.operators.empty import EmptyOperator
-
-with DAG(dag_id={dag_id!r}, schedule=None, catchup=False):
-    EmptyOperator(task_id={task_id!r})
-"""
-
-
 @pytest.fixture
 def report_run(airflow_db: Path, tmp_path: Path) -> tuple[str, RunReport]:
     """A DAG run in the metadata DB whose report task's XCom return value is the location of
-    ``make_report``: the DAG parsed from a file and written as the DAG processor does, the run
-    created as a trigger does, the XCom stored as the task runner's push does."""
-    from datetime import datetime, timezone
-
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
-    from airflow.models.xcom import XComModel
-    from airflow.serialization.serialized_objects import DagSerialization
-    from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunTriggeredByType, DagRunType
-
+    ``make_report``."""
     from verl_pipeline.airflow.task_ids import REPORT_TASK
 
     report = make_report(tmp_path)
-    dag_file = tmp_path / "dags" / "report_app_test_dag.py"
-    dag_file.parent.mkdir()
-    dag_file.write_text(DAG_FILE.format(dag_id=DAG_ID, task_id=REPORT_TASK))
-    DagBundlesManager().sync_bundles_to_db()
-    bag = DagBag(dag_folder=str(dag_file))
-    assert bag.import_errors == {}
-    sync_bag_to_db(bag, "dags-folder", None)
-    now = datetime.now(timezone.utc)
-    run_id = f"manual__{now.isoformat()}"  # Airflow's form: ':' and '+' need quoting in URLs
-    scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(bag.dags[DAG_ID]))
-    scheduler_dag.create_dagrun(run_id=run_id, run_after=now, run_type=DagRunType.MANUAL,
-                                triggered_by=DagRunTriggeredByType.TEST, state=DagRunState.SUCCESS)
-    XComModel.set("return_value", {"report_dir": str(report.report_dir), "html": str(report.html)},
-                  dag_id=DAG_ID, task_id=REPORT_TASK, run_id=run_id)
+    run_id = api_server.dag_run(tmp_path, DAG_ID, REPORT_TASK)
+    api_server.set_xcom(DAG_ID, run_id, REPORT_TASK, "return_value",
+                        {"report_dir": str(report.report_dir), "html": str(report.html)})
     return run_id, report
 
 
 @pytest.fixture
 def api(repo_plugins: None, report_run: Any) -> Iterator[Any]:
-    """Airflow's API server parts that serve a plugin's app: its plugin mounting (``init_plugins``,
-    as ``create_app`` calls it) and its auth manager (the configured simple auth manager)."""
-    from airflow.api_fastapi.app import init_auth_manager, init_plugins, purge_cached_app
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-
-    app = FastAPI()
-    init_plugins(app)
-    init_auth_manager(app)
-    try:
-        with TestClient(app) as client:
-            yield client
-    finally:
-        purge_cached_app()
-
-
-def jwt(role: str | None) -> str:
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-
-    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=f"u-{role}", role=role))
+    with api_server.served_plugins() as client:
+        yield client
 
 
 def test_reports_are_served_only_to_users_who_may_read_the_runs(api: Any, report_run: Any) -> None:

@@ -35,6 +35,9 @@ from verl_pipeline.cluster.local import free_ports
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
 ADMIN_USER = "admin"
+#: A second user, without a role: the simple auth manager lets them log in and read no DAG, run or log
+#: (its roles give every DAG to viewers and up; a user without a role is the one who may not read a run).
+OUTSIDER_USER = "outsider"
 # The api-server first: every other component talks to it, on a port it has proved it could bind.
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 API_SERVER_STARTS = 3
@@ -202,6 +205,7 @@ class AirflowStack:
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vp-stack-")))
     api_port: int = field(default_factory=lambda: free_ports(1)[0])
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    outsider_password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     # One secret for every component: the api-server verifies the JWTs the scheduler signs.
     jwt_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     api_secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
@@ -296,7 +300,7 @@ class AirflowStack:
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__CORE__AUTH_MANAGER":
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin,{OUTSIDER_USER}:",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
@@ -319,7 +323,7 @@ class AirflowStack:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         pw_file = self.home / "passwords.json"
-        pw_file.write_text(json.dumps({ADMIN_USER: self.password}))
+        pw_file.write_text(json.dumps({ADMIN_USER: self.password, OUTSIDER_USER: self.outsider_password}))
         pw_file.chmod(0o600)
         self._write_configs()
         # The project's Airflow local settings (the shared-cluster pool policy), as its image installs them.
@@ -460,9 +464,10 @@ class AirflowStack:
         self._launch(comp)
 
     # -- REST API v2 --------------------------------------------------------------------------------
-    def token(self) -> str:
-        r = httpx.post(f"{self.base_url}/auth/token", json={"username": ADMIN_USER, "password": self.password},
-                       timeout=30)
+    def token(self, user: str = ADMIN_USER) -> str:
+        """A JWT of ``user`` (:data:`ADMIN_USER` or :data:`OUTSIDER_USER`) from the API's login."""
+        password = self.outsider_password if user == OUTSIDER_USER else self.password
+        r = httpx.post(f"{self.base_url}/auth/token", json={"username": user, "password": password}, timeout=30)
         r.raise_for_status()
         return str(r.json()["access_token"])
 
@@ -480,6 +485,21 @@ class AirflowStack:
                 return dict(r.json())
             if time.monotonic() > deadline:
                 raise TimeoutError(f"DAG {dag_id} not parsed in {timeout_s}s: {r.status_code} {r.text[:300]}")
+            time.sleep(1)
+
+    def wait_held_at_gate(self, api: httpx.Client, run_id: str, timeout_s: float = 600.0) -> Path:
+        """Until a :data:`STACK_TRAIN_PROFILE` run's job trains, is held at the gate (closed), and its wait
+        task is deferred to a triggerer; returns the run directory."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            sub = run_xcom(api, run_id, "submit_verl_job")
+            ti = task_instance(api, run_id, "wait_for_verl_job")
+            if sub and ti.get("state") == "deferred" and ti.get("triggerer_job"):
+                metrics = Path(sub["run_dir"]) / "metrics-a1.jsonl"
+                if metrics.is_file() and len(metrics.read_text().splitlines()) >= STACK_GATE_AFTER_STEP:
+                    return Path(sub["run_dir"])
+            assert time.monotonic() < deadline, f"run {run_id} never reached the gate deferred: {ti.get('state')}"
             time.sleep(1)
 
     def wait_for_run(self, api: httpx.Client, dag_id: str, run_id: str, timeout_s: float = 600.0) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import pytest
 from tests.conftest import ray_processes
 from tests.integration import secret_canary
 from tests.integration.airflow_stack import (
-    STACK_GATE_AFTER_STEP,
     STACK_TOTAL_STEPS,
     STACK_TRAIN_PROFILE,
     AirflowStack,
@@ -51,22 +50,6 @@ def _wait_log(api: httpx.Client, run_id: str, try_number: int = 1) -> str:
     return "\n".join(str(item.get("event", "")) if isinstance(item, dict) else str(item) for item in content)
 
 
-def _held_at_the_gate(airflow_stack: AirflowStack, api: httpx.Client, run_id: str) -> Path:
-    """Wait until the run's job trains, is held at the gate, and its wait task is deferred to a triggerer;
-    returns the run directory."""
-    deadline = time.monotonic() + 600
-    while True:
-        airflow_stack._check_alive()
-        sub = _xcom(api, run_id, "submit_verl_job")
-        ti = _ti(api, run_id)
-        if sub and ti.get("state") == "deferred" and ti.get("triggerer_job"):
-            metrics = Path(sub["run_dir"]) / "metrics-a1.jsonl"
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= STACK_GATE_AFTER_STEP:
-                return Path(sub["run_dir"])
-        assert time.monotonic() < deadline, f"run {run_id} never reached the gate deferred: {_states(api, run_id)}"
-        time.sleep(1)
-
-
 def _trainers(run_dir: Path) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"])
             if FAKE_TRAINER in " ".join(p.info["cmdline"] or []) and run_dir.name in " ".join(p.info["cmdline"] or [])]
@@ -87,8 +70,8 @@ def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: Airfl
             assert r.status_code == 200, r.text
             runs.append(r.json()["dag_run_id"])
         killed_run, restarted_run = runs
-        killed_dir = _held_at_the_gate(airflow_stack, api, killed_run)
-        restarted_dir = _held_at_the_gate(airflow_stack, api, restarted_run)
+        killed_dir = airflow_stack.wait_held_at_gate(api, killed_run)
+        restarted_dir = airflow_stack.wait_held_at_gate(api, restarted_run)
 
         # -- While both train: no secret in any job's info or log through the Jobs API (the job gets
         #    its cluster's Ray token by a file path, not in its runtime_env).

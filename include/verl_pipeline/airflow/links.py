@@ -1,4 +1,4 @@
-"""A task button in the Airflow UI that opens the Ray dashboard page of the task's job."""
+"""A task button in the Airflow UI that opens the Ray dashboard page of the task's job, through Airflow."""
 
 from __future__ import annotations
 
@@ -6,13 +6,32 @@ from typing import Any
 
 from airflow.sdk import BaseOperatorLink
 
+from verl_pipeline.airflow.report_app import dashboard_url
+from verl_pipeline.jobs.ids import job_page_url
+
+
+def job_link(dag_id: str, run_id: str, submission_id: str, *, base_url: str) -> str:
+    """The job's page in the run's dashboard as the API server proxies it (the cluster's token is added
+    there, behind Airflow's read access to the run: :mod:`verl_pipeline.airflow.dashboard_proxy`)."""
+    return job_page_url(dashboard_url(dag_id, run_id, base_url=base_url), submission_id)
+
 
 class RayJobLink(BaseOperatorLink):
-    """``Ray job``: the dashboard URL is stored in XCom when the job is submitted or waited on."""
+    """``Ray job``: the job's dashboard page, stored in XCom when the job is submitted or waited on.
+
+    Always the proxied page, whatever the cluster's auth: the dashboard's own address is often
+    reachable only from the cluster's network (a loopback head on a worker, a Slurm node), and the
+    proxy applies Airflow's access check to a cluster without auth too. The direct address stays in
+    the task log for those on the cluster's network.
+    """
 
     name = "Ray job"
 
-    def persist(self, context: Any, url: str) -> None:
+    def persist(self, context: Any, submission_id: str) -> None:
+        from airflow.sdk.configuration import conf  # the task's view of airflow.cfg
+
+        url = job_link(context["dag"].dag_id, context["run_id"], submission_id,
+                       base_url=conf.get("api", "base_url", fallback=""))
         context["ti"].xcom_push(key=self.xcom_key, value=url)
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:

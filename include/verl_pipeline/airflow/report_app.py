@@ -1,11 +1,14 @@
-"""Run reports in the Airflow UI: a FastAPI app the API server mounts under :data:`URL_PREFIX`.
+"""Run reports and Ray dashboards in the Airflow UI: a FastAPI app the API server mounts under :data:`URL_PREFIX`.
 
 Routes (behind Airflow's own auth: the UI's session cookie or an ``Authorization: Bearer`` JWT, and
 read access to the DAG's runs through the configured auth manager):
 
-``GET /verl-pipeline/runs/{dag_id}/{run_id}/report/``        the run's ``report.html``
-``GET /verl-pipeline/runs/{dag_id}/{run_id}/report/{name}``  one file of that report's directory
-                                                              (its plots, ``report.json``)
+``GET /verl-pipeline/runs/{dag_id}/{run_id}/report/``           the run's ``report.html``
+``GET /verl-pipeline/runs/{dag_id}/{run_id}/report/{name}``     one file of that report's directory
+                                                                 (its plots, ``report.json``)
+``GET /verl-pipeline/runs/{dag_id}/{run_id}/dashboard/{path}``  the run's Ray dashboard, read-only, with
+                                                                 the cluster's token added by the server
+                                                                 (:mod:`verl_pipeline.airflow.dashboard_proxy`)
 
 The report of a run is found through the XCom return value of its report task,
 ``{"report_dir": ..., "html": ...}``. Only a plain file name directly inside that directory, with a
@@ -38,6 +41,9 @@ URL_PREFIX = "/verl-pipeline"
 #: The report page of one run, below :data:`URL_PREFIX`. The trailing slash matters: the page refers
 #: to its plots by relative name, which the browser resolves against this directory-like path.
 REPORT_ROUTE = "/runs/{dag_id}/{run_id}/report/"
+#: The run's Ray dashboard, below :data:`URL_PREFIX`; the slash matters as for the report (the
+#: dashboard's own requests are relative to its page).
+DASHBOARD_ROUTE = "/runs/{dag_id}/{run_id}/dashboard/"
 #: The files a report consists of, by suffix, with the media type they are served as.
 MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -57,6 +63,13 @@ def report_path(dag_id: str, run_id: str) -> str:
 def report_url(dag_id: str, run_id: str, *, base_url: str) -> str:
     """The report page's address under Airflow's ``[api] base_url`` (empty: the server's root)."""
     return base_url.rstrip("/") + report_path(dag_id, run_id)
+
+
+def dashboard_url(dag_id: str, run_id: str, *, base_url: str) -> str:
+    """The run's Ray dashboard through the API server, under Airflow's ``[api] base_url`` (empty: an
+    address from the server's root, which the UI's links resolve against its own origin)."""
+    return base_url.rstrip("/") + URL_PREFIX + DASHBOARD_ROUTE.format(
+        dag_id=quote(dag_id, safe=""), run_id=quote(run_id, safe=""))
 
 
 def view_href() -> str:
@@ -141,7 +154,10 @@ def create_app() -> FastAPI:
     from fastapi import Depends, FastAPI
     from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
-    app = FastAPI(title="verl pipeline: run reports", docs_url=None, redoc_url=None, openapi_url=None)
+    from verl_pipeline.airflow.dashboard_proxy import add_dashboard_routes
+
+    app = FastAPI(title="verl pipeline: run reports and Ray dashboards", docs_url=None, redoc_url=None,
+                  openapi_url=None)
     # Airflow's own check: a valid JWT (cookie `_token` or Bearer) of a user who may read this DAG's runs.
     may_read_runs = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
     headers = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff",
@@ -171,6 +187,7 @@ def create_app() -> FastAPI:
     def report_asset(dag_id: str, run_id: str, name: str) -> Any:
         return serve(dag_id, run_id, name)
 
+    add_dashboard_routes(app, route=DASHBOARD_ROUTE.rstrip("/"), dependencies=may_read_runs)
     return app
 
 

@@ -11,3 +11,6 @@ WAIT_TASK = "wait_for_verl_job"
 TEARDOWN_TASK = "teardown_ray_cluster"
 EXPORT_TASK = "export_model"
 REPORT_TASK = "report_run"
+
+#: The provision task's XCom naming the run directory (the frozen spec, the cluster record …).
+RUN_DIR_KEY = "run_dir"

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from verl_pipeline import steps
 from verl_pipeline.airflow.task_ids import (
     PROVISION_TASK,
+    RUN_DIR_KEY,
     WAIT_TASK,
 )
 from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError
@@ -38,10 +39,6 @@ def connection(conn_id: str) -> Any:
 
 def run_name(context: Any) -> str:
     return f"{context['dag'].dag_id}/{context['run_id']}"
-
-
-#: The provision task's XCom naming the run directory, which holds the run's frozen spec.
-RUN_DIR_KEY = "run_dir"
 
 
 def spec_from_params(context: Any) -> RunSpec:

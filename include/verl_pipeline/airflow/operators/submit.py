@@ -13,7 +13,6 @@ from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, PROVI
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.constants import SubmitAction
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.jobs.ids import job_page_url
 
 
 class SubmitVerlJobOperator(PipelineOperator):
@@ -85,7 +84,7 @@ class SubmitVerlJobOperator(PipelineOperator):
             self._log_job(done.prepared.job)
             result["environment"] = done.prepared.environment
         self.log.info("Ray job %s: %s (attempt %d)", sub.submission_id, sub.action.value, sub.attempt)
-        RayJobLink().persist(context, job_page_url(handle.dashboard_url, sub.submission_id))
+        RayJobLink().persist(context, sub.submission_id)
         return {**sub.to_dict(), "mode": self._mode(spec, done), **result}
 
     def _log_job(self, job: Any) -> None:

@@ -28,7 +28,6 @@ from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, PROVI
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.jobs.ids import job_page_url
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
@@ -230,7 +229,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         from verl_pipeline.jobs.logstream import WaitCursor
 
         self._job_id, self._cluster = job_id, handle.to_dict()
-        RayJobLink().persist(context, job_page_url(handle.dashboard_url, job_id))
+        RayJobLink().persist(context, job_id)
         cursor = WaitCursor.load(spec.run_dir, job_id)
         mine = RunDir(spec.run_dir).attempt_of(job_id)
         metrics_path = mine.metrics_path if mine else None
