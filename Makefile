@@ -29,7 +29,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt requirements/constraints.txt requirements/dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip $(QUIET_PIP)
-	# torch first, pinned (from $(TORCH_INDEX) when set). Then everything else, held to the lock as constraints.
+	# torch first, pinned (from TORCH_INDEX when set). Then everything else, held to the lock as constraints.
 	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(QUIET_PIP)
 	$(PIP) install -r requirements.txt -r requirements/dev.txt -c requirements/constraints.txt $(QUIET_PIP)
 	$(PIP) install --no-deps -e . $(QUIET_PIP)
