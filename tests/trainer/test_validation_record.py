@@ -1,5 +1,6 @@
-"""verl's validation done once per run: the provision task records it, the preflight job trusts it only
-for the same overrides and verl installation, and validates itself otherwise."""
+"""verl's validation done once per run, at most: the provision task records it (and reuses one of an
+earlier run of the same configuration), the preflight job trusts it only for the same overrides and
+verl installation, and each validates itself otherwise."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from verl_pipeline.spec import ModelSource, RunSpec
 from verl_pipeline.trainer import preflight
 from verl_pipeline.trainer.render import render_job
 from verl_pipeline.trainer.validate import (
-    FILLED_AFTER_VALIDATION,
+    UNVALIDATED_KEYS,
     VerlConfigError,
     override_key,
     trusted,
@@ -85,21 +86,47 @@ def test_a_record_for_other_overrides_or_none_is_not_trusted(provisioned: tuple[
     assert validation_key(changed) != record["key"]
 
 
-def test_verls_validation_reads_none_of_the_keys_filled_after_it(provisioned: tuple[RunSpec, RunDir],
-                                                                 tmp_path: Path) -> None:
-    """Why a record may stand for other values of FILLED_AFTER_VALIDATION: verl accepts the same
-    configuration with any of them (files that do not exist, either filter setting)."""
+def test_verls_validation_reads_none_of_the_unvalidated_keys(provisioned: tuple[RunSpec, RunDir],
+                                                             tmp_path: Path) -> None:
+    """Why a record may stand for other values of UNVALIDATED_KEYS: verl accepts the same
+    configuration with any of them (files that do not exist, either filter setting, other run names)."""
     spec, _ = provisioned
     base = validate(_job_overrides(spec, tmp_path))
     for overrides in (
         _job_overrides(spec, tmp_path, **{"data.train_files": "/nowhere/a.parquet", "data.val_files": "[]"}),
         _job_overrides(spec, tmp_path, **{"data.filter_overlong_prompts": "true"}),
         _job_overrides(spec, tmp_path, **{"data.filter_overlong_prompts": "false"}),
+        _job_overrides(spec, tmp_path, **{"trainer.experiment_name": "other",
+                                          "trainer.default_local_dir": "/nowhere/checkpoints"}),
     ):
         v = validate(overrides)
         assert (v.n_gpus, v.use_critic, v.use_reference_policy) == (base.n_gpus, base.use_critic,
                                                                     base.use_reference_policy)
-    assert {"data.train_files", "data.val_files"} <= set(FILLED_AFTER_VALIDATION)
+    assert {o.partition("=")[0] for o in _job_overrides(spec, tmp_path)} >= set(UNVALIDATED_KEYS) - {
+        "data.filter_overlong_prompts"}
+
+
+def test_a_later_run_of_a_configuration_reuses_its_validation_and_a_bad_one_is_never_kept(tmp_path: Path) -> None:
+    params = {"total_training_steps": 11}
+    first = steps.validate_spec_with_verl(build_run_spec(params, run_name="pytest/reuse-1"))  # validates, keeps
+    assert first["reused"] is None
+    later = build_run_spec(params, run_name="pytest/reuse-2")  # another run: other names, same configuration
+    run_dir = RunDir(tmp_path / "run")
+    again = steps.validate_spec_with_verl(later, record_in=run_dir, reuse=True)
+    assert again["reused"] and (again["n_gpus"], again["use_critic"]) == (first["n_gpus"], first["use_critic"])
+    # The run's own record then serves its preflight job (its names, not the first run's, in the config).
+    v, why = trusted(run_dir.validation(), _job_overrides(later, tmp_path))
+    assert v is not None, why
+    assert v.config.trainer.experiment_name == later.run_key
+    # Another configuration is validated; a rejected one is not kept, so it fails every time.
+    assert steps.validate_spec_with_verl(build_run_spec({"total_training_steps": 12}, run_name="pytest/reuse-3"),
+                                         reuse=True)["reused"] is None
+    bad = build_run_spec(params, run_name="pytest/reuse-bad", overrides={"actor_rollout_ref.actor.loss_agg_mode": "x"})
+    bad_dir = RunDir(tmp_path / "bad")
+    for _ in range(2):
+        with pytest.raises(VerlConfigError, match="loss_agg_mode"):
+            steps.validate_spec_with_verl(bad, record_in=bad_dir, reuse=True)
+    assert bad_dir.validation() is None
 
 
 def test_the_preflight_job_validates_itself_without_a_record_and_fails_on_a_bad_config(

@@ -1,9 +1,11 @@
 """Compose verl's own Hydra config from the installed verl package and run verl's own checks.
 
-A validation is done once per run: the provision task validates the run's overrides and keeps a
-:class:`ValidationRecord` (the composed config, keyed by the overrides and the verl installation);
-the preflight job trusts it for the same key instead of composing and validating again
-(:func:`trusted`), and validates itself when there is no record or it was made for something else.
+A validation is done once per run, at most: the provision task validates the run's overrides and
+keeps a :class:`ValidationRecord` (the composed config, keyed by the overrides and the verl
+installation: :func:`validation_key`) in the run directory and on this machine; a later run of the
+same configuration reuses it (:func:`earlier_record`), and the preflight job trusts it for the same key
+instead of composing and validating again (:func:`trusted`). Where there is no record for the key,
+each of them validates itself.
 """
 
 from __future__ import annotations
@@ -208,13 +210,18 @@ def validate(overrides: Sequence[str]) -> Validated:
     return Validated(cfg, use_critic, use_ref, n_gpus, round(time.monotonic() - t0, 2))
 
 
-#: The overrides the pipeline fills in after provision, from the data it prepared: where the parquet
-#: files are, and whether preprocessing already dropped the overlong prompts. verl's composition takes
-#: them as given values and its validation reads none of them (``validate_config``, the actor/critic
-#: checks and the rollout dataclass look at batch sizes, parallelism, model and engine settings; a
-#: test keeps that true for the installed verl), so a validation of the run's other overrides holds
-#: for any values of these.
-FILLED_AFTER_VALIDATION = ("data.train_files", "data.val_files", "data.filter_overlong_prompts")
+#: The overrides whose values verl's validation never reads, and that differ between the runs of one
+#: configuration or between a run's provision and its job: the run's names (its experiment and
+#: checkpoint directory), and what the pipeline fills in after provision from the data it prepared
+#: (where the parquet files are, whether preprocessing already dropped the overlong prompts). verl's
+#: composition takes them as given values; ``validate_config``, the actor/critic checks and the
+#: rollout dataclass look at batch sizes, parallelism, model and engine settings (a test keeps that
+#: true for the installed verl). A validation of the other overrides holds for any values of these.
+UNVALIDATED_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "data.train_files", "data.val_files",
+                    "data.filter_overlong_prompts")
+#: Where this machine keeps the validations verl passed, one file per :func:`validation_key`, under
+#: the pipeline's home: a run of a configuration validated before reuses its record.
+RECORDS_DIR = "verl-validations"
 #: An override's key: what stands before its first ``=`` (after Hydra's ``+``, ``++`` or ``~``).
 _KEY = re.compile(r"^[+~]*([^=]+)=")
 
@@ -257,7 +264,7 @@ def _files_digest(root: Path) -> str:
 
 def validation_key(overrides: Sequence[str]) -> str:
     """What a validation of ``overrides`` depends on, as one digest: the overrides (but the
-    :data:`FILLED_AFTER_VALIDATION` ones), verl's installed files, the versions of the distributions
+    :data:`UNVALIDATED_KEYS` ones), verl's installed files, the versions of the distributions
     its checks run, and this module (what "validated" means here)."""
     import importlib.util
 
@@ -265,7 +272,7 @@ def validation_key(overrides: Sequence[str]) -> str:
     if spec is None or not spec.submodule_search_locations:
         raise VerlConfigError("verl", None, "verl is not installed in this environment", "pip install verl")
     facts = {
-        "overrides": [o for o in overrides if override_key(o) not in FILLED_AFTER_VALIDATION],
+        "overrides": [o for o in overrides if override_key(o) not in UNVALIDATED_KEYS],
         "verl_files": _files_digest(Path(next(iter(spec.submodule_search_locations)))),
         "distributions": _distribution_versions(),
         "validator": hashlib.blake2b(Path(__file__).read_bytes(), digest_size=16).hexdigest(),
@@ -293,18 +300,48 @@ class ValidationRecord:
         return asdict(self)
 
     @classmethod
-    def of(cls, v: Validated, overrides: Sequence[str]) -> ValidationRecord:
+    def of(cls, v: Validated, overrides: Sequence[str], key: str) -> ValidationRecord:
         from omegaconf import OmegaConf
 
-        return cls(key=validation_key(overrides), verl_version=_verl_version(), overrides=list(overrides),
-                   n_gpus=v.n_gpus, use_critic=v.use_critic, use_reference_policy=v.use_reference_policy,
-                   seconds=v.seconds, validated_at=round(time.time(), 3), config_yaml=OmegaConf.to_yaml(v.config))
+        return cls(key=key, verl_version=_verl_version(), overrides=list(overrides), n_gpus=v.n_gpus,
+                   use_critic=v.use_critic, use_reference_policy=v.use_reference_policy, seconds=v.seconds,
+                   validated_at=round(time.time(), 3), config_yaml=OmegaConf.to_yaml(v.config))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ValidationRecord:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def _record_path(key: str) -> Path:
+    from verl_pipeline.paths import pipeline_home
+
+    return pipeline_home() / RECORDS_DIR / f"{key}.json"
+
+
+def earlier_record(key: str) -> tuple[ValidationRecord | None, Path]:
+    """The validation this machine recorded for ``key`` (None when it has none) and where it is kept."""
+    path = _record_path(key)
+    try:
+        data = json.loads(path.read_text())
+        record = ValidationRecord.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, path
+    return (record if record.key == key else None), path
+
+
+def keep(record: ValidationRecord) -> Path:
+    """Keep ``record`` on this machine for later runs of the same configuration; returns where."""
+    from verl_pipeline.paths import write_json_atomic
+
+    path = _record_path(record.key)
+    write_json_atomic(path, record.to_dict())
+    return path
 
 
 def trusted(record: Mapping[str, Any] | None, overrides: Sequence[str]) -> tuple[Validated | None, str]:
     """The validation ``record`` stands for when it was made for ``overrides`` (same
     :func:`validation_key`): verl's conclusions and the config it composed, with the
-    :data:`FILLED_AFTER_VALIDATION` overrides of ``overrides`` applied. Else None; the string says why."""
+    :data:`UNVALIDATED_KEYS` overrides of ``overrides`` applied. Else None; the string says why."""
     if not record:
         return None, "no validation was recorded for this run"
     key = validation_key(overrides)
@@ -316,7 +353,7 @@ def trusted(record: Mapping[str, Any] | None, overrides: Sequence[str]) -> tuple
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    filled = [o for o in overrides if override_key(o) in FILLED_AFTER_VALIDATION]
+    filled = [o for o in overrides if override_key(o) in UNVALIDATED_KEYS]
     try:
         cfg = OmegaConf.create(record["config_yaml"])
         for parsed in OverridesParser.create().parse_overrides(filled):
