@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from verl_pipeline.constants import PREFLIGHT_SUMMARY_MARKER
 from verl_pipeline.paths import write_json_atomic
@@ -208,5 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _exit(code: int) -> NoReturn:
+    """End the job as soon as its summary is out: the interpreter's own teardown (Ray's disconnect,
+    torch's and transformers' exit handlers, collecting the model) took seconds and leaves nothing the
+    job needs; Ray cleans up after a driver that exits without ``ray.shutdown()`` as after any other."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _exit(main())
