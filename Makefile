@@ -16,6 +16,12 @@ AIRFLOW_ENV := AIRFLOW_HOME=$(WORK)/airflow \
 	AIRFLOW__CORE__PARALLELISM=4 \
 	VERL_PIPELINE_HOME=$${VERL_PIPELINE_HOME:-$(WORK)/home}
 
+# Where torch comes from. Empty: pip's configured index (PyPI's torch for Linux x86 is the CUDA build,
+# GBs of nvidia-* wheels). The Airflow side and the embedded CPU cluster need only the CPU build:
+#   make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# It applies when the venv is created (to switch an existing one: rm -rf .venv first).
+TORCH_INDEX ?=
+
 .PHONY: install run test lint compose-plugin system-deps clean
 
 install: $(VENV)/.installed
@@ -23,17 +29,23 @@ install: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt requirements/constraints.txt requirements/dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip $(QUIET_PIP)
-	# torch first, pinned: the CPU build. Then everything else, held to the lock as constraints.
-	$(PIP) install torch==2.13.0 $(QUIET_PIP)
+	# torch first, pinned (from TORCH_INDEX when set). Then everything else, held to the lock as constraints.
+	$(PIP) install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(QUIET_PIP)
 	$(PIP) install -r requirements.txt -r requirements/dev.txt -c requirements/constraints.txt $(QUIET_PIP)
 	$(PIP) install --no-deps -e . $(QUIET_PIP)
 	touch $@
 
 # The whole DAG on the embedded default: local Ray head on loopback, CPU, offline, preflight mode.
-run: install
+run: install $(WORK)/airflow/airflow.db
+	$(AIRFLOW_ENV) $(BIN)/airflow dags test verl_ppo
+
+# Airflow's metadata DB, migrated when it is missing or the install changed (a migrate that finds the DB
+# current still takes seconds). A DB elsewhere (AIRFLOW__DATABASE__SQL_ALCHEMY_CONN) leaves no such
+# file, so it is migrated on every run.
+$(WORK)/airflow/airflow.db: $(VENV)/.installed
 	mkdir -p $(WORK)/airflow
 	$(AIRFLOW_ENV) $(BIN)/airflow db migrate > $(WORK)/airflow/migrate.log 2>&1 || (cat $(WORK)/airflow/migrate.log; exit 1)
-	$(AIRFLOW_ENV) $(BIN)/airflow dags test verl_ppo
+	test ! -f $@ || touch $@
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,7 +1,8 @@
 """A run's directory: every file the pipeline keeps for one run, named here and nowhere else.
 
 ``<storage>/runs/<run_key>/`` holds the run's frozen spec (``run_spec.json``, written once at
-provision and read back by every later task, retry and CLI command), the job as submitted
+provision and read back by every later task, retry and CLI command), verl's validation of the run
+(done once, at provision, and trusted by the preflight job), the job as submitted
 (``job.json``), the cluster it runs on (``cluster.json``), the record of submitted attempts and of the
 jobs the pipeline stopped, the waiter's cursor, verl's metrics per attempt, the report and the
 exported model. It is the record that outlives a re-provisioned cluster (whose Ray job table is
@@ -130,6 +131,12 @@ class RunDir:
         return self.path / "preflight.json"
 
     @property
+    def validation_file(self) -> Path:
+        """The provision task's verl validation (``trainer.validate.ValidationRecord``): what the preflight
+        job trusts instead of composing and validating the same overrides again."""
+        return self.path / "verl-validation.json"
+
+    @property
     def secrets_dir(self) -> Path:
         """Private folder (0700) of the tracker credentials files (0600), one per attempt."""
         return self.path / "secrets"
@@ -196,6 +203,13 @@ class RunDir:
 
     def save_job(self, job: dict[str, Any]) -> None:
         write_json_atomic(self.job_file, job)
+
+    def validation(self) -> dict[str, Any] | None:
+        """The provision task's verl validation record, None when it recorded none."""
+        return _read_json(self.validation_file)
+
+    def save_validation(self, record: dict[str, Any]) -> None:
+        write_json_atomic(self.validation_file, record)
 
     def cluster(self) -> dict[str, Any] | None:
         """The run's current cluster handle (a dict), None when none is recorded or it was torn down."""

@@ -28,31 +28,58 @@ if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
 log = logging.getLogger(__name__)
 
 
-def validate_spec_with_verl(spec: RunSpec) -> dict[str, Any]:
+def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, reuse: bool = False) -> dict[str, Any]:
     """Run verl's own composition + validation for the run's target shape, before any cluster.
 
     verl's model config loads a tokenizer, so the built-in tiny model stands in for the run's
-    model here (a seconds-long structural check of batch sizes, parallelism and keys); the job
-    repeats the validation on the cluster with the real model and data.
+    model here (a seconds-long structural check of batch sizes, parallelism and keys). Each
+    validation verl passes is kept on this machine (``trainer.validate.keep``); with ``reuse`` a
+    configuration validated before (same overrides but the run's names and data, same verl
+    installation) is not composed or validated again. With ``record_in`` (the provision task's run
+    directory) the validation is recorded there: a preflight job whose overrides differ from these only
+    in the data it was given (and whose model is the stand-in, as on the embedded default) trusts it
+    instead of composing and validating again; any other job repeats the validation on the cluster
+    with its real model.
     """
+    import time
+    from importlib.metadata import version
+
     from verl_pipeline.models.prefetch import prefetch
     from verl_pipeline.paths import pipeline_home
     from verl_pipeline.spec import ModelSource
     from verl_pipeline.trainer.overrides import render_overrides
     from verl_pipeline.trainer.render import job_settings
-    from verl_pipeline.trainer.validate import validate
+    from verl_pipeline.trainer.validate import ValidationRecord, earlier_record, keep, validate, validation_key
 
+    t0 = time.monotonic()
     # The stand-in is read only here, so it lives in this machine's home, not on the cluster's storage.
     stand_in = prefetch(ModelSource("builtin", "tiny-qwen2"), pipeline_home() / "models").path
     settings = job_settings(spec, train_files="/placeholder/train.parquet", val_files="/placeholder/val.parquet",
                             model_path=stand_in)
-    v = validate(render_overrides(settings))
-    import verl
-
-    log.info("verl %s accepted the configuration for %d x %d GPU(s) in %.1fs (critic: %s, reference: %s)",
-             verl.__version__, spec.nnodes, spec.n_gpus_per_node, v.seconds, v.use_critic, v.use_reference_policy)
-    return {"n_gpus": v.n_gpus, "use_critic": v.use_critic, "use_reference_policy": v.use_reference_policy,
-            "seconds": v.seconds, "verl_version": str(verl.__version__)}
+    overrides = render_overrides(settings)
+    key = validation_key(overrides)
+    record, kept = earlier_record(key) if reuse else (None, None)
+    reused = record is not None
+    if record is not None:
+        seconds = round(time.monotonic() - t0, 2)
+        log.info("verl %s accepted this configuration for %d x %d GPU(s) before (%s, same verl installation, same "
+                 "overrides but the run's names and data): not composed or validated again (%.1fs)",
+                 record.verl_version, spec.nnodes, spec.n_gpus_per_node, kept, seconds)
+    else:
+        v = validate(overrides)
+        seconds = v.seconds
+        record = ValidationRecord.of(v, overrides, key)
+        kept = keep(record)
+        log.info("verl %s accepted the configuration for %d x %d GPU(s) in %.1fs (critic: %s, reference: %s)",
+                 record.verl_version, spec.nnodes, spec.n_gpus_per_node, v.seconds, v.use_critic,
+                 v.use_reference_policy)
+    if record_in is not None:
+        record_in.save_validation(record.to_dict())
+        log.info("verl's validation recorded in %s (key %s): the preflight job trusts it for the same overrides "
+                 "and verl installation", record_in.validation_file, record.key)
+    return {"n_gpus": record.n_gpus, "use_critic": record.use_critic,
+            "use_reference_policy": record.use_reference_policy, "seconds": seconds, "verl_version": version("verl"),
+            "reused": str(kept) if reused else None}
 
 
 def frozen_or(spec: RunSpec) -> RunSpec:

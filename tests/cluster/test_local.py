@@ -12,7 +12,7 @@ from tests.conftest import ray_processes
 from verl_pipeline.cluster import procs
 from verl_pipeline.cluster.address import AddressBackend
 from verl_pipeline.cluster.base import ClusterHandle, probe
-from verl_pipeline.cluster.local import LocalBackend, free_ports
+from verl_pipeline.cluster.local import LocalBackend, RayProcess, free_ports, ray_process, stop_stages
 from verl_pipeline.cluster.registry import get_backend
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration
 
 def test_local_head_up_and_down_leaves_nothing(tmp_path: Path) -> None:
     temp_dir = Path("/tmp") / f"vp-t-{os.getpid()}"
+    # A long grace period costs nothing when every process exits on SIGTERM in the teardown's order.
     backend = LocalBackend.from_spec({"backend": "local", "num_cpus": 1, "temp_dir": str(temp_dir),
-                                      "stop_grace_s": 3})
+                                      "stop_grace_s": 30})
     handle = backend.provision("pytest/up-down")
     try:
         assert handle.dashboard_url == f"http://127.0.0.1:{handle.extra['ports']['dashboard']}"
@@ -31,14 +32,70 @@ def test_local_head_up_and_down_leaves_nothing(tmp_path: Path) -> None:
         assert ray_processes(str(temp_dir)), "the Ray processes should name their temp dir"
         pids = [procs.ProcRef.from_list(p) for p in handle.extra["pids"]]
         assert len(pids) >= 5
+        # One of each process the teardown orders by.
+        kinds = [ray_process(cmdline) for cmdline in procs.cmdlines(pids).values()]
+        assert [kinds.count(k) for k in (RayProcess.RAYLET, RayProcess.GCS, RayProcess.NODE_ROOT)] == [1, 1, 1]
     finally:
         result = backend.teardown(handle)
     assert result["stopped_processes"] >= 5
+    # In Ray's order (raylet, the rest, GCS) each process exits on SIGTERM: none waits out the grace
+    # period (the `ray start --block` process, which drains first, is SIGKILLed once its node is gone).
+    assert result["killed_after_grace"] == 0
     assert procs.alive(pids) == []
     assert ray_processes(str(temp_dir)) == []
     assert not probe(handle.client()).ready
     # A second teardown is harmless.
     assert backend.teardown(handle)["stopped_processes"] == 0
+
+
+def test_teardown_stops_raylets_first_and_the_gcs_last_and_kills_the_node_roots() -> None:
+    """Ray's own stop order (``ray stop``: raylet, then the rest, then the GCS), then the ``ray start
+    --block`` processes, which drain their node on SIGTERM instead of exiting: SIGKILL, nothing waits."""
+    site = "/venv/lib/python3.11/site-packages/ray"
+    cmdlines = {
+        procs.ProcRef(10, 1.0): ["/venv/bin/python", "/venv/bin/ray", "start", "--head", "--block", "--port=6379"],
+        procs.ProcRef(11, 1.0): ["/venv/bin/python", "/venv/bin/ray", "start", "--block", "--address=10.0.0.1:6379"],
+        procs.ProcRef(12, 1.0): [f"{site}/core/src/ray/gcs/gcs_server", "--log_dir=/tmp/x"],
+        procs.ProcRef(13, 1.0): [f"{site}/core/src/ray/raylet/raylet", "--raylet_socket_name=/tmp/x/raylet"],
+        procs.ProcRef(14, 1.0): [f"{site}/core/src/ray/raylet/raylet", "--raylet_socket_name=/tmp/x/raylet.1"],
+        procs.ProcRef(15, 1.0): ["ray::DashboardAgent"],
+        procs.ProcRef(16, 1.0): ["/venv/bin/python", f"{site}/dashboard/dashboard.py", "--host=127.0.0.1"],
+        procs.ProcRef(17, 1.0): ["python", "-m", "verl_pipeline.trainer.preflight", "--", "a=1"],
+        procs.ProcRef(18, 1.0): ["/venv/bin/python", "/venv/bin/ray", "job", "submit", "--", "ray", "start"],
+        procs.ProcRef(19, 1.0): [],
+    }
+    stages = stop_stages(cmdlines)
+    assert [([r.pid for r in s.refs], s.kill) for s in stages] == [
+        ([13, 14], False), ([15, 16, 17, 18, 19], False), ([12], False), ([10, 11], True)]
+    assert ray_process(["/venv/bin/ray", "start", "--block"]) is RayProcess.NODE_ROOT
+    assert ray_process(["/venv/bin/python", "/venv/bin/ray", "start", "--head"]) is RayProcess.OTHER  # not blocking
+
+
+def test_stages_share_one_grace_period_and_a_sigterm_ignorer_is_killed() -> None:
+    """A process that ignores SIGTERM is SIGKILLed when the grace period ends; one that exits on
+    SIGTERM is never SIGKILLed; a SIGKILL stage's process (here one that would ignore SIGTERM too) is
+    killed without any wait."""
+    import subprocess
+    import sys
+
+    def start(ignore_sigterm: bool) -> subprocess.Popen[str]:
+        handler = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignore_sigterm else ""
+        p = subprocess.Popen([sys.executable, "-c", f"import signal, time; {handler}print('ready', flush=True); "
+                              "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"  # the handler is in place
+        return p
+
+    ignorer, polite, kill_stage = start(True), start(False), start(True)
+    refs = [procs.ProcRef(p.pid, procs.psutil.Process(p.pid).create_time()) for p in (ignorer, polite, kill_stage)]
+    report = procs.stop_in_stages([procs.Stage("ignorer", (refs[0],)), procs.Stage("polite", (refs[1],)),
+                                   procs.Stage("kill stage", (refs[2],), kill=True)], grace_s=1.0)
+    assert report.killed_after_grace == (ignorer.pid,)
+    assert (report.stopped, report.left) == (3, ())
+    assert procs.alive(refs) == []
+    for p in (ignorer, polite, kill_stage):
+        p.wait(timeout=30)
+        assert p.stdout is not None
+        p.stdout.close()
 
 
 def test_teardown_from_state_file_only(tmp_path: Path) -> None:

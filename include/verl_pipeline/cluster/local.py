@@ -6,7 +6,8 @@ with its own ports, for multi-node and node-failure tests). Worker nodes carry t
 
 ``ray start --head --block`` runs as the leader of a new session, so the head and everything it
 spawns share one process group. Teardown stops exactly those processes (by PID, process group and
-the private temp dir in their command lines), SIGTERM first and SIGKILL after a grace period.
+the private temp dir in their command lines) in Ray's order (:func:`stop_stages`): SIGTERM, and SIGKILL
+for what outlives one grace period.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,10 @@ _START_ATTEMPTS = 3
 #: answer in time on a loaded host (seen in CI: a re-provision while other tests start clusters).
 _RETRYABLE_START_MARKERS = ("Failed to bind", "already in use", "is used by other components",
                             "timed out during startup")
+
+#: How often a starting cluster is asked whether it is ready: two requests on loopback, and each
+#: second of a local start is a second of `make run`.
+_READY_POLL_S = 0.2
 
 
 class _RetryableStart(ClusterError):
@@ -247,7 +253,7 @@ class LocalBackend(ClusterBackend):
         leftovers = procs.alive(procs.with_cmdline(str(temp_dir)) + procs.with_environ(CLUSTER_MARKER, str(temp_dir)))
         if leftovers:
             log.warning("Stopping %d leftover Ray processes of an earlier attempt in %s", len(leftovers), temp_dir)
-            procs.terminate(leftovers, grace_s=self.stop_grace_s)
+            stop_processes(leftovers, grace_s=self.stop_grace_s)
         # Ours (Ray makes it world-writable once it runs, so the token lives beside it, not in it).
         auth.private_dir(temp_dir, others_may_write=True)
         # A fresh token for every start: one that leaked from an earlier cluster opens nothing.
@@ -303,7 +309,8 @@ class LocalBackend(ClusterBackend):
                     )
 
         try:
-            status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
+            status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting,
+                                poll_s=_READY_POLL_S)
             if self.nodes > 1:
                 head_ip = self._head_ip(handle)
                 taken = set(ports.values())
@@ -332,7 +339,8 @@ class LocalBackend(ClusterBackend):
                 handle.expected_nodes = self.nodes
                 handle.expected_cpus = self.num_cpus * self.nodes
                 handle.expected_gpus = self.num_gpus * self.nodes
-                status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting)
+                status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting,
+                                poll_s=_READY_POLL_S)
             del status
         except BaseException:
             self.teardown(handle)
@@ -362,6 +370,60 @@ class LocalBackend(ClusterBackend):
         return super().health(handle)
 
 
+class RayProcess(str, Enum):
+    """What a process of a local cluster is, as far as the order of stopping it goes."""
+
+    #: A node's raylet: its workers and agents share its fate and exit with it.
+    RAYLET = "raylet"
+    #: The head's GCS: every other process talks to it while it stops, so it goes after them.
+    GCS = "gcs_server"
+    #: ``ray start --block``: it only watches its node's processes. On SIGTERM it first drains the node
+    #: (Ray's ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``, 30 s by default) before it stops them itself,
+    #: so it outlives any grace period; once its node's processes are gone it holds nothing.
+    NODE_ROOT = "ray start"
+    #: Everything else: job drivers, workers, the dashboard and its modules, agents, monitors.
+    OTHER = "other"
+
+
+def ray_process(cmdline: Sequence[str]) -> RayProcess:
+    """What the process running ``cmdline`` is (see :class:`RayProcess`)."""
+    if not cmdline:
+        return RayProcess.OTHER
+    program = Path(cmdline[0]).name
+    if program == "raylet":
+        return RayProcess.RAYLET
+    if program == "gcs_server":
+        return RayProcess.GCS
+    ray_cli = next((i for i, arg in enumerate(cmdline[:2]) if Path(arg).name == "ray"), None)
+    if ray_cli is not None and cmdline[ray_cli + 1:ray_cli + 2] == ["start"] and "--block" in cmdline:
+        return RayProcess.NODE_ROOT
+    return RayProcess.OTHER
+
+
+def stop_stages(processes: Mapping[procs.ProcRef, Sequence[str]]) -> list[procs.Stage]:
+    """The order in which to stop a local cluster's processes (by command line), as Ray's own
+    ``ray stop`` does and then some: the raylets first (their workers and agents exit with them), then
+    everything else but the GCS, then the GCS (nothing is left to wait on it), and last the
+    ``ray start --block`` processes, with SIGKILL: they ignore SIGTERM for the length of a node drain,
+    and by then there is nothing left for them to stop."""
+    kinds = {ref: ray_process(cmdline) for ref, cmdline in processes.items()}
+
+    def of(kind: RayProcess) -> tuple[procs.ProcRef, ...]:
+        return tuple(sorted((ref for ref, k in kinds.items() if k is kind), key=lambda r: r.pid))
+
+    return [
+        procs.Stage("the raylets", of(RayProcess.RAYLET)),
+        procs.Stage("the cluster's other processes", of(RayProcess.OTHER)),
+        procs.Stage("the GCS", of(RayProcess.GCS)),
+        procs.Stage("the `ray start --block` node processes", of(RayProcess.NODE_ROOT), kill=True),
+    ]
+
+
+def stop_processes(refs: Iterable[procs.ProcRef], *, grace_s: float) -> procs.StopReport:
+    """Stop the live processes of ``refs`` in :func:`stop_stages` order."""
+    return procs.stop_in_stages(stop_stages(procs.cmdlines(procs.alive(refs))), grace_s=grace_s)
+
+
 def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     """Stop every process of a local cluster. Returns what was stopped; raises if any survive."""
     extra = handle.extra
@@ -389,21 +451,25 @@ def stop_local(handle: ClusterHandle) -> dict[str, Any]:
     if temp_dir:
         refs.update(procs.with_cmdline(temp_dir))
         refs.update(procs.with_environ(CLUSTER_MARKER, temp_dir))
-    before = procs.alive(refs)
     t0 = time.monotonic()
-    left = procs.terminate(before, grace_s=grace)
-    # Agents and workers re-parent when the raylet dies: look once more by group and temp dir.
-    late = set()
+    first = stop_processes(refs, grace_s=grace)
+    # Agents and workers re-parent when the raylet dies, and a job driver runs in a session of its own:
+    # look once more by process group, temp dir and marker.
+    late: set[procs.ProcRef] = set()
     for pgid in pgids:
         late.update(procs.in_process_group(pgid))
     if temp_dir:
         late.update(procs.with_cmdline(temp_dir))
         late.update(procs.with_environ(CLUSTER_MARKER, temp_dir))
-    left += procs.terminate(procs.alive(late), grace_s=grace)
+    again = stop_processes(late, grace_s=grace)
+    left = first.left + again.left
     if left:
         raise ClusterError(f"Ray processes survived SIGKILL: {sorted(r.pid for r in left)}")
     if state:
         # Kept for the record (and Ray's session logs stay beside it), but no longer "the live cluster".
         retire(state)
-    log.info("Stopped local Ray cluster %s: %d processes in %.1fs", handle.name, len(before), time.monotonic() - t0)
-    return {"stopped_processes": len(before), "seconds": round(time.monotonic() - t0, 2)}
+    stopped, late_kills = first.stopped + again.stopped, first.killed_after_grace + again.killed_after_grace
+    seconds = round(time.monotonic() - t0, 2)
+    log.info("Stopped local Ray cluster %s: %d processes in %.1fs%s", handle.name, stopped, seconds,
+             f" ({len(late_kills)} needed SIGKILL after the grace period)" if late_kills else "")
+    return {"stopped_processes": stopped, "seconds": seconds, "killed_after_grace": len(late_kills)}

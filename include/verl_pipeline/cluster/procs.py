@@ -9,12 +9,17 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import psutil
 
 log = logging.getLogger(__name__)
+
+#: How often a stop looks whether its processes have exited.
+_POLL_S = 0.05
+#: How long a SIGKILLed process has to be seen gone (the kernel tears down a large process in a moment).
+_REAP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -108,33 +113,97 @@ def alive(refs: Iterable[ProcRef]) -> list[ProcRef]:
     return [r for r in refs if r.process() is not None]
 
 
-def terminate(refs: Iterable[ProcRef], *, grace_s: float = 10.0) -> list[ProcRef]:
-    """SIGTERM every live ref, wait up to ``grace_s``, SIGKILL what is left.
+def cmdlines(refs: Iterable[ProcRef]) -> dict[ProcRef, list[str]]:
+    """The command line of each live ref (gone ones are left out)."""
+    out = {}
+    for ref in refs:
+        p = ref.process()
+        if p is None:
+            continue
+        try:
+            out[ref] = p.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
 
-    Returns the refs still alive after SIGKILL (normally empty).
+
+@dataclass(frozen=True)
+class Stage:
+    """Processes stopped together, once every earlier stage is gone."""
+
+    name: str
+    refs: tuple[ProcRef, ...]
+    #: SIGKILL at once instead of SIGTERM: for a process known to ignore SIGTERM (or to spend the grace
+    #: period on work that no longer matters), whose children earlier stages have already stopped.
+    kill: bool = False
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What :func:`stop_in_stages` did."""
+
+    #: Processes that were alive when their stage began.
+    stopped: int
+    #: PIDs that were sent SIGKILL because they outlived the grace period (a SIGKILL stage's are not counted).
+    killed_after_grace: tuple[int, ...]
+    #: Still alive after SIGKILL (normally empty).
+    left: tuple[ProcRef, ...]
+
+
+def stop_in_stages(stages: Sequence[Stage], *, grace_s: float) -> StopReport:
+    """Stop each stage's live processes, one stage after the other: SIGTERM and wait until they are gone
+    (SIGKILL for a ``kill`` stage), SIGKILL whatever is left when the grace period runs out.
+
+    One grace period for all stages together: a process that ignores SIGTERM delays the stop by at
+    most ``grace_s`` in all, not once per stage.
     """
-    live = {r: p for r in set(refs) if (p := r.process()) is not None}
-    if not live:
-        return []
-    log.info("Stopping %d processes (SIGTERM): %s", len(live), sorted(r.pid for r in live))
+    deadline = time.monotonic() + grace_s
+    stopped = 0
+    late: list[int] = []
+    left: list[ProcRef] = []
+    for stage in stages:
+        live = {r: p for r in dict.fromkeys(stage.refs) if (p := r.process()) is not None}
+        if not live:
+            continue
+        stopped += len(live)
+        log.info("Stopping %s (%s): %s", stage.name, "SIGKILL" if stage.kill else "SIGTERM",
+                 sorted(r.pid for r in live))
+        if not stage.kill:
+            _signal(live, signal.SIGTERM)
+            still = _wait_gone(live, deadline)
+            if still:
+                log.warning("%d of %s ignored SIGTERM for the %.0fs grace period; sending SIGKILL: %s", len(still),
+                            stage.name, grace_s, sorted(r.pid for r in still))
+                late += [r.pid for r in still]
+        else:
+            still = list(live)
+        if still:
+            _signal({r: live[r] for r in still}, signal.SIGKILL)
+            left += _wait_gone(live, time.monotonic() + _REAP_S)
+    return StopReport(stopped, tuple(late), tuple(left))
+
+
+def _signal(live: dict[ProcRef, psutil.Process], sig: signal.Signals) -> None:
     for p in live.values():
         try:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
-    _gone, still = psutil.wait_procs(list(live.values()), timeout=grace_s)
-    if still:
-        log.warning("%d processes ignored SIGTERM for %.0fs; sending SIGKILL: %s", len(still), grace_s,
-                    sorted(p.pid for p in still))
-        for p in still:
+
+
+def _wait_gone(live: dict[ProcRef, psutil.Process], deadline: float) -> list[ProcRef]:
+    """Wait until every process of ``live`` has exited (a zombie counts as exited; the ones that are
+    this process's children are reaped), or ``deadline``; returns the refs still alive."""
+    left = list(live)
+    reaped: set[ProcRef] = set()
+    while True:
+        left = alive(left)
+        for ref in live.keys() - set(left) - reaped:
+            reaped.add(ref)
             try:
-                p.kill()
-            except psutil.NoSuchProcess:
+                live[ref].wait(timeout=0)  # reaps an exited child of ours (a zombie until then)
+            except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
                 pass
-        psutil.wait_procs(still, timeout=5)
-    deadline = time.monotonic() + 5
-    left = alive(live)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = alive(live)
-    return left
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(_POLL_S)

@@ -1,12 +1,14 @@
 """The preflight Ray job: everything a verl run checks before it needs GPUs, on any cluster.
 
-Run as ``python -m verl_pipeline.trainer.preflight [--summary-path P] -- <verl overrides…>``.
-It composes verl's config from the installed ``ppo_trainer.yaml`` with the same overrides a
-training job gets and runs verl's validation for the target shape; loads the parquet with verl's
-``RLHFDataset`` and the model's tokenizer and reports prompt lengths; generates a few tokens with
-the model on CPU; and scores every ground truth with verl's ``default_compute_score`` in Ray tasks
-on the cluster (each must score 1.0). It prints a JSON summary after a marker line and exits
-non-zero when a check fails.
+Run as ``python -m verl_pipeline.trainer.preflight [--summary-path P] [--validation-record R] -- <verl
+overrides…>``. It takes verl's config as the provision task composed and validated it (the record ``R``,
+trusted when it was made for these overrides and this verl installation: see
+:func:`verl_pipeline.trainer.validate.trusted`), else composes it from the installed
+``ppo_trainer.yaml`` with the same overrides a training job gets and runs verl's validation for the
+target shape; loads the parquet with verl's ``RLHFDataset`` and the model's tokenizer and reports
+prompt lengths; generates a few tokens with the model on CPU; and scores every ground truth with
+verl's ``default_compute_score`` in a Ray task on the cluster (each must score 1.0). It prints a JSON
+summary after a marker line (each check with its seconds) and exits non-zero when a check fails.
 """
 
 from __future__ import annotations
@@ -14,37 +16,43 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from verl_pipeline.constants import PREFLIGHT_SUMMARY_MARKER
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.trainer.render import split_entrypoint_overrides
-from verl_pipeline.trainer.validate import VerlConfigError, validate
+from verl_pipeline.trainer.validate import Validated, VerlConfigError, trusted, validate
 
 log = logging.getLogger("verl_pipeline.preflight")
 
 
-def _score_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Score each row's ground truth, written as a model would answer, with verl's reward function."""
+def _score_splits(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Score each split's ground truths, written as a model would answer, with verl's reward function.
+
+    One Ray task for every split: each worker that runs it imports verl (and torch) first, which costs
+    far more than scoring a few thousand answers."""
     from verl.utils.reward_score import default_compute_score
 
-    failures: list[dict[str, Any]] = []
-    scored = 0
-    for row in rows:
-        truth = row["reward_model"]["ground_truth"]
-        answer = f"The answer is computed step by step.\n#### {truth}"
-        score = default_compute_score(row["data_source"], answer, truth, row.get("extra_info"))
-        value = float(score["score"] if isinstance(score, dict) else score)
-        scored += 1
-        if value != 1.0 and len(failures) < 5:
-            failures.append({"index": row["extra_info"]["index"], "ground_truth": truth, "score": value})
-        elif value != 1.0:
-            failures.append({})
-    return {"scored": scored, "not_one": len(failures), "examples": [f for f in failures if f][:5]}
+    out = {}
+    for split, rows in splits.items():
+        not_one = 0
+        examples: list[dict[str, Any]] = []
+        for row in rows:
+            truth = row["reward_model"]["ground_truth"]
+            answer = f"The answer is computed step by step.\n#### {truth}"
+            score = default_compute_score(row["data_source"], answer, truth, row.get("extra_info"))
+            value = float(score["score"] if isinstance(score, dict) else score)
+            if value != 1.0:
+                not_one += 1
+                if len(examples) < 5:
+                    examples.append({"index": row["extra_info"]["index"], "ground_truth": truth, "score": value})
+        out[split] = {"scored": len(rows), "not_one": not_one, "examples": examples}
+    return out
 
 
 def _prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> dict[str, Any]:
@@ -82,66 +90,100 @@ def _generate(model_path: str, tokenizer: Any, rows: list[dict[str, Any]], max_n
     return out
 
 
-def run(overrides: list[str], *, generate_prompts: int = 2, max_new_tokens: int = 8) -> dict[str, Any]:
+def _read_record(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _verl_config(overrides: list[str], record_path: Path | None) -> tuple[Validated, dict[str, Any]]:
+    """verl's config for ``overrides``: the provision task's validation when it holds for them, else
+    composed and validated here (VerlConfigError when verl rejects it)."""
+    v, why = trusted(_read_record(record_path), overrides)
+    if v is not None:
+        log.info("verl's configuration: %s (%s): composed and validated once for this run, not again here",
+                 why, record_path)
+        return v, {"validated_by": "provision", "record": str(record_path)}
+    log.info("verl's configuration: composing and validating it here: %s", why)
+    v = validate(overrides)
+    log.info("verl accepted the configuration for %d GPU(s) in %.1fs", v.n_gpus, v.seconds)
+    return v, {"validated_by": "preflight job", "why": why}
+
+
+def run(overrides: list[str], *, generate_prompts: int = 2, max_new_tokens: int = 8,
+        validation_record: Path | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {"ok": False, "checks": {}}
+    checks = summary["checks"]
     t0 = time.monotonic()
     try:
-        v = validate(overrides)
+        v, origin = _verl_config(overrides, validation_record)
     except VerlConfigError as e:
-        summary["checks"]["verl_config"] = {"ok": False, "error": str(e)}
+        checks["verl_config"] = {"ok": False, "error": str(e), "seconds": _since(t0)}
         return summary
     cfg = v.config
-    summary["checks"]["verl_config"] = {
-        "ok": True, "seconds": v.seconds, "n_gpus": v.n_gpus, "use_critic": v.use_critic,
+    checks["verl_config"] = {
+        "ok": True, **origin, "seconds": _since(t0), "n_gpus": v.n_gpus, "use_critic": v.use_critic,
         "use_reference_policy": v.use_reference_policy, "train_batch_size": int(cfg.data.train_batch_size),
         "rollout_n": int(cfg.actor_rollout_ref.rollout.n),
     }
-    log.info("verl accepted the configuration for %d GPU(s) in %.1fs", v.n_gpus, v.seconds)
 
     import pyarrow.parquet as pq
     import ray
-    from verl.utils import hf_tokenizer
-    from verl.utils.dataset.rl_dataset import RLHFDataset
 
+    t = time.monotonic()
     ray.init(log_to_driver=True)
     resources = ray.cluster_resources()
     summary["cluster"] = {"nodes": len([n for n in ray.nodes() if n["Alive"]]),
-                          "CPU": resources.get("CPU", 0), "GPU": resources.get("GPU", 0)}
+                          "CPU": resources.get("CPU", 0), "GPU": resources.get("GPU", 0), "seconds": _since(t)}
+
+    # The scoring task first: its worker starts (and imports verl) while this driver checks the data.
+    t_reward = time.monotonic()
+    files = {split: [str(f) for f in (paths if not isinstance(paths, str) else [paths])]
+             for split, paths in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
+    rows = {split: [r for p in paths for r in pq.read_table(p).to_pylist()] for split, paths in files.items()}
+    scores_ref = ray.remote(num_cpus=1)(_score_splits).remote(rows)
+
+    t = time.monotonic()
+    from verl.utils import hf_tokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
 
     model_path = str(cfg.actor_rollout_ref.model.path)
     tokenizer = hf_tokenizer(model_path)
     data_checks: dict[str, Any] = {}
-    score_refs = {}
-    score_task = ray.remote(num_cpus=1)(_score_rows)
-    all_rows: dict[str, list[dict[str, Any]]] = {}
-    for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files)):
-        paths = [str(f) for f in (files if not isinstance(files, str) else [files])]
+    for split, paths in files.items():
         dataset = RLHFDataset(data_files=paths, tokenizer=tokenizer, config=cfg.data)
-        rows = [r for p in paths for r in pq.read_table(p).to_pylist()]
-        all_rows[split] = rows
-        lengths = _prompt_lengths(rows, tokenizer, int(cfg.data.max_prompt_length))
+        lengths = _prompt_lengths(rows[split], tokenizer, int(cfg.data.max_prompt_length))
         first = dataset[0]
-        data_checks[split] = {"files": paths, "rows": len(rows), "rlhf_dataset_len": len(dataset),
+        data_checks[split] = {"files": paths, "rows": len(rows[split]), "rlhf_dataset_len": len(dataset),
                               "first_raw_prompt_messages": len(first["raw_prompt"]), "prompt_tokens": lengths}
-        score_refs[split] = score_task.remote(rows)
     train_len = data_checks["train"]["rlhf_dataset_len"]
     data_ok = train_len >= int(cfg.data.train_batch_size) and data_checks["val"]["rlhf_dataset_len"] > 0
-    summary["checks"]["data"] = {"ok": data_ok, **data_checks}
+    checks["data"] = {"ok": data_ok, **data_checks, "seconds": _since(t)}
     if not data_ok:
-        summary["checks"]["data"]["error"] = (
+        checks["data"]["error"] = (
             f"{train_len} train prompts fit max_prompt_length; at least data.train_batch_size "
             f"({int(cfg.data.train_batch_size)}) are needed"
         )
 
-    scores = {split: ray.get(ref) for split, ref in score_refs.items()}
-    all_one = all(s["not_one"] == 0 for s in scores.values())
-    summary["checks"]["reward"] = {"ok": all_one, "all_ground_truths_score_1": all_one, **scores}
+    t = time.monotonic()
+    samples = _generate(model_path, tokenizer, rows["val"][:generate_prompts], max_new_tokens)
+    checks["generation"] = {"ok": True, "samples": samples, "seconds": _since(t)}
 
-    sample = all_rows["val"][:generate_prompts]
-    summary["checks"]["generation"] = {"ok": True, "samples": _generate(model_path, tokenizer, sample, max_new_tokens)}
-    summary["ok"] = all(c.get("ok") for c in summary["checks"].values())
-    summary["seconds"] = round(time.monotonic() - t0, 2)
+    scores = ray.get(scores_ref)
+    all_one = all(s["not_one"] == 0 for s in scores.values())
+    # From the task's submission: most of it is the worker starting, in parallel with the checks above.
+    checks["reward"] = {"ok": all_one, "all_ground_truths_score_1": all_one, **scores, "seconds": _since(t_reward)}
+    summary["ok"] = all(c.get("ok") for c in checks.values())
+    summary["seconds"] = _since(t0)
     return summary
+
+
+def _since(t: float) -> float:
+    return round(time.monotonic() - t, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,18 +191,33 @@ def main(argv: list[str] | None = None) -> int:
     opts, overrides = split_entrypoint_overrides(list(sys.argv[1:] if argv is None else argv))
     parser = argparse.ArgumentParser(prog="verl_pipeline.trainer.preflight")
     parser.add_argument("--summary-path", type=Path, default=None)
+    parser.add_argument("--validation-record", type=Path, default=None,
+                        help="the provision task's verl validation; trusted when made for these overrides")
     parser.add_argument("--generate-prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     args = parser.parse_args(opts)
-    summary = run(overrides, generate_prompts=args.generate_prompts, max_new_tokens=args.max_new_tokens)
+    summary = run(overrides, generate_prompts=args.generate_prompts, max_new_tokens=args.max_new_tokens,
+                  validation_record=args.validation_record)
     if args.summary_path:
         write_json_atomic(args.summary_path, summary)
     print(PREFLIGHT_SUMMARY_MARKER + json.dumps(summary, sort_keys=True, default=str), flush=True)
     for name, check in summary["checks"].items():
         if not check.get("ok"):
             print(f"PREFLIGHT FAILED: {name}: {check.get('error', check)}", file=sys.stderr, flush=True)
+    passed = sum(1 for c in summary["checks"].values() if c.get("ok"))
+    log.info("Preflight done: %d of %d checks passed", passed, len(summary["checks"]))
     return 0 if summary["ok"] else 1
 
 
+def _exit(code: int) -> NoReturn:
+    """End the job as soon as its summary is out: the interpreter's own teardown (Ray's disconnect,
+    torch's and transformers' exit handlers, collecting the model) took seconds and leaves nothing the
+    job needs; Ray cleans up after a driver that exits without ``ray.shutdown()`` as after any other."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _exit(main())

@@ -135,7 +135,9 @@ def render_job(
     if mode is Mode.TRAIN:
         command: tuple[str, ...] = spec.trainer_command
     else:
-        command = (*PREFLIGHT_COMMAND, "--summary-path", str(RunDir(spec.run_dir).preflight_file), "--")
+        run_dir = RunDir(spec.run_dir)
+        command = (*PREFLIGHT_COMMAND, "--summary-path", str(run_dir.preflight_file),
+                   "--validation-record", str(run_dir.validation_file), "--")
     env = dict(BASE_ENV)
     if spec.hardware is not None:
         env.update(nccl_env(spec.hardware, debug=spec.nccl_debug))

@@ -1,16 +1,27 @@
-"""Compose verl's own Hydra config from the installed verl package and run verl's own checks."""
+"""Compose verl's own Hydra config from the installed verl package and run verl's own checks.
+
+A validation is done once per run, at most: the provision task validates the run's overrides and
+keeps a :class:`ValidationRecord` (the composed config, keyed by the overrides and the verl
+installation: :func:`validation_key`) in the run directory and on this machine; a later run of the
+same configuration reuses it (:func:`earlier_record`), and the preflight job trusts it for the same key
+instead of composing and validating again (:func:`trusted`). Where there is no record for the key,
+each of them validates itself.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import logging
+import os
 import re
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +208,158 @@ def validate(overrides: Sequence[str]) -> Validated:
         raise _reject("rejected the configuration", str(e), overrides) from None
     n_gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     return Validated(cfg, use_critic, use_ref, n_gpus, round(time.monotonic() - t0, 2))
+
+
+#: The overrides whose values verl's validation never reads, and that differ between the runs of one
+#: configuration or between a run's provision and its job: the run's names (its experiment and
+#: checkpoint directory), and what the pipeline fills in after provision from the data it prepared
+#: (where the parquet files are, whether preprocessing already dropped the overlong prompts). verl's
+#: composition takes them as given values; ``validate_config``, the actor/critic checks and the
+#: rollout dataclass look at batch sizes, parallelism, model and engine settings (a test keeps that
+#: true for the installed verl). A validation of the other overrides holds for any values of these.
+UNVALIDATED_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "data.train_files", "data.val_files",
+                    "data.filter_overlong_prompts")
+#: Where this machine keeps the validations verl passed, one file per :func:`validation_key`, under
+#: the pipeline's home: a run of a configuration validated before reuses its record.
+RECORDS_DIR = "verl-validations"
+#: An override's key: what stands before its first ``=`` (after Hydra's ``+``, ``++`` or ``~``).
+_KEY = re.compile(r"^[+~]*([^=]+)=")
+
+
+def override_key(override: str) -> str:
+    """The dotted key an override sets (``+a.b=1`` → ``a.b``)."""
+    m = _KEY.match(override)
+    return m.group(1) if m else override
+
+
+def _distribution_versions() -> dict[str, str]:
+    """The installed version of verl and of every distribution its validation may run code of: verl's
+    own requirements, torch, and the Hydra/OmegaConf pair that composes the config."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    names = {"verl", "torch", "hydra-core", "omegaconf"}
+    for req in requires("verl") or []:
+        if "extra ==" not in req:
+            names.add(re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0])
+    found = {}
+    for name in sorted(names):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "absent"
+    return found
+
+
+def _files_digest(root: Path) -> str:
+    """A digest of every file under ``root`` (names and contents; compiled caches left out)."""
+    h = hashlib.blake2b(digest_size=16)
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            path = Path(folder) / name
+            h.update(str(path.relative_to(root)).encode() + b"\0")
+            h.update(hashlib.blake2b(path.read_bytes(), digest_size=16).digest())
+    return h.hexdigest()
+
+
+def validation_key(overrides: Sequence[str]) -> str:
+    """What a validation of ``overrides`` depends on, as one digest: the overrides (but the
+    :data:`UNVALIDATED_KEYS` ones), verl's installed files, the versions of the distributions
+    its checks run, and this module (what "validated" means here)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise VerlConfigError("verl", None, "verl is not installed in this environment", "pip install verl")
+    facts = {
+        "overrides": [o for o in overrides if override_key(o) not in UNVALIDATED_KEYS],
+        "verl_files": _files_digest(Path(next(iter(spec.submodule_search_locations)))),
+        "distributions": _distribution_versions(),
+        "validator": hashlib.blake2b(Path(__file__).read_bytes(), digest_size=16).hexdigest(),
+    }
+    return hashlib.blake2b(json.dumps(facts, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """A validation verl passed: for which overrides (:func:`validation_key`), what verl concluded, and
+    the config it composed (YAML, interpolations kept) for whoever trusts it instead of composing."""
+
+    key: str
+    verl_version: str
+    overrides: list[str]
+    n_gpus: int
+    use_critic: bool
+    use_reference_policy: bool
+    #: How long composing and validating took.
+    seconds: float
+    validated_at: float
+    config_yaml: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, v: Validated, overrides: Sequence[str], key: str) -> ValidationRecord:
+        from omegaconf import OmegaConf
+
+        return cls(key=key, verl_version=_verl_version(), overrides=list(overrides), n_gpus=v.n_gpus,
+                   use_critic=v.use_critic, use_reference_policy=v.use_reference_policy, seconds=v.seconds,
+                   validated_at=round(time.time(), 3), config_yaml=OmegaConf.to_yaml(v.config))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ValidationRecord:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def _record_path(key: str) -> Path:
+    from verl_pipeline.paths import pipeline_home
+
+    return pipeline_home() / RECORDS_DIR / f"{key}.json"
+
+
+def earlier_record(key: str) -> tuple[ValidationRecord | None, Path]:
+    """The validation this machine recorded for ``key`` (None when it has none) and where it is kept."""
+    path = _record_path(key)
+    try:
+        data = json.loads(path.read_text())
+        record = ValidationRecord.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, path
+    return (record if record.key == key else None), path
+
+
+def keep(record: ValidationRecord) -> Path:
+    """Keep ``record`` on this machine for later runs of the same configuration; returns where."""
+    from verl_pipeline.paths import write_json_atomic
+
+    path = _record_path(record.key)
+    write_json_atomic(path, record.to_dict())
+    return path
+
+
+def trusted(record: Mapping[str, Any] | None, overrides: Sequence[str]) -> tuple[Validated | None, str]:
+    """The validation ``record`` stands for when it was made for ``overrides`` (same
+    :func:`validation_key`): verl's conclusions and the config it composed, with the
+    :data:`UNVALIDATED_KEYS` overrides of ``overrides`` applied. Else None; the string says why."""
+    if not record:
+        return None, "no validation was recorded for this run"
+    key = validation_key(overrides)
+    if record.get("key") != key:
+        return None, (f"the recorded validation (key {record.get('key')}) was made for other overrides or another "
+                      f"verl installation than this job's (key {key})")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    filled = [o for o in overrides if override_key(o) in UNVALIDATED_KEYS]
+    try:
+        cfg = OmegaConf.create(record["config_yaml"])
+        for parsed in OverridesParser.create().parse_overrides(filled):
+            OmegaConf.update(cfg, parsed.key_or_group, parsed.value(), merge=True)
+    except (HydraException, OmegaConfBaseException, KeyError) as e:
+        return None, f"the recorded config could not take this job's {', '.join(filled)}: {e}"
+    OmegaConf.set_struct(cfg, True)  # as Hydra hands it over: a key verl's YAML lacks is an error
+    return Validated(cfg, bool(record["use_critic"]), bool(record["use_reference_policy"]), int(record["n_gpus"]),
+                     0.0), f"verl {record['verl_version']} validated these overrides at provision"

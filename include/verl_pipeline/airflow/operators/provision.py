@@ -7,6 +7,7 @@ from typing import Any
 from verl_pipeline.airflow.operators.base import PipelineOperator, connection, freeze_run, spec_from_params, task_error
 from verl_pipeline.airflow.tracker_links import check_tracker_connections
 from verl_pipeline.exceptions import PipelineError
+from verl_pipeline.rundir import RunDir
 
 
 class ProvisionRayClusterOperator(PipelineOperator):
@@ -34,7 +35,7 @@ class ProvisionRayClusterOperator(PipelineOperator):
             for key, rule in spec.derived.items():
                 self.log.info("derived %s: %s", key, rule)
             if self.validate_with_verl:
-                steps.validate_spec_with_verl(spec)
+                steps.validate_spec_with_verl(spec, record_in=RunDir(spec.run_dir), reuse=True)
             check_tracker_connections(spec)  # a tracker without its connection fails before any cluster
             freeze_run(context, spec)  # checked: what every later task, retry and resubmission reads
             endpoint = None
