@@ -59,7 +59,7 @@ def test_profile_composes_and_passes_verl_validation_at_every_shape(model_profil
             assert (tbs * n) % gpus == 0 and (mini * n) % gpus == 0 and tbs % mini == 0
             assert ((mini * n) // gpus) % micro == 0
             assert g % tp == 0
-            assert 0.8 <= float(s["actor_rollout_ref.rollout.gpu_memory_utilization"]) <= 0.95
+            assert 0.1 <= float(s["actor_rollout_ref.rollout.gpu_memory_utilization"]) <= 0.95
             try:
                 out = steps.validate_spec_with_verl(spec)
             except ConfigError as e:
@@ -95,7 +95,7 @@ def test_large_models_get_tensor_parallelism_and_offload_where_memory_is_short()
                              cluster_profile="h100-ib")
     assert on_l4.verl[key] == 2 and on_h100.verl[key] == 1
     assert on_l4.verl["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.8
-    assert on_h100.verl["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.9
+    assert on_h100.verl["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.65  # 17 GB of state stays
 
 
 def test_global_batch_reaches_1024_at_scale() -> None:

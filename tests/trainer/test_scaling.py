@@ -62,7 +62,7 @@ def test_offload_switches_on_when_state_does_not_fit() -> None:
     assert one.settings["critic.fsdp.optimizer_offload"] is True
     assert many.settings["actor_rollout_ref.actor.fsdp_config.param_offload"] is False
     rule = next(r for r in one.rules if r.key == "actor_rollout_ref.actor.fsdp_config.param_offload")
-    assert "x 2 (critic)" in rule.rule and "> 50% of 80 GB" in rule.rule
+    assert "x 2 (critic)" in rule.rule and "> 35% of 80 GB" in rule.rule
 
 
 def test_explicit_values_win_and_are_reported() -> None:
@@ -174,3 +174,13 @@ def test_verl_accepts_the_separate_placement_at_every_documented_shape(nnodes: i
     spec = build_run_spec({"model_profile": "qwen2.5-7b-grpo", "cluster_profile": "h100-ib", "placement": "separate",
                            "nnodes": nnodes}, run_name="r")
     assert steps.validate_spec_with_verl(spec)["n_gpus"] == spec.train_gpus
+
+
+@pytest.mark.parametrize(("mem", "resident", "util"), [
+    (139.8, 8.8, 0.8),   # the 0.5B GRPO profile on one H200: 0.95 ran out of memory at step 2's rollout
+    (80, 17.1, 0.65),    # 7B GRPO on 8 x 80 GB, not offloaded: verl's own examples run 0.6
+    (80, 0.0, 0.9),      # offloaded: the tier
+    (24, 0.0, 0.8),
+])
+def test_vllm_share_leaves_room_for_the_training_state(mem: float, resident: float, util: float) -> None:
+    assert scaling.rollout_memory_utilization(mem, resident)[0] == util

@@ -28,7 +28,7 @@ LARGE_MODEL_B = 20.0
 #: FSDP training state per parameter with fp32 master weights: 4 (weights) + 4 (grads) + 8 (Adam).
 TRAIN_BYTES_PER_PARAM = 16
 #: Share of a GPU's memory the sharded training state may take before offloading switches on.
-TRAIN_STATE_SHARE = 0.5
+TRAIN_STATE_SHARE = 0.35
 #: CPUs verl's placement group reserves per GPU (one bundle per GPU, ``max_colocate_count`` = 3).
 CPUS_PER_GPU_BUNDLE = 3
 #: TransferQueue's default number of storage actors (1 CPU each) in verl 0.9.
@@ -40,6 +40,9 @@ MIN_RAY_VERSION = (2, 41)
 
 # gpu_memory_utilization by GPU memory (GB): bigger GPUs keep a smaller share free for the actor.
 _UTILIZATION = ((24, 0.8), (48, 0.85), (96, 0.9), (math.inf, 0.95))
+#: What vLLM's share must leave on the GPU besides the training state that stays there while it
+#: generates: the other processes' CUDA contexts and allocator caches (the larger of the two).
+ROLLOUT_HEADROOM_GB, ROLLOUT_HEADROOM_SHARE = 4.0, 0.10
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,24 @@ def memory_utilization(gpu_memory_gb: float) -> tuple[float, str]:
     raise AssertionError("unreachable")
 
 
+def rollout_memory_utilization(gpu_memory_gb: float, resident_gb: float) -> tuple[float, str]:
+    """vLLM's share of a GPU whose training state (``resident_gb``; 0 when offloaded) stays on it while
+    vLLM generates: the tier by GPU memory, capped so the state and a headroom fit beside vLLM's share.
+
+    vLLM takes its share of the whole GPU when it wakes for a rollout; verl frees it only while the actor
+    trains. On one H200 the 0.5B GRPO profile at 0.95 (132.8 GiB) ran out of memory at step 2's rollout,
+    beside the actor's 7 GiB of FSDP state.
+    """
+    tier, why = memory_utilization(gpu_memory_gb)
+    headroom = max(ROLLOUT_HEADROOM_GB, ROLLOUT_HEADROOM_SHARE * gpu_memory_gb)
+    fit = math.floor(20 * (1 - (resident_gb + headroom) / gpu_memory_gb)) / 20
+    if fit >= tier:
+        return tier, why
+    return max(fit, 0.1), (f"{why}, capped at {max(fit, 0.1)}: the training state left on the GPU during rollout "
+                           f"({resident_gb:.1f} GB) and {headroom:.0f} GB for the other processes must fit beside "
+                           "vLLM's share")
+
+
 def train_state_gb(model: ModelFacts, n_gpus: int, *, critic: bool, ref: bool) -> float:
     """Estimated sharded FSDP state per GPU: actor (+ critic) Adam state, (+ bf16 reference weights)."""
     per_model = model.params_b * TRAIN_BYTES_PER_PARAM / n_gpus
@@ -273,13 +294,13 @@ def derive(
                           f"the model does not fit: {why}",
                           f"n_gpus_per_node >= {min_gpus_per_node(model, hw)} or GPUs with more memory")
     d.set("actor_rollout_ref.rollout.tensor_model_parallel_size", tp, why, explicit)
-    util, why = memory_utilization(hw.gpu_memory_gb)
-    d.set("actor_rollout_ref.rollout.gpu_memory_utilization", util,
-          why + " (verl frees the KV cache while the actor trains)", explicit)
-
     state = train_state_gb(model, n_gpus, critic=critic, ref=ref)
     budget = TRAIN_STATE_SHARE * hw.gpu_memory_gb
     offload = state > budget
+    util, why = rollout_memory_utilization(hw.gpu_memory_gb, 0.0 if offload else state)
+    d.set("actor_rollout_ref.rollout.gpu_memory_utilization", util,
+          why + " (verl frees the KV cache while the actor trains)", explicit)
+
     why = (f"estimated FSDP state {state:.1f} GB per GPU ({model.params_b:g}B x {TRAIN_BYTES_PER_PARAM} B/param"
            f"{' x 2 (critic)' if critic else ''}{' + bf16 reference' if ref else ''} / {n_gpus} GPU(s)) "
            f"{'>' if offload else '<='} {TRAIN_STATE_SHARE:.0%} of {hw.gpu_memory_gb:g} GB")
