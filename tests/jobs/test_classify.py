@@ -102,3 +102,32 @@ def test_infrastructure_evidence_prefers_the_ending_exception() -> None:
     c = classify(EXIT, log)
     assert c.retryable and c.reason == "actor died with its node"
     assert c.evidence.startswith("ray.exceptions.ActorDiedError")
+
+
+@pytest.mark.parametrize("line", [
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of "
+    "139.81 GiB of which 1.10 GiB is free.",
+    "RuntimeError: CUDA error: out of memory",
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+    "initializing the engine.",
+])
+def test_a_gpu_out_of_memory_is_the_configuration_s_and_names_the_fix(line: str) -> None:
+    # Seen on an H200: vLLM's rollout ran out of memory in a worker; the actor that raised it died, and
+    # the job ended on a later, generic exception (which alone read as "exception in user code", or as a
+    # lost worker). A retry with the same batch sizes and memory share runs out again.
+    log = "\n".join([
+        f"(WorkerDict pid=4711) {line}",
+        "(TaskRunner pid=812) ray.exceptions.ActorDiedError: The actor died because of an error raised in "
+        "its creation task, on node 3f2a",
+        "Traceback (most recent call last):",
+        "RuntimeError: rollout failed",
+    ])
+    c = classify(EXIT, log)
+    assert c.kind is FailureKind.USER and c.reason == "GPU out of memory"
+    assert line[:30] in c.evidence
+    assert "gpu_memory_utilization" in c.remedy and "param_offload" in c.remedy
+
+
+def test_ray_s_host_memory_kill_is_not_a_gpu_out_of_memory() -> None:
+    c = classify(EXIT, "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.")
+    assert c.retryable and c.reason == "worker killed (OOM or signal)" and not c.remedy

@@ -89,6 +89,15 @@ def test_a_user_failure_fails_at_once_naming_the_reason_that_decided_and_the_end
         assert "[user failure: import error]" in d.message
 
 
+def test_a_gpu_out_of_memory_fails_at_once_with_the_fix() -> None:
+    log = ("(WorkerDict pid=9) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.32 GiB.\n"
+           "Traceback (most recent call last):\nRuntimeError: rollout failed")
+    d = decide(obs(WaitEvent.FAILED, EXIT, "FAILED"), log_tail=log, retry_try=True)
+    assert d.action is Action.FAIL and d.reason == "GPU out of memory" and d.kind is FailureKind.USER
+    assert "Evidence: torch.OutOfMemoryError: CUDA out of memory" in d.message
+    assert "Fix: lower actor_rollout_ref.rollout.gpu_memory_utilization" in d.message
+
+
 def test_an_unreachable_cluster_names_what_the_backend_says() -> None:
     gone = decide(obs(WaitEvent.UNREACHABLE, "Ray Jobs API unreachable: connection refused"),
                   infrastructure_gone="Slurm job 12 is CANCELLED")

@@ -1,7 +1,9 @@
 """Why did a Ray job fail: the infrastructure (retry, resume) or the user's code/config (fail now)?
 
 Decided from the job's status message and the tail of its logs. Patterns are checked in order:
-infrastructure signatures first (a node death surfaces as an exception in user code too), then the
+GPU memory running out first (a CUDA out-of-memory error kills the actor that raised it, which then
+reads like a lost worker, and a retry with the same batch sizes and memory share runs out again),
+then infrastructure signatures (a node death surfaces as an exception in user code too), then the
 user's. Anything unrecognised counts as the user's: retrying a deterministic failure wastes GPUs.
 
 The evidence is the exception that ended the job — the last exception line of the log — whenever it
@@ -27,6 +29,8 @@ class Classification:
     kind: FailureKind
     reason: str
     evidence: str
+    #: What to change, when the reason alone does not say it.
+    remedy: str = ""
 
     @property
     def retryable(self) -> bool:
@@ -37,6 +41,16 @@ class Classification:
         d["kind"] = self.kind.value
         return d
 
+
+#: A GPU's memory ran out: torch's allocator (``torch.OutOfMemoryError: CUDA out of memory``, older
+#: ``torch.cuda.OutOfMemoryError``), a CUDA call (``CUDA error: out of memory``) or vLLM finding no room
+#: for its KV cache in its share. Not Ray's ``ray.exceptions.OutOfMemoryError`` (host memory, below).
+_GPU_OOM = ("GPU out of memory", r"CUDA out of memory|CUDA error: out of memory|"
+                                 r"No available memory for the cache blocks")
+_GPU_OOM_REMEDY = ("lower actor_rollout_ref.rollout.gpu_memory_utilization (vLLM's share of each GPU) or the "
+                   "model profile's scaling.max_micro_batch_size_per_gpu / log_prob_micro_batch_size_per_gpu, or "
+                   "set actor_rollout_ref.actor.fsdp_config.param_offload and optimizer_offload to true; "
+                   "`verl-pipeline render` shows what the scaling rules chose and why")
 
 _INFRA: list[tuple[str, str]] = [
     ("node died", r"NodeDiedError|node .{0,80}(has )?died|The node .{0,120} (is dead|has been marked dead)"),
@@ -89,6 +103,11 @@ def classify(message: str, log_tail: str = "", *, status: str = "FAILED") -> Cla
     """Classify a failed (or stopped) job."""
     text = f"{message}\n{log_tail[-20000:]}"
     ending = final_exception(text)
+    oom = list(re.finditer(_GPU_OOM[1], text))
+    if oom:
+        fits = ending is not None and re.search(_GPU_OOM[1], ending)
+        return Classification(FailureKind.USER, _GPU_OOM[0], ending if fits and ending else _line(text, oom[-1]),
+                              _GPU_OOM_REMEDY)
     for reason, pattern in _INFRA:
         matches = list(re.finditer(pattern, text))
         if matches:
@@ -111,3 +130,11 @@ def classify(message: str, log_tail: str = "", *, status: str = "FAILED") -> Cla
 def _around(text: str, m: re.Match[str], width: int = 160) -> str:
     start = max(0, m.start() - width // 2)
     return " ".join(text[start:m.end() + width // 2].split())
+
+
+def _line(text: str, m: re.Match[str]) -> str:
+    """The log line of ``m``, without Ray's ``(Actor pid=N)`` prefix."""
+    start = text.rfind("\n", 0, m.start()) + 1
+    end = text.find("\n", m.end())
+    line = text[start:end if end >= 0 else len(text)]
+    return " ".join(re.sub(r"^\([^)\n]*pid=\d+[^)\n]*\)\s*", "", line).split())[:400]

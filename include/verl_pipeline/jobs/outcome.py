@@ -192,7 +192,8 @@ def decide(
         return _infrastructure(obs, c.reason, retry_try=retry_try, detail=obs.message[:300], evidence=c.evidence)
     return Decision(Action.FAIL, c.reason,
                     f"Ray job {obs.job_id} ended {obs.job_status or obs.kind.value.upper()} "
-                    f"[user failure: {c.reason}] — not retried. Evidence: {c.evidence}",
+                    f"[user failure: {c.reason}] — not retried. Evidence: {c.evidence}"
+                    + (f". Fix: {c.remedy}" if c.remedy else ""),
                     FailureKind.USER, c.evidence)
 
 
