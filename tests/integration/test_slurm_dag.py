@@ -81,7 +81,8 @@ def test_dag_on_slurm_two_ray_nodes_preflight_then_scancel(
     assert cluster["backend"] == "slurm" and cluster["expected_nodes"] == 2
     assert sub["mode"] == "preflight"
     assert waited["status"] == "SUCCEEDED" and waited["preflight"]["ok"] is True
-    assert waited["preflight"]["cluster"] == {"nodes": 2, "CPU": 2, "GPU": 0}
+    seen = waited["preflight"]["cluster"]
+    assert {k: seen[k] for k in ("nodes", "CPU", "GPU")} == {"nodes": 2, "CPU": 2, "GPU": 0}, seen
     # The script that ran is kept in the run directory, beside Slurm's output of the job.
     script = Path(cluster["extra"]["script"])
     assert script == Path(sub["run_dir"]) / "slurm" / "ray-cluster.sbatch"
