@@ -20,6 +20,10 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.05
 #: How long a SIGKILLed process has to be seen gone (the kernel tears down a large process in a moment).
 _REAP_S = 5.0
+#: How long a stage's processes have to act on SIGTERM even when an earlier stage used up the shared grace
+#: period (a process that exits on SIGTERM needs a moment to be scheduled, and must not be SIGKILLed for
+#: another stage's delay).
+_STAGE_FLOOR_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,8 @@ def stop_in_stages(stages: Sequence[Stage], *, grace_s: float) -> StopReport:
     (SIGKILL for a ``kill`` stage), SIGKILL whatever is left when the grace period runs out.
 
     One grace period for all stages together: a process that ignores SIGTERM delays the stop by at
-    most ``grace_s`` in all, not once per stage.
+    most ``grace_s`` in all, not once per stage; a stage that starts after it ran out still gives its
+    processes ``_STAGE_FLOOR_S`` to exit.
     """
     deadline = time.monotonic() + grace_s
     stopped = 0
@@ -170,7 +175,7 @@ def stop_in_stages(stages: Sequence[Stage], *, grace_s: float) -> StopReport:
                  sorted(r.pid for r in live))
         if not stage.kill:
             _signal(live, signal.SIGTERM)
-            still = _wait_gone(live, deadline)
+            still = _wait_gone(live, max(deadline, time.monotonic() + _STAGE_FLOOR_S))
             if still:
                 log.warning("%d of %s ignored SIGTERM for the %.0fs grace period; sending SIGKILL: %s", len(still),
                             stage.name, grace_s, sorted(r.pid for r in still))
