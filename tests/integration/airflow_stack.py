@@ -226,6 +226,12 @@ class AirflowStack:
     def log_path(self, component: str) -> Path:
         return self.root / "logs" / f"{component}.log"
 
+    def task_log_tail(self, run_id: str, task_id: str, chars: int = 4000, dag_id: str = "verl_ppo") -> str:
+        """The end of a task's latest try's log (Airflow's task log files under the stack's home)."""
+        tries = sorted((self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}")
+                       .glob("attempt=*.log"))
+        return tries[-1].read_text(errors="replace")[-chars:] if tries else f"(no log of {task_id} in {run_id})"
+
     @property
     def configs(self) -> Path:
         """The project's configs plus :data:`STACK_TRAIN_PROFILE` (written at start)."""

@@ -87,6 +87,8 @@ def test_runs_on_a_shared_cluster_queue_in_its_pool(airflow_stack: AirflowStack,
             airflow_stack._check_alive()
             waits = {run_id: task_instance(api, run_id, WAIT)["state"] for run_id in runs}
             subs = {run_id: run_xcom(api, run_id, SUBMIT) for run_id in runs}
+            failed = [r for r in runs if task_instance(api, r, SUBMIT)["state"] == "failed"]
+            assert not failed, f"{SUBMIT} failed in {failed[0]}:\n{airflow_stack.task_log_tail(failed[0], SUBMIT)}"
             held = [r for r in runs if waits[r] == "deferred"]
             if held and all(subs.values()):
                 first = held[0]
