@@ -50,6 +50,23 @@ def _wait_log(api: httpx.Client, run_id: str, try_number: int = 1) -> str:
     return "\n".join(str(item.get("event", "")) if isinstance(item, dict) else str(item) for item in content)
 
 
+def _wait_cursor_caught_up(api: httpx.Client, run_id: str, run_dir: Path, timeout_s: float = 300.0) -> None:
+    """Until the cursor the trigger saved in ``run_dir`` is at the end of the job's log as Ray serves it."""
+    from verl_pipeline.cluster.base import ClusterHandle
+    from verl_pipeline.jobs.logstream import WaitCursor
+
+    handle = ClusterHandle.from_dict(_xcom(api, run_id, "provision_ray_cluster"))
+    job_id = RunDir(run_dir).attempts()[0].submission_id
+    deadline = time.monotonic() + timeout_s
+    while True:
+        printed = len(handle.client(handle.token()).logs(job_id).encode())
+        saved = WaitCursor.load(run_dir, job_id).log_offset_bytes
+        if saved == printed:
+            return
+        assert time.monotonic() < deadline, f"the saved cursor stayed at byte {saved} of {printed}"
+        time.sleep(1)
+
+
 def _trainers(run_dir: Path) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"])
             if FAKE_TRAINER in " ".join(p.info["cmdline"] or []) and run_dir.name in " ".join(p.info["cmdline"] or [])]
@@ -94,7 +111,11 @@ def test_kill_from_the_api_and_a_triggerer_restart_mid_wait(airflow_stack: Airfl
         cluster = _xcom(api, killed_run, "provision_ray_cluster")
         assert ray_processes(cluster["extra"]["temp_dir"]) == [] and _trainers(killed_dir) == []
 
-        # -- The triggerer dies mid-wait (SIGKILL, all its processes) and a new one starts.
+        # -- The triggerer dies mid-wait (SIGKILL, all its processes) and a new one starts, once the job,
+        #    quiet at its gate, has had everything it printed forwarded and the cursor saved (the
+        #    trigger saves a moving cursor at most every 30 s, and a quiet one at its next read: a
+        #    triggerer that dies within 30 s of a burst of output forwards that burst again).
+        _wait_cursor_caught_up(api, restarted_run, restarted_dir)
         before = _ti(api, restarted_run)
         old_triggerer = before["triggerer_job"]["id"]
         airflow_stack.kill("triggerer")
