@@ -701,3 +701,45 @@ async def test_a_restarted_triggerer_continues_from_the_saved_cursor_not_the_def
     lines = capture(other)
     await _events(other, ScriptedHook(["SUCCEEDED"], ["x\n"]))
     assert forwarded(lines, "job-2") == ["x"]
+
+
+def test_waiters_of_one_cluster_share_its_node_summary_read() -> None:
+    """One read serves every waiter of a cluster within ``max_age``; another cluster, an older read,
+    a failed read or another event loop reads again."""
+    import asyncio
+
+    from verl_pipeline.airflow.triggers import SharedNodeReads
+
+    reads: list[str] = []
+
+    def reader(name: str, fail: bool = False) -> Callable[[], Any]:
+        async def read() -> list[str]:
+            reads.append(name)
+            await asyncio.sleep(0.01)  # in flight while the other waiters ask
+            if fail:
+                raise ConnectionError("dashboard unreachable")
+            return [name]
+        return read
+
+    async def scenario(shared: SharedNodeReads) -> None:
+        a = ("http://a:8265", "")
+        got = await asyncio.gather(*(shared.nodes(a, 5.0, reader(f"a{i}")) for i in range(50)))
+        assert reads == ["a0"] and {tuple(n) for _, n in got} == {("a0",)}
+        assert (await shared.nodes(a, 5.0, reader("a-later")))[1] == ["a0"]  # finished, still fresh
+        assert (await shared.nodes(("http://b:8265", ""), 5.0, reader("b")))[1] == ["b"]
+        await asyncio.sleep(0.05)
+        assert (await shared.nodes(a, 0.02, reader("a-old")))[1] == ["a-old"]  # older than max_age
+        c = ("http://c:8265", "")
+        with pytest.raises(ConnectionError):
+            await shared.nodes(c, 5.0, reader("c-fails", fail=True))
+        assert (await shared.nodes(c, 5.0, reader("c-again")))[1] == ["c-again"]  # a failure is not shared
+        assert reads == ["a0", "b", "a-old", "c-fails", "c-again"]
+
+    shared = SharedNodeReads()
+    asyncio.run(scenario(shared))
+    reads.clear()
+
+    async def other_loop() -> list[str]:
+        return (await shared.nodes(("http://a:8265", ""), 3600.0, reader("a-new-loop")))[1]
+
+    assert asyncio.run(other_loop()) == ["a-new-loop"] and reads == ["a-new-loop"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import AsyncIterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,55 @@ CURSOR_SAVE_INTERVAL_S = 30.0
 #: read costs a request whatever it brings, so a read every other poll, of twice the output, halves
 #: what forwarding costs the triggerer; a new step is seen at most one poll later.
 LOG_READ_EVERY_POLLS = 2
+#: The waiters of one cluster (in one triggerer) share its node summary: a read serves every waiter of
+#: that cluster that needs one within this share of its poll interval, so a node loss is seen at most
+#: half a poll later than by reading for each waiter, and a cluster of N waiters is read about twice
+#: per poll interval instead of N / 2 times.
+NODE_SUMMARY_SHARED_FOR_POLLS = 0.5
+#: Shared node summary reads older than this are dropped when another is kept (dead clusters, loops).
+_SHARED_READS_KEPT_S = 600.0
+
+
+@dataclass
+class _SharedRead:
+    loop: asyncio.AbstractEventLoop
+    started: float
+    task: asyncio.Task[tuple[float, list[Any]]]
+
+
+class SharedNodeReads:
+    """The latest node summary read of each cluster, shared by the waiters of that cluster.
+
+    Keyed by the cluster (its dashboard URL and connection) and the event loop (a triggerer runs
+    every trigger in one loop; ``airflow dags test`` runs each in its own): a waiter that needs the
+    summary takes a read started at most ``max_age`` seconds ago, finished or in flight, else starts
+    one with its own hook. A read that failed is not shared.
+    """
+
+    def __init__(self) -> None:
+        self._reads: dict[tuple[str, str], _SharedRead] = {}
+
+    async def nodes(self, cluster: tuple[str, str], max_age: float,
+                    read: Callable[[], Awaitable[list[Any]]]) -> tuple[float, list[Any]]:
+        """``(time.time() when read, the nodes)``; raises what the read raised."""
+        loop, now = asyncio.get_running_loop(), time.monotonic()
+        shared = self._reads.get(cluster)
+        if (shared is None or shared.loop is not loop or now - shared.started > max_age
+                or (shared.task.done() and (shared.task.cancelled() or shared.task.exception() is not None))):
+            for key in [k for k, r in self._reads.items() if now - r.started > _SHARED_READS_KEPT_S]:
+                del self._reads[key]
+
+            async def timed() -> tuple[float, list[Any]]:
+                nodes = await read()
+                return time.time(), nodes
+
+            shared = self._reads[cluster] = _SharedRead(loop, now, loop.create_task(timed()))
+        # A waiter cancelled mid-read (its job ended, the triggerer stops it) leaves the read to the others.
+        return await asyncio.shield(shared.task)
+
+
+#: One per process: what the triggerer's waiters share.
+NODE_READS = SharedNodeReads()
 
 
 class RayJobTrigger(BaseTrigger):
@@ -73,7 +122,8 @@ class RayJobTrigger(BaseTrigger):
     will not return), so the waiter does not wait for the job to notice. The nodes are counted every
     other poll, every poll once one is missing, and at once when the log says something died (see
     :class:`~verl_pipeline.jobs.watchdog.NodeWatch`): a loss ends the wait at most one poll later
-    than counting every poll would.
+    than counting every poll would. The waiters of one cluster share its node summary
+    (:class:`SharedNodeReads`: a read at most half a poll interval old serves them all).
 
     GPUs: the node counts read Ray's node summary, which carries each GPU's utilisation and memory;
     the waiter keeps the latest for the progress line and the watchdog, and appends one sample per
@@ -352,14 +402,15 @@ class RayJobTrigger(BaseTrigger):
         """Ray's node summary (None when it could not be read); keeps its GPU readings, and queues a
         sample of them for the run's GPU usage file when one is due."""
         now = self._gpus_read_at = time.monotonic()
+        cluster = (str(self.request.cluster.get("dashboard_url")), self.request.conn_id or "")
         try:
-            nodes: list[Any] = await hook.anodes()
+            at, nodes = await NODE_READS.nodes(cluster, self.request.poll_interval * NODE_SUMMARY_SHARED_FOR_POLLS,
+                                               hook.anodes)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self.log.warning("Could not read the Ray nodes of %s: %s", self.job_id, e)
             return None
-        at = time.time()
         self._gpus = [NodeGpuSample(time=at, node_id=n.node_id, node_ip=n.ip, gpus=n.gpus)
                       for n in nodes if n.alive and n.gpus]
         if self._recording_gpus and self._gpus and now - self._gpus_written_at >= self.request.gpu_sample_interval:
