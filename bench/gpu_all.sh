@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# Every GPU acceptance scenario on one machine, in the least wall time: the three tiny-model runs side by
-# side (each vLLM capped to a share of the GPU so all three start), then the 0.5B-architecture run and
-# its bare-verl twin alone (their figures are the ones compared). Results: $1/*.json, logs beside them.
+# Every GPU acceptance scenario on one machine, in the least wall time: two tiny-model runs side by
+# side (each vLLM capped to a share of the GPU so both start), then the raylet case alone (its
+# retry's vLLM profiles the GPU's memory while it starts: beside other runs' allocations it found no
+# room for its KV cache on 2026-12-02), then the 0.5B-architecture run and its bare-verl twin alone
+# (their figures are the ones compared). Results: $1/*.json, logs beside them.
 # Usage: bash bench/gpu_all.sh OUTDIR [WORKDIR]
+# ONLY="resume-raylet real-size" runs those scenarios alone (a device session too short for all).
 set -uo pipefail
 out=${1:?usage: bench/gpu_all.sh OUTDIR [WORKDIR]}
 work=${2:-/tmp/verl-gpu-acceptance}
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 mkdir -p "$out" "$work"
-tiny() {  # scenario name
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+tiny() {  # scenario name, vLLM's share of the GPU
+  wanted "$1" || return 0
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
-    --gpu-memory-utilization 0.15 > "$out/$1.out" 2>&1
+    --gpu-memory-utilization "$2" > "$out/$1.out" 2>&1
   echo "$(date -u +%T) $1 rc=$?" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
 # The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU).
 "$py" -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \
 g.write_real_size_model(pathlib.Path('$work/real-size/models/qwen2.5-0.5b-arch-random'))" > "$out/model.out" 2>&1 &
-tiny acceptance & tiny resume-worker & tiny resume-raylet &
+tiny acceptance 0.2 & tiny resume-worker 0.2 &
 wait
+tiny resume-raylet 0.4
+wanted real-size || exit 0
 "$py" "$here/gpu_acceptance.py" --scenario real-size --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
   --out "$out/real-size.json" > "$out/real-size.out" 2>&1
 echo "$(date -u +%T) real-size rc=$?" >> "$out/progress"
