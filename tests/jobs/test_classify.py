@@ -116,7 +116,7 @@ def test_a_gpu_out_of_memory_is_the_configuration_s_and_names_the_fix(line: str)
     # the job ended on a later, generic exception (which alone read as "exception in user code", or as a
     # lost worker). A retry with the same batch sizes and memory share runs out again.
     log = "\n".join([
-        f"(WorkerDict pid=4711) {line}",
+        f"\x1b[36m(WorkerDict pid=4711)\x1b[0m {line}",
         "(TaskRunner pid=812) ray.exceptions.ActorDiedError: The actor died because of an error raised in "
         "its creation task, on node 3f2a",
         "Traceback (most recent call last):",
@@ -124,7 +124,7 @@ def test_a_gpu_out_of_memory_is_the_configuration_s_and_names_the_fix(line: str)
     ])
     c = classify(EXIT, log)
     assert c.kind is FailureKind.USER and c.reason == "GPU out of memory"
-    assert line[:30] in c.evidence
+    assert c.evidence == " ".join(line.split())  # the out-of-memory line, without Ray's coloured prefix
     assert "gpu_memory_utilization" in c.remedy and "param_offload" in c.remedy
 
 

@@ -133,8 +133,8 @@ def _around(text: str, m: re.Match[str], width: int = 160) -> str:
 
 
 def _line(text: str, m: re.Match[str]) -> str:
-    """The log line of ``m``, without Ray's ``(Actor pid=N)`` prefix."""
+    """The log line of ``m``, without Ray's ``(Actor pid=N)`` prefix and its colours."""
     start = text.rfind("\n", 0, m.start()) + 1
     end = text.find("\n", m.end())
-    line = text[start:end if end >= 0 else len(text)]
+    line = re.sub(r"\x1b\[[0-9;]*m", "", text[start:end if end >= 0 else len(text)])
     return " ".join(re.sub(r"^\([^)\n]*pid=\d+[^)\n]*\)\s*", "", line).split())[:400]
