@@ -723,16 +723,16 @@ def test_waiters_of_one_cluster_share_its_node_summary_read() -> None:
 
     async def scenario(shared: SharedNodeReads) -> None:
         a = ("http://a:8265", "")
-        got = await asyncio.gather(*(shared.nodes(a, 5.0, reader(f"a{i}")) for i in range(50)))
+        got = await asyncio.gather(*(shared.nodes(a, 3600.0, reader(f"a{i}")) for i in range(50)))
         assert reads == ["a0"] and {tuple(n) for _, n in got} == {("a0",)}
-        assert (await shared.nodes(a, 5.0, reader("a-later")))[1] == ["a0"]  # finished, still fresh
-        assert (await shared.nodes(("http://b:8265", ""), 5.0, reader("b")))[1] == ["b"]
+        assert (await shared.nodes(a, 3600.0, reader("a-later")))[1] == ["a0"]  # finished, still fresh
+        assert (await shared.nodes(("http://b:8265", ""), 3600.0, reader("b")))[1] == ["b"]
         await asyncio.sleep(0.05)
         assert (await shared.nodes(a, 0.02, reader("a-old")))[1] == ["a-old"]  # older than max_age
         c = ("http://c:8265", "")
         with pytest.raises(ConnectionError):
-            await shared.nodes(c, 5.0, reader("c-fails", fail=True))
-        assert (await shared.nodes(c, 5.0, reader("c-again")))[1] == ["c-again"]  # a failure is not shared
+            await shared.nodes(c, 3600.0, reader("c-fails", fail=True))
+        assert (await shared.nodes(c, 3600.0, reader("c-again")))[1] == ["c-again"]  # a failure is not shared
         assert reads == ["a0", "b", "a-old", "c-fails", "c-again"]
 
     shared = SharedNodeReads()

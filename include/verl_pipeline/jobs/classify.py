@@ -42,15 +42,22 @@ class Classification:
         return d
 
 
-#: A GPU's memory ran out: torch's allocator (``torch.OutOfMemoryError: CUDA out of memory``, older
-#: ``torch.cuda.OutOfMemoryError``), a CUDA call (``CUDA error: out of memory``) or vLLM finding no room
-#: for its KV cache in its share. Not Ray's ``ray.exceptions.OutOfMemoryError`` (host memory, below).
-_GPU_OOM = ("GPU out of memory", r"CUDA out of memory|CUDA error: out of memory|"
-                                 r"No available memory for the cache blocks")
-_GPU_OOM_REMEDY = ("lower actor_rollout_ref.rollout.gpu_memory_utilization (vLLM's share of each GPU) or the "
-                   "model profile's scaling.max_micro_batch_size_per_gpu / log_prob_micro_batch_size_per_gpu, or "
-                   "set actor_rollout_ref.actor.fsdp_config.param_offload and optimizer_offload to true; "
-                   "`verl-pipeline render` shows what the scaling rules chose and why")
+#: A GPU's memory ran out, and what to change. Torch's allocator (``torch.OutOfMemoryError: CUDA out of
+#: memory``, older ``torch.cuda.OutOfMemoryError``) or a CUDA call (``CUDA error: out of memory``): less
+#: memory per GPU. vLLM finding no room for its KV cache within its share (its weights and activations
+#: took it all): a larger share. Not Ray's ``ray.exceptions.OutOfMemoryError`` (host memory, below).
+_GPU_OOM_REASON = "GPU out of memory"
+_GPU_OOM: list[tuple[str, str]] = [
+    (r"No available memory for the cache blocks",
+     "raise actor_rollout_ref.rollout.gpu_memory_utilization (vLLM's share of each GPU: its weights and "
+     "activations left no room for the KV cache) as far as the training state beside it allows, or free the GPU "
+     "of other processes; `verl-pipeline render` shows the share the scaling rules chose and its cap"),
+    (r"CUDA out of memory|CUDA error: out of memory",
+     "lower actor_rollout_ref.rollout.gpu_memory_utilization (vLLM's share of each GPU) or the model profile's "
+     "scaling.max_micro_batch_size_per_gpu / log_prob_micro_batch_size_per_gpu, or set "
+     "actor_rollout_ref.actor.fsdp_config.param_offload and optimizer_offload to true; `verl-pipeline render` "
+     "shows what the scaling rules chose and why"),
+]
 
 _INFRA: list[tuple[str, str]] = [
     ("node died", r"NodeDiedError|node .{0,80}(has )?died|The node .{0,120} (is dead|has been marked dead)"),
@@ -103,11 +110,12 @@ def classify(message: str, log_tail: str = "", *, status: str = "FAILED") -> Cla
     """Classify a failed (or stopped) job."""
     text = f"{message}\n{log_tail[-20000:]}"
     ending = final_exception(text)
-    oom = list(re.finditer(_GPU_OOM[1], text))
-    if oom:
-        fits = ending is not None and re.search(_GPU_OOM[1], ending)
-        return Classification(FailureKind.USER, _GPU_OOM[0], ending if fits and ending else _line(text, oom[-1]),
-                              _GPU_OOM_REMEDY)
+    for pattern, remedy in _GPU_OOM:
+        oom = list(re.finditer(pattern, text))
+        if oom:
+            fits = ending is not None and re.search(pattern, ending)
+            return Classification(FailureKind.USER, _GPU_OOM_REASON,
+                                  ending if fits and ending else _line(text, oom[-1]), remedy)
     for reason, pattern in _INFRA:
         matches = list(re.finditer(pattern, text))
         if matches:
