@@ -184,29 +184,3 @@ def test_verl_accepts_the_separate_placement_at_every_documented_shape(nnodes: i
 ])
 def test_vllm_share_leaves_room_for_the_training_state(mem: float, resident: float, util: float) -> None:
     assert scaling.rollout_memory_utilization(mem, resident)[0] == util
-
-
-@pytest.mark.parametrize(("attn", "packs"), [(None, True), ("flash_attention_2", True), ("flash_attention_3", True),
-                                             ("sdpa", False), ("eager", False)])
-def test_sequences_are_packed_only_where_the_attention_attends_each_on_its_own(attn: str | None, packs: bool) -> None:
-    settings = {} if attn is None else {"+" + scaling.ACTOR_ATTN_KEY: attn}
-    d = scaling.derive(settings, {"train_batch_size_per_node": 8}, QWEN_7B, H100, nnodes=1, n_gpus_per_node=1,
-                       explicit=set())
-    assert d.settings[scaling.REMOVE_PADDING_KEY] is packs
-    rule = next(r for r in d.rules if r.key == scaling.REMOVE_PADDING_KEY)
-    assert (attn or "flash_attention_2") in rule.rule and ("block-diagonal" in rule.rule) is not packs
-
-
-def test_an_explicit_packing_choice_is_kept_and_the_rule_says_what_it_would_give() -> None:
-    key = scaling.REMOVE_PADDING_KEY
-    settings = {key: True, "actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"}}
-    d = scaling.derive(settings, {"train_batch_size_per_node": 8}, QWEN_7B, H100, nnodes=1, n_gpus_per_node=1,
-                       explicit={key})
-    assert d.settings[key] is True
-    assert "would give False" in next(r for r in d.rules if r.key == key).text()
-
-
-def test_the_gpu_acceptance_profile_pads_rows_for_its_sdpa_actor() -> None:
-    spec = build_run_spec({"profile": "gpu-acceptance"}, run_name="r")
-    assert spec.verl[scaling.REMOVE_PADDING_KEY] is False
-    assert "sdpa" in spec.derived[scaling.REMOVE_PADDING_KEY]

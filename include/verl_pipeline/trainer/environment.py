@@ -13,13 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verl_pipeline.trainer.scaling import (
-    CPUS_PER_GPU_BUNDLE,
-    VERL_DEFAULT_ATTN,
-    actor_attn_implementation,
-    uses_critic,
-)
+from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, uses_critic
 
+#: verl's default attention implementation for the actor, reference and rollout model config
+#: (``verl/workers/config/model.py``: ``override_config.get("attn_implementation", "flash_attention_2")``).
+VERL_DEFAULT_ATTN = "flash_attention_2"
 #: The override that lets the actor run without flash-attn.
 SDPA_OVERRIDE = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
 #: verl's extra that pins flash-attn for its torch 2.11 / CUDA 13 stack (``flash-attn==2.8.3`` in 0.9.1).
@@ -39,6 +37,7 @@ _FLASH_IMPLS = {
     "flash_attention_2": ("flash_attn", "flash-attn"),
     "flash_attention_3": ("flash_attn_interface", "flash-attn-3"),
 }
+_ACTOR_ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 #: Settings naming files and directories the job reads on the nodes.
 PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
              "reward.reward_model.model_path")
@@ -152,6 +151,18 @@ def transformers_problem(spec: str | None, version: str | None) -> str | None:
     except (InvalidSpecifier, InvalidVersion):
         return None
     return None if inside else f"verl supports transformers{spec} only"
+
+
+def actor_attn_implementation(settings: Mapping[str, Any]) -> str:
+    """The actor's (and reference's) attention implementation: the override, else verl's default."""
+    for prefix in ("", "+", "++"):
+        value = settings.get(prefix + _ACTOR_ATTN_KEY)
+        if value:
+            return str(value)
+    block = settings.get("actor_rollout_ref.model.override_config")
+    if isinstance(block, Mapping) and block.get("attn_implementation"):
+        return str(block["attn_implementation"])
+    return VERL_DEFAULT_ATTN
 
 
 def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Needs:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,41 +311,7 @@ def derive(
     if critic:
         d.set("critic.fsdp.param_offload", offload, why, explicit)
         d.set("critic.fsdp.optimizer_offload", offload, why, explicit)
-
-    # -- packing ----------------------------------------------------------------------------------
-    attn = actor_attn_implementation(settings)
-    packs = attn in PACKING_ATTENTION
-    d.set(REMOVE_PADDING_KEY, packs,
-          f"the actor attends with {attn}: " + (
-              "its varlen kernels attend each packed sequence on its own, so packing drops the padding's work"
-              if packs else
-              "a packed micro batch is one row under a block-diagonal mask, every token attending across the "
-              "whole row (about micro-batch-size x the attention work of padded rows), so rows stay padded"),
-          explicit)
     return d
-
-
-#: verl's switch that packs a micro batch's sequences into one row without padding.
-REMOVE_PADDING_KEY = "actor_rollout_ref.model.use_remove_padding"
-#: Attention implementations that attend packed sequences each on its own (flash-attn's varlen kernels).
-PACKING_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
-#: The actor's attention implementation: verl's default unless ``override_config`` names another.
-ACTOR_ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
-#: verl's default for the actor, reference and rollout model config
-#: (``verl/workers/config/model.py``: ``override_config.get("attn_implementation", "flash_attention_2")``).
-VERL_DEFAULT_ATTN = "flash_attention_2"
-
-
-def actor_attn_implementation(settings: Mapping[str, Any]) -> str:
-    """The actor's (and reference's) attention implementation: the override, else verl's default."""
-    for prefix in ("", "+", "++"):
-        value = settings.get(prefix + ACTOR_ATTN_KEY)
-        if value:
-            return str(value)
-    block = settings.get("actor_rollout_ref.model.override_config")
-    if isinstance(block, Mapping) and block.get("attn_implementation"):
-        return str(block["attn_implementation"])
-    return VERL_DEFAULT_ATTN
 
 
 def required_cpus(n_gpus: int, settings: dict[str, Any]) -> tuple[int, str]:
