@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
             dt = metrics["perf/time_per_step"]
             ray.get(tracking.log.remote(metrics, step))  # the line is written before the step goes on
             if console:
-                print(f"step:{step} - " + " - ".join(f"{k}:{v:.4g}" for k, v in metrics.items()), flush=True)
+                print(console_line(metrics, step), flush=True)
             max_steps_duration = max(max_steps_duration, dt)
             close = bool(esi(max_steps_duration=max_steps_duration, redundant_time=redundant)) if esi else False
             if save_freq > 0 and (step % save_freq == 0 or step == total or close):
@@ -258,6 +258,15 @@ def main(argv: list[str]) -> int:
         except ray.exceptions.RayError:
             pass  # the actor went with its node: the error that ended the run is the one to report
     return 0
+
+
+def console_line(metrics: dict[str, Any], step: int) -> str:
+    """The step's line as verl's ``LocalLogger`` prints it: its own helper, over numpy scalars (verl's
+    metrics are means of numpy arrays, and numpy 2 prints them ``np.float64(0.41)``)."""
+    import numpy as np
+    from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+    return concat_dict_to_str({k: v if isinstance(v, int) else np.float64(v) for k, v in metrics.items()}, step)
 
 
 def _backends(cfg: dict[str, Any]) -> list[str]:

@@ -28,6 +28,23 @@ def test_verl_console_metric_line() -> None:
     assert parse_console_line("a log line that mentions step:3 in passing, then more words") is None
 
 
+def test_verl_console_line_with_numpy_scalars() -> None:
+    """verl 0.9.1 prints each value with pprint, and numpy 2 scalars print as their repr (seen on the H200)."""
+    from tests.fakes.fake_verl_trainer import console_line
+
+    line = ("(TaskRunnerV1 pid=12089) step:0 - val-aux/openai/gsm8k/reward/mean@1:np.float64(0.0) - "
+            "val-core/openai/gsm8k/acc/mean@1:np.float64(0.0) - val-aux/num_turns/min:np.int64(2)")
+    assert parse_console_line(line) == (0, {"val-aux/openai/gsm8k/reward/mean@1": 0.0,
+                                            "val-core/openai/gsm8k/acc/mean@1": 0.0, "val-aux/num_turns/min": 2.0})
+    t = ProgressTracker(total=2, clock=lambda: 5.0)
+    assert not t.observe_console(line) and t.last is None  # validation: not the first step
+    step = console_line({"training/global_step": 1, "perf/time_per_step": 293.35, "perf/throughput": 2380.6}, 1)
+    assert parse_console_line(step) == (1, {"training/global_step": 1.0, "perf/time_per_step": 293.35,
+                                            "perf/throughput": 2380.6})
+    assert t.observe_console(step) and t.last is not None and t.last.seconds_per_step == 293.35
+    assert parse_console_line("a log line that mentions step:3 in passing, then more words") is None
+
+
 def test_verl_file_logger_row() -> None:
     row = json.dumps({"step": 7, "data": {"training/global_step": 7, "perf/throughput": 99.5, "note": "x"}})
     assert parse_jsonl_row(row) == (7, {"training/global_step": 7.0, "perf/throughput": 99.5})
@@ -64,6 +81,7 @@ def test_a_row_of_validation_alone_is_no_step() -> None:
     assert not t.observe(0, {"val-core/openai/gsm8k/reward/mean@1": 0.02, "val-aux/num_turns/mean": 1.0})
     assert t.last is None
     assert not t.observe_console("(TaskRunner pid=8) step:0 - val-core/openai/gsm8k/reward/mean@1:0.02")
+    assert not t.observe_console("(TaskRunner pid=8) step:0 - val-core/openai/gsm8k/reward/mean@1:<unparsed>")
     assert t.observe(1, {"training/global_step": 1.0, "val-core/openai/gsm8k/reward/mean@1": 0.1})
     assert t.last is not None and t.last.step == 1 and not t.last.reached_total
     assert t.observe(4, {"training/global_step": 4.0}) and t.last.reached_total

@@ -38,11 +38,14 @@ RECENT_STEPS = 10
 # verl's console logger: ``(TaskRunnerV1 pid=N) step:3 - training/global_step:3 - perf/throughput:1317.6 - …``
 _CONSOLE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:]+:[^\s]+)+)\s*$")
 _PAIR = re.compile(r" - ([^\s:]+):([^\s]+)")
+# verl 0.9.1 prints numpy scalars by their repr: ``reward/mean@1:np.float64(0.0)``, ``num_turns/min:np.int64(2)``.
+_NUMPY_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")
 
 
 def _number(text: str) -> float | None:
+    scalar = _NUMPY_SCALAR.match(text)
     try:
-        value = float(text)
+        value = float(scalar.group(1) if scalar else text)
     except ValueError:
         return None
     return value if value == value else None  # drop NaN
@@ -165,7 +168,8 @@ class ProgressTracker:
 
     def observe(self, step: int, metrics: dict[str, float]) -> bool:
         """Record one step's metrics; True when it is a training step newer than any seen."""
-        if is_validation_only(metrics) or (self.last is not None and step <= self.last.step):
+        # verl's training steps count from 1: a step-0 row is validation, even when none of its values parsed.
+        if step < 1 or is_validation_only(metrics) or (self.last is not None and step <= self.last.step):
             return False
         per_step = metrics.get(TIME_PER_STEP, metrics.get(TIMING_STEP))
         if per_step is not None and per_step > 0:
