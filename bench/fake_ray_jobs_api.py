@@ -3,7 +3,8 @@
 Serves what the wait path reads, in Ray's formats (read from ``ray/dashboard/modules/job/job_head.py``
 and ``ray/dashboard/modules/log/log_agent.py``, checked against a real local job):
 
-- dashboard port: ``GET /api/jobs/{id}`` (JobDetails JSON, ``application/json; charset=utf-8``) and
+- dashboard port: ``GET /api/jobs/{id}`` (JobDetails JSON, ``application/json; charset=utf-8``), ``GET /api/jobs/``
+  (every job's JobDetails in one array) and
   ``GET /api/jobs/{id}/logs`` (``{"logs": "<whole log>"}``: what the trigger before streaming read);
 - dashboard port: ``GET /nodes?view=summary`` (``dashboard/modules/node/node_head.py``): the node
   summary an owned cluster's waiter reads, ``--nodes`` nodes shaped like the one recorded from a
@@ -79,7 +80,8 @@ class FakeRay:
         #: The agent of each host (``http://address:port``); job ``i`` runs on host ``i % hosts``.
         self.agent_urls: list[str] = []
         self.stats: dict[str, int] = {"status_requests": 0, "whole_log_requests": 0, "range_requests": 0,
-                                      "log_body_bytes": 0, "node_requests": 0, "node_body_bytes": 0}
+                                      "log_body_bytes": 0, "node_requests": 0, "node_body_bytes": 0,
+                                      "list_requests": 0, "list_body_bytes": 0}
 
     def job_index(self, submission_id: str) -> int | None:
         prefix = "bench-job-"
@@ -120,7 +122,18 @@ class FakeRay:
         self.stats["status_requests"] += 1
         if i is None:
             return web.Response(status=404, text=f"Job {sid} does not exist")
-        details: dict[str, Any] = {
+        return web.Response(text=json.dumps(self.details(i)), content_type="application/json")
+
+    async def job_list(self, request: web.Request) -> web.Response:
+        """Every job's JobDetails in one JSON array, as Ray's ``GET /api/jobs/``."""
+        body = json.dumps([self.details(i) for i in range(self.jobs)])
+        self.stats["list_requests"] += 1
+        self.stats["list_body_bytes"] += len(body)
+        return web.Response(text=body, content_type="application/json")
+
+    def details(self, i: int) -> dict[str, Any]:
+        sid = f"bench-job-{i}"
+        return {
             "type": "SUBMISSION", "job_id": None, "submission_id": sid, "driver_info": None,
             "status": "RUNNING", "entrypoint": "python -m verl.trainer.main_ppo",
             "message": "Job is currently running.",
@@ -128,7 +141,6 @@ class FakeRay:
             "driver_agent_http_address": self.agent_urls[i % len(self.agent_urls)], "driver_node_id": "f" * 56,
             "driver_exit_code": None,
         }
-        return web.Response(text=json.dumps(details), content_type="application/json")
 
     async def whole_log(self, request: web.Request) -> web.Response:
         i = self.job_index(request.match_info["job_or_submission_id"])
@@ -246,6 +258,7 @@ async def serve(args: argparse.Namespace) -> None:
                    gpus_per_node=args.gpus_per_node, step_seconds=args.step_seconds)
     dashboard, agent = web.Application(), web.Application()
     dashboard.router.add_get("/nodes", fake.nodes_view)
+    dashboard.router.add_get("/api/jobs/", fake.job_list)
     dashboard.router.add_get("/api/jobs/{job_or_submission_id}", fake.job)
     dashboard.router.add_get("/api/jobs/{job_or_submission_id}/logs", fake.whole_log)
     dashboard.router.add_get("/_stats", fake.get_stats)

@@ -23,7 +23,8 @@ Figures, over the window after one warm-up interval:
 - polls made, and polls on time (started at most 1 s later than ``poll_interval`` after the
   previous one), as a share of the polls due (N x window / interval);
 - log bytes Ray sent per poll (counted by the fake) against the new output per poll;
-- requests per poll (status, log range, node summary) and node summary bytes per poll;
+- requests per poll (job status, shared job list, log range, node summary) and the bytes per poll
+  of the node summaries and job lists;
 - how fast a run's GPU usage file grows, per GPU node and day;
 - this process's RSS at the end and its peak.
 
@@ -62,26 +63,16 @@ class Recorder:
         self.starts.setdefault(job_id, []).append(time.monotonic())
 
 
-class TimedHook:
-    """The project's hook, with the start of each poll (the status request) recorded; every other
-    attribute is the hook's own."""
+def timed_polls(trigger: Any, recorder: Recorder) -> None:
+    """Record the start of each of ``trigger``'s polls (its status read: the job's own request, or its
+    share of the cluster's job list)."""
+    status = trigger._job_info
 
-    def __init__(self, inner: Any, recorder: Recorder) -> None:
-        self.inner, self.recorder = inner, recorder
+    async def timed(hook: Any) -> Any:
+        recorder.poll(trigger.job_id)
+        return await status(hook)
 
-    async def __aenter__(self) -> TimedHook:
-        await self.inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.inner.__aexit__(*exc)
-
-    async def aget_job(self, job_id: str) -> Any:
-        self.recorder.poll(job_id)
-        return await self.inner.aget_job(job_id)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    trigger._job_info = timed
 
 
 def _gpu_usage_bytes(run_dirs: str | None) -> int:
@@ -142,7 +133,8 @@ async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Pa
                               watch={} if args.watch else None, cursor_dir=str(run_dir) if run_dir else None)
         trigger = RayJobTrigger(**request.to_dict())
         trigger._log = logger
-        trigger._hook = lambda: TimedHook(RayJobsHook(cluster), recorder)
+        trigger._hook = lambda: RayJobsHook(cluster)
+        timed_polls(trigger, recorder)
         async for event in trigger.run():
             logger.warning("trigger %s ended: %s", i, event.payload)
 
@@ -177,7 +169,10 @@ async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Pa
                 made += 1
                 on_time += cur - prev <= args.poll + 1.0
     due = args.jobs * window / args.poll
-    polls = stats1["status_requests"] - stats0["status_requests"]
+    polls = made
+    statuses = stats1["status_requests"] - stats0["status_requests"]
+    lists = stats1["list_requests"] - stats0["list_requests"]
+    list_bytes = stats1["list_body_bytes"] - stats0["list_body_bytes"]
     body = stats1["log_body_bytes"] - stats0["log_body_bytes"]
     ranges = stats1["range_requests"] - stats0["range_requests"]
     node_requests = stats1["node_requests"] - stats0["node_requests"]
@@ -190,8 +185,11 @@ async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Pa
         "cpu_ms_per_poll": round(1000 * (cpu1 - cpu0) / max(made, 1), 2),
         "polls_made_pct": round(100 * made / due, 1), "polls_on_time_pct": round(100 * on_time / due, 1),
         "log_bytes_per_poll": round(body / max(polls, 1)), "new_output_per_poll": growth,
-        "requests_per_poll": {"status": 1.0, "log_range": round(ranges / max(polls, 1), 2),
+        "requests_per_poll": {"status": round(statuses / max(polls, 1), 3),
+                              "job_list": round(lists / max(polls, 1), 4),
+                              "log_range": round(ranges / max(polls, 1), 2),
                               "node_summary": round(node_requests / max(polls, 1), 2)},
+        "job_list_bytes_per_poll": round(list_bytes / max(polls, 1)),
         "node_summary_bytes_per_poll": round(node_bytes / max(polls, 1)),
         # One run's file grows by this much per GPU node per day (every node of the fake has GPUs).
         "gpu_usage_bytes_per_gpu_node_per_day": round((gpu_bytes1 - gpu_bytes0) / args.jobs / args.nodes

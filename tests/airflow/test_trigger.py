@@ -708,7 +708,7 @@ def test_waiters_of_one_cluster_share_its_node_summary_read() -> None:
     a failed read or another event loop reads again."""
     import asyncio
 
-    from verl_pipeline.airflow.triggers import SharedNodeReads
+    from verl_pipeline.airflow.triggers import SharedClusterReads
 
     reads: list[str] = []
 
@@ -721,25 +721,124 @@ def test_waiters_of_one_cluster_share_its_node_summary_read() -> None:
             return [name]
         return read
 
-    async def scenario(shared: SharedNodeReads) -> None:
+    async def scenario(shared: SharedClusterReads) -> None:
         a = ("http://a:8265", "")
-        got = await asyncio.gather(*(shared.nodes(a, 3600.0, reader(f"a{i}")) for i in range(50)))
+        got = await asyncio.gather(*(shared.read(a, 3600.0, reader(f"a{i}")) for i in range(50)))
         assert reads == ["a0"] and {tuple(n) for _, n in got} == {("a0",)}
-        assert (await shared.nodes(a, 3600.0, reader("a-later")))[1] == ["a0"]  # finished, still fresh
-        assert (await shared.nodes(("http://b:8265", ""), 3600.0, reader("b")))[1] == ["b"]
+        assert (await shared.read(a, 3600.0, reader("a-later")))[1] == ["a0"]  # finished, still fresh
+        assert (await shared.read(("http://b:8265", ""), 3600.0, reader("b")))[1] == ["b"]
         await asyncio.sleep(0.05)
-        assert (await shared.nodes(a, 0.02, reader("a-old")))[1] == ["a-old"]  # older than max_age
+        assert (await shared.read(a, 0.02, reader("a-old")))[1] == ["a-old"]  # older than max_age
         c = ("http://c:8265", "")
         with pytest.raises(ConnectionError):
-            await shared.nodes(c, 3600.0, reader("c-fails", fail=True))
-        assert (await shared.nodes(c, 3600.0, reader("c-again")))[1] == ["c-again"]  # a failure is not shared
+            await shared.read(c, 3600.0, reader("c-fails", fail=True))
+        assert (await shared.read(c, 3600.0, reader("c-again")))[1] == ["c-again"]  # a failure is not shared
         assert reads == ["a0", "b", "a-old", "c-fails", "c-again"]
 
-    shared = SharedNodeReads()
+    shared = SharedClusterReads()
     asyncio.run(scenario(shared))
     reads.clear()
 
     async def other_loop() -> list[str]:
-        return (await shared.nodes(("http://a:8265", ""), 3600.0, reader("a-new-loop")))[1]
+        return (await shared.read(("http://a:8265", ""), 3600.0, reader("a-new-loop")))[1]
 
     assert asyncio.run(other_loop()) == ["a-new-loop"] and reads == ["a-new-loop"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_shared_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What one process's waiters share starts empty for each test."""
+    from verl_pipeline.airflow import triggers
+
+    monkeypatch.setattr(triggers, "WAITERS", triggers.ClusterWaiters())
+    monkeypatch.setattr(triggers, "JOB_LIST_READS", triggers.SharedClusterReads())
+    monkeypatch.setattr(triggers, "NODE_READS", triggers.SharedClusterReads())
+
+
+class JobListHook:
+    """A cluster's Jobs API for several waiters: Ray's job list and single-job reads, counted. Every job
+    runs until the API has been read ``running_for`` times (lists and single reads), then has
+    succeeded; ``extra`` more (finished) jobs stand in the list, as a cluster's history does."""
+
+    def __init__(self, jobs: list[str], *, running_for: int = 4, extra: int = 0, list_fails: bool = False) -> None:
+        self.jobs, self.running_for, self.extra, self.list_fails = jobs, running_for, extra, list_fails
+        self.list_calls = 0
+        self.get_calls: list[str] = []
+
+    async def __aenter__(self) -> JobListHook:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def _state(self) -> str:
+        return "RUNNING" if self.list_calls + len(self.get_calls) < self.running_for else "SUCCEEDED"
+
+    async def ajob_details(self) -> dict[str, dict[str, Any]]:
+        import asyncio
+
+        self.list_calls += 1
+        await asyncio.sleep(0.001)  # in flight while other waiters ask
+        if self.list_fails:
+            raise ConnectionError("dashboard unreachable")
+        state = self._state()
+        jobs = {j: {"submission_id": j, "status": state, "message": f"job is {state}", "driver_exit_code": 0}
+                for j in self.jobs}
+        jobs.update({f"old-{k}": {"submission_id": f"old-{k}", "status": "SUCCEEDED"} for k in range(self.extra)})
+        return jobs
+
+    async def aget_job(self, job_id: str) -> JobInfo | None:
+        self.get_calls.append(job_id)
+        if job_id not in self.jobs:
+            return None
+        state = self._state()
+        return JobInfo(submission_id=job_id, status=JobState(state), message=f"job is {state}", driver_exit_code=0)
+
+
+async def _waiters(hook: JobListHook, job_ids: list[str]) -> list[list[dict[str, Any]]]:
+    import asyncio
+
+    triggers = [RayJobTrigger(cluster=CLUSTER, job_id=j, poll_interval=0.01, forward_logs=False) for j in job_ids]
+    return list(await asyncio.gather(*(_events(t, hook) for t in triggers)))  # type: ignore[arg-type]
+
+
+async def test_waiters_of_one_cluster_share_its_job_list() -> None:
+    """Ten waiters of one cluster read their jobs' statuses from one list per half poll, not a request
+    each per poll; each still sees its own job end."""
+    jobs = [f"job-{i}" for i in range(10)]
+    hook = JobListHook(jobs, running_for=6)
+    events = await _waiters(hook, jobs)
+    assert [e[-1]["status"] for e in events] == ["succeeded"] * 10
+    assert [e[-1]["job_id"] for e in events] == jobs
+    # At least 5 lists read means each waiter polled about 5 times; one list served them all, bar the
+    # first waiter's first poll (before the others joined) and a last one left alone.
+    assert len(hook.get_calls) <= 2 and hook.list_calls >= 5, (hook.list_calls, hook.get_calls)
+    assert hook.list_calls + len(hook.get_calls) < len(jobs)
+
+
+async def test_a_job_missing_from_the_list_or_a_failed_list_is_read_alone() -> None:
+    hook = JobListHook(["job-1"], running_for=3)
+    events = await _waiters(hook, ["job-1", "job-gone"])
+    assert events[0][-1]["status"] == "succeeded"
+    assert events[1][-1]["status"] == "unreachable" and "does not exist" in events[1][-1]["message"]
+    assert "job-gone" in hook.get_calls
+    failing = JobListHook(["job-1", "job-2"], list_fails=True)
+    events = await _waiters(failing, ["job-1", "job-2"])
+    assert [e[-1]["status"] for e in events] == ["succeeded", "succeeded"]
+    assert set(failing.get_calls) == {"job-1", "job-2"}
+
+
+async def test_a_cluster_whose_job_list_is_long_is_not_read_by_list_again() -> None:
+    """A long-lived cluster's list holds every job it ran: past 8 per waiter, each waiter reads its own
+    until enough waiters joined."""
+    from verl_pipeline.airflow.triggers import JOB_LIST_MAX_PER_WAITER
+
+    hook = JobListHook(["job-1", "job-2"], running_for=6, extra=2 * JOB_LIST_MAX_PER_WAITER)
+    events = await _waiters(hook, ["job-1", "job-2"])
+    assert [e[-1]["status"] for e in events] == ["succeeded", "succeeded"]
+    assert hook.list_calls == 1 and set(hook.get_calls) == {"job-1", "job-2"}
+    # Once enough waiters joined for the length last read, they share the list again.
+    more = JobListHook(["job-1", "job-2", "job-3"], running_for=8, extra=2 * JOB_LIST_MAX_PER_WAITER)
+    events = await _waiters(more, ["job-1", "job-2", "job-3"])
+    assert [e[-1]["status"] for e in events] == ["succeeded"] * 3
+    assert more.list_calls >= 1 and len(more.get_calls) <= 2, (more.list_calls, more.get_calls)

@@ -223,3 +223,20 @@ async def test_a_far_behind_read_of_a_large_real_log_transfers_only_a_bounded_ra
     for max_bytes, got in received.items():
         assert got <= 2 * max_bytes + 16 * 1024, (max_bytes, got)
     assert near_end < 2048, near_end
+
+
+@pytest.mark.integration
+async def test_rays_job_list_gives_each_job_as_its_own_read_does(ray_cluster: ClusterHandle) -> None:
+    """The shared status read (``GET /api/jobs/``) against a real head: the job is in it, parsed the same."""
+    sync = ray_cluster.client()
+    job_id = f"list-real-{int(time.time() * 1000)}"
+    sync.submit(entrypoint="python -c pass", submission_id=job_id, runtime_env={})
+    deadline = time.monotonic() + 120
+    while (info := sync.get_job(job_id)) is None or not info.status.is_terminal():
+        assert time.monotonic() < deadline, "the job did not finish"
+        time.sleep(0.2)
+    async with aiohttp.ClientSession() as session:
+        client = ray_cluster.client(session=session)  # with the cluster's token
+        jobs = await client.ajob_details()
+        assert job_id in jobs and all(isinstance(k, str) and k for k in jobs)
+        assert JobInfo.from_api(jobs[job_id]) == await client.aget_job(job_id) == info

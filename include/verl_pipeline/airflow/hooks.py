@@ -156,6 +156,10 @@ class RayJobsHook(BaseHook):
     async def aget_job(self, submission_id: str) -> JobInfo | None:
         return await self._entered().aget_job(submission_id)
 
+    async def ajob_details(self) -> dict[str, dict[str, Any]]:
+        """Every submitted job of the cluster, by submission id (Ray's job list)."""
+        return await self._entered().ajob_details()
+
     def alog_stream(self, info: JobInfo, start: int, *, max_bytes: int) -> AbstractAsyncContextManager[LogStream]:
         """New bytes of the job's driver log from byte ``start`` (see :meth:`RayJobsClient.alog_stream`)."""
         return self._entered().alog_stream(info, start, max_bytes=max_bytes)

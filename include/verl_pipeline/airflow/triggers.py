@@ -8,7 +8,7 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -28,6 +28,9 @@ from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import NodeWatch, StallWatch, WatchSettings, speaks_of_a_death
 from verl_pipeline.rundir import RunDir
 
+if TYPE_CHECKING:
+    from verl_pipeline.jobs.client import JobInfo
+
 #: Where Airflow finds the trigger again (kept as it is: deferred tasks of a running deployment resume by it).
 CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
 
@@ -45,32 +48,43 @@ LOG_READ_EVERY_POLLS = 2
 #: half a poll later than by reading for each waiter, and a cluster of N waiters is read about twice
 #: per poll interval instead of N / 2 times.
 NODE_SUMMARY_SHARED_FOR_POLLS = 0.5
-#: Shared node summary reads older than this are dropped when another is kept (dead clusters, loops).
+#: Likewise the job statuses: with at least ``JOB_LIST_MIN_WAITERS`` waiters on one cluster, one read
+#: of Ray's job list (``GET /api/jobs/``) at most half a poll old gives each its job's status instead of
+#: a request per waiter per poll; a job's end is seen at most half a poll later.
+JOB_LIST_SHARED_FOR_POLLS = 0.5
+JOB_LIST_MIN_WAITERS = 2
+#: Ray's list holds every job the cluster ever ran. Longer than this many jobs per waiter, one list
+#: costs more than the waiters' own reads: they read their own until enough waiters joined for the
+#: length last read, or ``JOB_LIST_RETRY_S`` passed (the list is read again to measure it).
+JOB_LIST_MAX_PER_WAITER = 8
+JOB_LIST_RETRY_S = 600.0
+#: Shared reads older than this are dropped when another is kept (dead clusters, loops).
 _SHARED_READS_KEPT_S = 600.0
+
+Cluster = tuple[str, str]
 
 
 @dataclass
 class _SharedRead:
     loop: asyncio.AbstractEventLoop
     started: float
-    task: asyncio.Task[tuple[float, list[Any]]]
+    task: asyncio.Task[tuple[float, Any]]
 
 
-class SharedNodeReads:
-    """The latest node summary read of each cluster, shared by the waiters of that cluster.
+class SharedClusterReads:
+    """The latest read of one kind (node summary, job list) of each cluster, shared by its waiters.
 
     Keyed by the cluster (its dashboard URL and connection) and the event loop (a triggerer runs
-    every trigger in one loop; ``airflow dags test`` runs each in its own): a waiter that needs the
-    summary takes a read started at most ``max_age`` seconds ago, finished or in flight, else starts
-    one with its own hook. A read that failed is not shared.
+    every trigger in one loop; ``airflow dags test`` runs each in its own): a waiter takes a read
+    started at most ``max_age`` seconds ago, finished or in flight, else starts one with its own
+    hook. A read that failed is not shared.
     """
 
     def __init__(self) -> None:
-        self._reads: dict[tuple[str, str], _SharedRead] = {}
+        self._reads: dict[Cluster, _SharedRead] = {}
 
-    async def nodes(self, cluster: tuple[str, str], max_age: float,
-                    read: Callable[[], Awaitable[list[Any]]]) -> tuple[float, list[Any]]:
-        """``(time.time() when read, the nodes)``; raises what the read raised."""
+    async def read(self, cluster: Cluster, max_age: float, read: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+        """``(time.time() when read, what was read)``; raises what the read raised."""
         loop, now = asyncio.get_running_loop(), time.monotonic()
         shared = self._reads.get(cluster)
         if (shared is None or shared.loop is not loop or now - shared.started > max_age
@@ -78,17 +92,56 @@ class SharedNodeReads:
             for key in [k for k, r in self._reads.items() if now - r.started > _SHARED_READS_KEPT_S]:
                 del self._reads[key]
 
-            async def timed() -> tuple[float, list[Any]]:
-                nodes = await read()
-                return time.time(), nodes
+            async def timed() -> tuple[float, Any]:
+                result = await read()
+                return time.time(), result
 
             shared = self._reads[cluster] = _SharedRead(loop, now, loop.create_task(timed()))
         # A waiter cancelled mid-read (its job ended, the triggerer stops it) leaves the read to the others.
         return await asyncio.shield(shared.task)
 
 
-#: One per process: what the triggerer's waiters share.
-NODE_READS = SharedNodeReads()
+class ClusterWaiters:
+    """How many waiters of each cluster this process runs now (per event loop), and how long each
+    cluster's job list was when last read."""
+
+    def __init__(self) -> None:
+        self._count: dict[tuple[Cluster, asyncio.AbstractEventLoop], int] = {}
+        self._list_length: dict[Cluster, tuple[int, float]] = {}
+
+    def join(self, cluster: Cluster) -> None:
+        key = (cluster, asyncio.get_running_loop())
+        self._count[key] = self._count.get(key, 0) + 1
+
+    def leave(self, cluster: Cluster) -> None:
+        key = (cluster, asyncio.get_running_loop())
+        left = self._count.get(key, 0) - 1
+        if left > 0:
+            self._count[key] = left
+        else:
+            self._count.pop(key, None)
+
+    def count(self, cluster: Cluster) -> int:
+        return self._count.get((cluster, asyncio.get_running_loop()), 0)
+
+    def share_job_list(self, cluster: Cluster) -> bool:
+        """Whether the cluster's waiters read their statuses from its job list: enough of them, and the
+        list, as last read, not longer than they are worth (read again after ``JOB_LIST_RETRY_S``)."""
+        waiters = self.count(cluster)
+        if waiters < JOB_LIST_MIN_WAITERS:
+            return False
+        seen = self._list_length.get(cluster)
+        return (seen is None or seen[0] <= JOB_LIST_MAX_PER_WAITER * waiters
+                or time.monotonic() - seen[1] > JOB_LIST_RETRY_S)
+
+    def job_list_read(self, cluster: Cluster, jobs: int) -> None:
+        self._list_length[cluster] = (jobs, time.monotonic())
+
+
+#: One each per process: what the triggerer's waiters share.
+NODE_READS = SharedClusterReads()
+JOB_LIST_READS = SharedClusterReads()
+WAITERS = ClusterWaiters()
 
 
 class RayJobTrigger(BaseTrigger):
@@ -100,7 +153,8 @@ class RayJobTrigger(BaseTrigger):
     skipped, always at a line end), ``metrics_offset_bytes`` (bytes of verl's metrics JSONL read)
     and ``progress`` (the last step verl reported, see :mod:`verl_pipeline.jobs.progress`).
 
-    Each poll asks for the job's status, so the job's end is seen on the first poll after it. The
+    Each poll asks for the job's status, so the job's end is seen on the first poll after it (half a
+    poll later at most where several waiters of one cluster share its job list: ``JOB_LIST_*``). The
     log is read on every other poll (``LOG_READ_EVERY_POLLS``), on the first, on the one after a read
     that could not take everything, and on the poll that sees the job ended; the nodes are counted on
     the polls between. Logs are read from the driver node's dashboard agent with an HTTP ``Range``
@@ -123,7 +177,7 @@ class RayJobTrigger(BaseTrigger):
     other poll, every poll once one is missing, and at once when the log says something died (see
     :class:`~verl_pipeline.jobs.watchdog.NodeWatch`): a loss ends the wait at most one poll later
     than counting every poll would. The waiters of one cluster share its node summary
-    (:class:`SharedNodeReads`: a read at most half a poll interval old serves them all).
+    (:class:`SharedClusterReads`: a read at most half a poll interval old serves them all).
 
     GPUs: the node counts read Ray's node summary, which carries each GPU's utilisation and memory;
     the waiter keeps the latest for the progress line and the watchdog, and appends one sample per
@@ -190,6 +244,8 @@ class RayJobTrigger(BaseTrigger):
         self._gpus_read_at = float("-inf")
         self._gpus_written_at = float("-inf")
         self._gpus_to_write: list[NodeGpuSample] = []
+        #: The key its waiters share reads by.
+        self._cluster: Cluster = (str(request.cluster.get("dashboard_url")), request.conn_id or "")
 
     @property
     def job_id(self) -> str:
@@ -369,10 +425,14 @@ class RayJobTrigger(BaseTrigger):
                 assert self._tracker is not None
                 last_step = self._tracker.last.step if self._tracker.last else None
                 self._stall = StallWatch(WatchSettings.from_dict(req.watch), time.monotonic(), last_step)
-            async with self._hook() as hook:
-                async for event in self._wait(hook):
-                    yield event
-                    return
+            WAITERS.join(self._cluster)
+            try:
+                async with self._hook() as hook:
+                    async for event in self._wait(hook):
+                        yield event
+                        return
+            finally:
+                WAITERS.leave(self._cluster)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -402,10 +462,9 @@ class RayJobTrigger(BaseTrigger):
         """Ray's node summary (None when it could not be read); keeps its GPU readings, and queues a
         sample of them for the run's GPU usage file when one is due."""
         now = self._gpus_read_at = time.monotonic()
-        cluster = (str(self.request.cluster.get("dashboard_url")), self.request.conn_id or "")
         try:
-            at, nodes = await NODE_READS.nodes(cluster, self.request.poll_interval * NODE_SUMMARY_SHARED_FOR_POLLS,
-                                               hook.anodes)
+            at, nodes = await NODE_READS.read(self._cluster, self.request.poll_interval * NODE_SUMMARY_SHARED_FOR_POLLS,
+                                              hook.anodes)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -480,12 +539,33 @@ class RayJobTrigger(BaseTrigger):
                 gpus_error = e
         return cursor_error, gpus_error
 
+    async def _job_info(self, hook: Any) -> JobInfo | None:
+        """The job's status: from the cluster's shared job list when its waiters share one, else (and
+        when the list failed, or does not hold the job yet) read for this job alone."""
+        if WAITERS.share_job_list(self._cluster):
+            try:
+                _, jobs = await JOB_LIST_READS.read(
+                    self._cluster, self.request.poll_interval * JOB_LIST_SHARED_FOR_POLLS, hook.ajob_details)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the job's own read decides whether the cluster is unreachable
+                self.log.debug("Ray job %s: the shared job list failed (%s); reading the job alone", self.job_id, e)
+            else:
+                WAITERS.job_list_read(self._cluster, len(jobs))
+                raw = jobs.get(self.job_id)
+                if raw is not None:
+                    from verl_pipeline.jobs.client import JobInfo
+
+                    return JobInfo.from_api(raw)
+        info: JobInfo | None = await hook.aget_job(self.job_id)
+        return info
+
     async def _wait(self, hook: Any) -> AsyncIterator[TriggerEvent]:
         req = self.request
         errors = 0
         while True:
             try:
-                info = await hook.aget_job(self.job_id)
+                info = await self._job_info(hook)
                 errors = 0
             except asyncio.CancelledError:
                 raise

@@ -433,6 +433,12 @@ class RayJobsClient:
         data = await self._aget(f"/api/jobs/{submission_id}", ok404=True)
         return JobInfo.from_api(data) if data else None
 
+    async def ajob_details(self) -> dict[str, dict[str, Any]]:
+        """Every submitted job the cluster knows (Ray's job list, each as its JobDetails JSON), by
+        submission id: one read that answers the status of many jobs (parse one with :meth:`JobInfo.from_api`)."""
+        data = await self._aget("/api/jobs/")
+        return {str(d["submission_id"]): d for d in data or [] if isinstance(d, dict) and d.get("submission_id")}
+
     async def alogs(self, submission_id: str) -> str:
         """The whole log (Ray reads and sends all of it): for one-off reads, never for polling."""
         data = await self._aget(f"/api/jobs/{submission_id}/logs")
