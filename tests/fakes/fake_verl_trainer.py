@@ -23,7 +23,7 @@ It behaves like verl's trainer where the pipeline depends on it:
   backends, the config as a nested dict) in a Ray actor on the driver's node, as verl creates it in
   its TaskRunner actor: a worker process, where the job's ``worker_process_setup_hook`` has loaded
   the tracker credentials; ``console`` lines are printed in the format of verl's ``LocalLogger``
-  (``step:N - key:value - …``) by the driver, as verl's console logger imports torch;
+  (``step:N - key:np.float64(value) - …``) by the driver, as verl's console logger imports torch;
 - exits non-zero with a traceback on failure.
 Extra knobs for tests (not verl keys): ``+fake.step_seconds``, ``+fake.fail_at_step`` (raise a
 ValueError in the driver, a user error), ``+fake.bad_key`` (a config error before training), and
@@ -261,12 +261,15 @@ def main(argv: list[str]) -> int:
 
 
 def console_line(metrics: dict[str, Any], step: int) -> str:
-    """The step's line as verl's ``LocalLogger`` prints it: its own helper, over numpy scalars (verl's
-    metrics are means of numpy arrays, and numpy 2 prints them ``np.float64(0.41)``)."""
-    import numpy as np
-    from verl.utils.logger.aggregate_logger import concat_dict_to_str
+    """The step's line as verl 0.9.1's ``LocalLogger`` prints it (``concat_dict_to_str``: each number
+    through ``pprint.pformat``, not imported here since its module imports torch). verl's metrics are
+    means of numpy arrays, and numpy 2 prints those ``np.float64(0.41)``."""
+    import pprint
 
-    return concat_dict_to_str({k: v if isinstance(v, int) else np.float64(v) for k, v in metrics.items()}, step)
+    import numpy as np
+
+    values = {k: v if isinstance(v, int) else np.float64(v) for k, v in metrics.items()}
+    return " - ".join([f"step:{step}", *(f"{k}:{pprint.pformat(v)}" for k, v in values.items())])
 
 
 def _backends(cfg: dict[str, Any]) -> list[str]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from verl_pipeline.jobs.gpu_usage import NodeGpuSample, readings_from_summary
 from verl_pipeline.jobs.progress import (
     GpuSummary,
@@ -133,3 +135,15 @@ def test_the_metrics_file_is_read_when_the_log_shows_a_step_the_file_has_not_giv
     assert not due(5, 5) and not due(4, 5)  # the file gave every step the log showed: not this poll
     assert due(5, 5, ended=True)  # the job's last look reads whatever verl wrote last
     assert due(5, 5, complete=False)  # bytes were skipped or the read failed: a step's line may be missing
+
+
+def test_the_stand_in_trainer_prints_its_console_lines_as_verl_does() -> None:
+    pytest.importorskip("torch")
+    import numpy as np
+    from verl.utils.logger.aggregate_logger import concat_dict_to_str
+
+    from tests.fakes.fake_verl_trainer import console_line
+
+    metrics = {"training/global_step": 2, "critic/score/mean": 0.41, "perf/time_per_step": 6.2}
+    verls = {k: v if isinstance(v, int) else np.float64(v) for k, v in metrics.items()}
+    assert console_line(metrics, 2) == concat_dict_to_str(verls, 2)
