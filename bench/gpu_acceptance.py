@@ -159,12 +159,21 @@ class DagRun:
         return runs[0].parent if runs else None
 
 
+def cold_caches(root: Path) -> dict[str, str]:
+    """Environment that gives a run compile and autotune caches of its own, empty at its start (vLLM's
+    torch.compile cache, inductor, Triton, flashinfer): two runs compared on one machine then both
+    start as a first run does, whichever went first."""
+    return {"XDG_CACHE_HOME": str(root), "VLLM_CACHE_ROOT": str(root / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
+            "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer")}
+
+
 def run_dag(workdir: Path, configs: Path, name: str, conf: dict[str, Any],
-            during: Callable[[DagRun], None] | None = None) -> DagRun:
+            during: Callable[[DagRun], None] | None = None, extra_env: dict[str, str] | None = None) -> DagRun:
     run = DagRun(home=workdir / name / "home", airflow_home=workdir / name / "airflow", log=workdir / f"{name}.log")
     shutil.rmtree(workdir / name, ignore_errors=True)
     run.airflow_home.mkdir(parents=True)
-    env = run.env(configs)
+    env = {**run.env(configs), **(extra_env or {})}  # the local Ray head, and so the job, inherits it
     subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True)
     t0 = time.monotonic()
     with run.log.open("w") as log:
@@ -313,11 +322,12 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
     model = write_real_size_model(args.workdir / "models" / "qwen2.5-0.5b-arch-random")
     conf = {**base_conf(args, args.steps), "model_profile": REAL_SIZE_MODEL_PROFILE, "model_source": str(model)}
     conf["verl_overrides"] = [o for o in conf["verl_overrides"] if "gpu_memory_utilization" not in o]
-    run = run_dag(args.workdir, configs, "real-size", conf)
+    run = run_dag(args.workdir, configs, "real-size", conf,
+                  extra_env=cold_caches(args.workdir / "real-size-caches"))
     run_dir = check_trained_run(result, run, configs, args.steps)
     if run_dir is None:
         return result
-    bare = bare_verl(args.workdir / "bare", run_dir)
+    bare = bare_verl(args.workdir / "bare", run_dir)  # cold caches of its own too (see bare_verl)
     result.figures["bare"] = bare
     dag_first = result.figures["time_to_first_step_s"][0] if result.figures["time_to_first_step_s"] else None
     if bare.get("steady_step_s") and result.figures.get("steady_step_s"):
@@ -333,6 +343,7 @@ def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
     on a Ray of its own: seconds from launch to its first training row, steady seconds per step."""
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    caches = cold_caches(workdir / "caches")  # the DAG run filled its own: the twin starts as cold
     job = json.loads((run_dir / "job.json").read_text())
     metrics = workdir / "metrics.jsonl"
     mine = {"trainer.default_local_dir": str(workdir / "checkpoints"), "trainer.experiment_name": "bare-verl"}
@@ -341,7 +352,7 @@ def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
         key = o.split("=", 1)[0]
         overrides.append(f"{key}={mine[key]}" if key in mine else o)
     env = {**os.environ, **{k: v for k, v in job["runtime_env"].get("env_vars", {}).items()},
-           "VERL_FILE_LOGGER_PATH": str(metrics)}
+           "VERL_FILE_LOGGER_PATH": str(metrics), **caches}
     log = workdir / "bare.log"
     t0 = time.monotonic()
     first: float | None = None
