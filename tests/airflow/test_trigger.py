@@ -842,3 +842,15 @@ async def test_a_cluster_whose_job_list_is_long_is_not_read_by_list_again() -> N
     events = await _waiters(more, ["job-1", "job-2", "job-3"])
     assert [e[-1]["status"] for e in events] == ["succeeded"] * 3
     assert more.list_calls >= 1 and len(more.get_calls) <= 2, (more.list_calls, more.get_calls)
+
+
+def test_a_wait_that_starts_with_its_job_polls_sooner_at_first() -> None:
+    """0.5, 1, 2, 4 s, then the interval: a 6 s preflight job is seen to end ~1 s after, not ~4 s."""
+    from verl_pipeline.airflow.triggers import poll_pause
+
+    assert [poll_pause(n, 5.0, fresh=True) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert poll_pause(10_000, 60.0, fresh=True) == 60.0
+    # A wait picked up again (a restarted triggerer, a re-deferral) polls at the interval from the start.
+    assert [poll_pause(n, 5.0, fresh=False) for n in range(1, 4)] == [5.0, 5.0, 5.0]
+    assert RayJobTrigger(cluster=CLUSTER, job_id="j")._fresh
+    assert not RayJobTrigger(cluster=CLUSTER, job_id="j", log_offset_bytes=10)._fresh

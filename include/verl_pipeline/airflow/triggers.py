@@ -63,6 +63,19 @@ _SHARED_READS_KEPT_S = 600.0
 
 Cluster = tuple[str, str]
 
+#: A wait that starts with its job polls again after this many seconds, then after twice as long each
+#: time, until ``poll_interval``: a short job (a preflight, a probe) is seen to end within about its
+#: own duration, not a whole interval later, and a week-long one pays 3 or 4 extra polls at its start.
+FIRST_POLL_S = 0.5
+
+
+def poll_pause(polls: int, poll_interval: float, *, fresh: bool) -> float:
+    """Seconds to sleep after a wait's ``polls``-th poll. Only a fresh wait (nothing of its job read
+    yet) starts fast: a triggerer restarting with many long-running waits polls them at the interval."""
+    if not fresh or polls < 1:
+        return poll_interval
+    return min(poll_interval, FIRST_POLL_S * 2 ** min(polls - 1, 30))
+
 
 @dataclass
 class _SharedRead:
@@ -153,8 +166,10 @@ class RayJobTrigger(BaseTrigger):
     skipped, always at a line end), ``metrics_offset_bytes`` (bytes of verl's metrics JSONL read)
     and ``progress`` (the last step verl reported, see :mod:`verl_pipeline.jobs.progress`).
 
-    Each poll asks for the job's status, so the job's end is seen on the first poll after it (half a
-    poll later at most where several waiters of one cluster share its job list: ``JOB_LIST_*``). The
+    Polls come every ``poll_interval`` seconds, sooner at the start of a wait that starts with its
+    job (:func:`poll_pause`). Each poll asks for the job's status, so the job's end is seen on the
+    first poll after it (half a poll later at most where several waiters of one cluster share its job
+    list: ``JOB_LIST_*``). The
     log is read on every other poll (``LOG_READ_EVERY_POLLS``), on the first, on the one after a read
     that could not take everything, and on the poll that sees the job ended; the nodes are counted on
     the polls between. Logs are read from the driver node's dashboard agent with an HTTP ``Range``
@@ -244,6 +259,8 @@ class RayJobTrigger(BaseTrigger):
         self._gpus_read_at = float("-inf")
         self._gpus_written_at = float("-inf")
         self._gpus_to_write: list[NodeGpuSample] = []
+        #: A wait that starts with the job (nothing read of it yet) polls sooner at first: see poll_pause.
+        self._fresh = not (request.log_offset_bytes or request.metrics_offset_bytes or request.progress)
         #: The key its waiters share reads by.
         self._cluster: Cluster = (str(request.cluster.get("dashboard_url")), request.conn_id or "")
 
@@ -604,7 +621,7 @@ class RayJobTrigger(BaseTrigger):
                 self.log.warning("Ray job %s: %s", self.job_id, hang.message)
                 yield self._event(WaitEvent.HUNG, hang.message, job_status=info.status.value, hang=hang.to_dict())
                 return
-            await asyncio.sleep(req.poll_interval)
+            await asyncio.sleep(poll_pause(self._poll, req.poll_interval, fresh=self._fresh))
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed or success, or cleared it: stop the Ray job."""
