@@ -299,7 +299,8 @@ def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) ->
 # -- the scenarios ----------------------------------------------------------------------------------
 
 def base_conf(args: argparse.Namespace, total: int) -> dict[str, Any]:
-    conf: dict[str, Any] = {"profile": PROFILE, "mode": "train", "total_training_steps": total, "verl_overrides": []}
+    conf: dict[str, Any] = {"profile": PROFILE, "mode": "train", "total_training_steps": total,
+                            "verl_overrides": list(args.verl_override)}
     if args.gpu_memory_utilization:
         # Several scenarios side by side on one GPU: each vLLM must find its share free at start-up.
         conf["verl_overrides"].append(f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}")
@@ -451,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4, help="training steps of the acceptance and real-size runs")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="cap vLLM's share of the GPU (tiny-model scenarios), so several runs share one GPU")
+    p.add_argument("--verl-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="repeatable: a verl override for every scenario's DAG run (the bare-verl twin runs the "
+                        "DAG job's overrides, so it gets them too), e.g. to try a setting against a run without it")
     args = p.parse_args(argv)
     args.workdir = args.workdir.resolve()
     memory = gpu_memory_mib()

@@ -27,6 +27,8 @@ tiny acceptance 0.2 & tiny resume-worker 0.2 &
 wait
 tiny resume-raylet 0.4
 wanted real-size || exit 0
+# REAL_SIZE_OVERRIDES="k=v k2=v2": verl overrides for the 0.5B run and its twin (a setting tried against a run without it).
+extra=(); for o in ${REAL_SIZE_OVERRIDES:-}; do extra+=(--verl-override "$o"); done
 "$py" "$here/gpu_acceptance.py" --scenario real-size --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
-  --out "$out/real-size.json" > "$out/real-size.out" 2>&1
+  --out "$out/real-size.json" "${extra[@]}" > "$out/real-size.out" 2>&1
 echo "$(date -u +%T) real-size rc=$?" >> "$out/progress"

@@ -53,3 +53,19 @@ def test_the_cluster_profile_describes_this_machines_gpus(tmp_path: Path) -> Non
     assert prof["cluster"]["num_gpus"] == 2 and prof["hardware"]["n_gpus_per_node"] == 2
     assert prof["hardware"]["gpu_memory_gb"] == 140
     assert (configs / "profiles" / "gpu-acceptance.yaml").is_file()
+
+
+def test_overrides_given_on_the_command_line_reach_every_scenarios_dag_run() -> None:
+    import argparse
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_acceptance
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    args = argparse.Namespace(verl_override=["actor_rollout_ref.model.use_fused_kernels=true"],
+                              gpu_memory_utilization=0.2)
+    conf = gpu_acceptance.base_conf(args, 4)
+    assert conf["verl_overrides"] == ["actor_rollout_ref.model.use_fused_kernels=true",
+                                      "actor_rollout_ref.rollout.gpu_memory_utilization=0.2"]
+    assert conf["total_training_steps"] == 4 and conf["mode"] == "train"
