@@ -3,16 +3,18 @@
 # side (each vLLM capped to a share of the GPU so both start), then the raylet case alone (its
 # retry's vLLM profiles the GPU's memory while it starts: beside other runs' allocations it found no
 # room for its KV cache on 2026-12-02), then the 0.5B-architecture run and its bare-verl twin alone
-# (their figures are the ones compared). Results: $1/*.json, logs beside them.
+# (their figures are the ones compared). `logprob-kernels` (a minute) times verl's log-prob paths on
+# the GPU while the 0.5B weights are written. Results: $1/*.json, logs beside them.
 # Usage: bash bench/gpu_all.sh OUTDIR [WORKDIR]
-# ONLY="resume-raylet real-size" runs those scenarios alone (a device session too short for all).
+# ONLY="resume-raylet real-size" runs those scenarios alone (a device session too short for all);
+# logprob-kernels runs only when ONLY names it.
 set -uo pipefail
 out=${1:?usage: bench/gpu_all.sh OUTDIR [WORKDIR]}
 work=${2:-/tmp/verl-gpu-acceptance}
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 mkdir -p "$out" "$work"
-wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+wanted() { [ -z "${ONLY:-}" ] && [ "$1" != logprob-kernels ] || [[ " ${ONLY:-} " == *" $1 "* ]]; }
 tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
@@ -23,6 +25,10 @@ echo "$(date -u +%T) start" >> "$out/progress"
 # The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU).
 "$py" -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \
 g.write_real_size_model(pathlib.Path('$work/real-size/models/qwen2.5-0.5b-arch-random'))" > "$out/model.out" 2>&1 &
+if wanted logprob-kernels; then
+  "$py" "$here/logprob_kernels.py" --out "$out/logprob-kernels.json" > "$out/logprob-kernels.out" 2>&1
+  echo "$(date -u +%T) logprob-kernels rc=$?" >> "$out/progress"
+fi
 tiny acceptance 0.2 & tiny resume-worker 0.2 &
 wait
 tiny resume-raylet 0.4
