@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from verl_pipeline.trainer.attention import actor_attn_implementation
 from verl_pipeline.trainer.environment import (
     SDPA_OVERRIDE,
     Needs,
     VerlPins,
-    actor_attn_implementation,
     evaluate,
     installed_verl_pins,
     needs_for,

@@ -104,3 +104,13 @@ def test_global_batch_reaches_1024_at_scale() -> None:
                               cluster_profile=CLUSTER)
         assert spec.verl["data.train_batch_size"] >= 1024, model_profile
         assert math.log2(spec.verl["data.train_batch_size"]).is_integer()
+
+
+@pytest.mark.parametrize("model_profile", ["tiny-grpo", "qwen2.5-0.5b-grpo"])
+def test_a_run_without_flash_attn_gets_fused_log_prob_kernels_that_verl_accepts(model_profile: str,
+                                                                             hydra_session: None) -> None:
+    # The GPU acceptance profile attends with sdpa (no flash-attn wheel on the GPU image).
+    spec = build_run_spec({"profile": "gpu-acceptance", "model_profile": model_profile}, run_name="fused")
+    assert spec.verl["actor_rollout_ref.model.use_fused_kernels"] is True
+    assert "attention is sdpa" in spec.derived["actor_rollout_ref.model.use_fused_kernels"]
+    steps.validate_spec_with_verl(spec)  # raises ConfigError if verl refused it

@@ -13,11 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from verl_pipeline.trainer.attention import FLASH_IMPLS, VERL_DEFAULT_ATTN, actor_attn_implementation
 from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, uses_critic
 
-#: verl's default attention implementation for the actor, reference and rollout model config
-#: (``verl/workers/config/model.py``: ``override_config.get("attn_implementation", "flash_attention_2")``).
-VERL_DEFAULT_ATTN = "flash_attention_2"
 #: The override that lets the actor run without flash-attn.
 SDPA_OVERRIDE = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
 #: verl's extra that pins flash-attn for its torch 2.11 / CUDA 13 stack (``flash-attn==2.8.3`` in 0.9.1).
@@ -32,12 +30,6 @@ _ROLLOUT_ENGINES = {
     "sglang": ("sglang", "sglang", "sglang"),
     "trtllm": ("tensorrt_llm", "tensorrt-llm", None),
 }
-# attn_implementation -> (module transformers looks for, pip distribution)
-_FLASH_IMPLS = {
-    "flash_attention_2": ("flash_attn", "flash-attn"),
-    "flash_attention_3": ("flash_attn_interface", "flash-attn-3"),
-}
-_ACTOR_ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 #: Settings naming files and directories the job reads on the nodes.
 PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
              "reward.reward_model.model_path")
@@ -153,18 +145,6 @@ def transformers_problem(spec: str | None, version: str | None) -> str | None:
     return None if inside else f"verl supports transformers{spec} only"
 
 
-def actor_attn_implementation(settings: Mapping[str, Any]) -> str:
-    """The actor's (and reference's) attention implementation: the override, else verl's default."""
-    for prefix in ("", "+", "++"):
-        value = settings.get(prefix + _ACTOR_ATTN_KEY)
-        if value:
-            return str(value)
-    block = settings.get("actor_rollout_ref.model.override_config")
-    if isinstance(block, Mapping) and block.get("attn_implementation"):
-        return str(block["attn_implementation"])
-    return VERL_DEFAULT_ATTN
-
-
 def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Needs:
     """Which packages and paths the job with these verl ``settings`` needs on the cluster's nodes."""
     pins = pins or VerlPins()
@@ -189,8 +169,8 @@ def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Need
             "config says (verl/utils/model.py load_valuehead_model)",
             f"install {flash_pin} on the node ({FLASH_ATTN_DOC}), or train without a critic "
             "(algorithm.adv_estimator=grpo)"))
-    if attn in _FLASH_IMPLS and not (critic and _FLASH_IMPLS[attn][0] == "flash_attn"):
-        module, package = _FLASH_IMPLS[attn]
+    if attn in FLASH_IMPLS and not (critic and FLASH_IMPLS[attn][0] == "flash_attn"):
+        module, package = FLASH_IMPLS[attn]
         source = "verl's default" if attn == VERL_DEFAULT_ATTN else "the override"
         install = flash_pin if module == "flash_attn" else package
         fix = f"set {SDPA_OVERRIDE} (--set or the model profile's verl: section), or install {install} on the node"
@@ -306,6 +286,6 @@ def _torch_findings(label: str, facts: Mapping[str, Any], gpus: float, gpu_work:
     return []
 
 
-__all__ = ["PATH_KEYS", "SDPA_OVERRIDE", "Finding", "Need", "Needs", "VerlPins", "actor_attn_implementation",
-           "evaluate", "installed_verl_pins", "needs_for", "node_label", "read_verl_pins", "render_notes",
+__all__ = ["PATH_KEYS", "SDPA_OVERRIDE", "Finding", "Need", "Needs", "VerlPins", "evaluate", "installed_verl_pins",
+           "needs_for", "node_label", "read_verl_pins", "render_notes",
            "transformers_problem"]
