@@ -373,6 +373,9 @@ def check_environment(
         "unreachable": unreachable, "needs": [n.to_dict() for n in needs.modules],
         "nodes": [_node_summary(n, node_label(n)) for n in raw["nodes"]],
         "probe_job_id": raw["job_id"], "seconds": raw["wall_seconds"],
+        # Where the probe's seconds went: submitting it, its driver's ray.init, the pinned node tasks.
+        "phases_s": {"submit": raw.get("submit_s"), "ray_init": (raw.get("driver") or {}).get("ray_init_s"),
+                     "node_tasks": raw.get("seconds")},
     }
     log.info("Environment probe of %d node(s) in %.1fs (Ray job %s): %s", len(raw["nodes"]), raw["wall_seconds"],
              raw["job_id"], f"{len(problems)} problem(s)" if problems else "nothing missing")
@@ -406,6 +409,7 @@ def _node_summary(node: dict[str, Any], label: str) -> dict[str, Any]:
                     for m, e in modules.items()},
         "paths": {p: bool(v.get("exists")) for p, v in (facts.get("paths") or {}).items()},
         "seconds": facts.get("seconds"),
+        "module_seconds": {m: e.get("seconds") for m, e in modules.items()},
     }
 
 

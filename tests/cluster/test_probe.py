@@ -86,7 +86,12 @@ def test_preflight_reports_what_a_gpu_run_would_miss_and_submits(
     assert whats == {"torch", "vllm", "flash-attn"}
     assert any(p.startswith("cluster.GPU=0.0") for p in env["problems"])
     assert RunDir(spec.run_dir).environment_file.is_file() and RunDir(spec.run_dir).job_file.is_file()
-    print(f"\nprobe of the embedded default: {env['seconds']}s")
+    # Where the probe's time went is kept (a GPU node's imports take seconds; the job's start is Ray's).
+    phases = env["phases_s"]
+    assert all(isinstance(phases[k], float) and phases[k] >= 0 for k in ("submit", "ray_init", "node_tasks"))
+    assert phases["submit"] + phases["ray_init"] + phases["node_tasks"] <= env["seconds"]
+    assert set(node["module_seconds"]) == set(node["modules"])
+    print(f"\nprobe of the embedded default: {env['seconds']}s ({phases})")
 
 
 def test_two_nodes_are_probed_a_missing_model_is_named_and_a_hung_node_is_reported(
