@@ -332,7 +332,7 @@ def log_prob_kernels(d: Derivation, explicit: set[str]) -> None:
     log-probs of the packed (tokens x vocabulary) logits one token's log-softmax at a time, in the
     update with autograd: on one H200 that was 1.05 s of every 0.5B micro batch of 9,400 tokens
     against 0.075 s for the fused kernels (``bench/logprob_kernels.py``), and the 0.5B GRPO step went
-    from 290 to 141 s (docs/benchmarks.md, 2026-12-03). The fused kernels compute the log-probs (and
+    from 282-308 to 141 s (docs/benchmarks.md, 2026-12-03). The fused kernels compute the log-probs (and
     entropy) from the hidden states in chunks, never holding the whole logits. Left to verl's default
     where flash-attn serves, and where verl refuses them (``calculate_sum_pi_squared``)."""
     attn = actor_attn_implementation(d.settings)
@@ -340,7 +340,7 @@ def log_prob_kernels(d: Derivation, explicit: set[str]) -> None:
     if attn in FLASH_ATTN_IMPLEMENTATIONS or (sum_pi is not None and str(d.settings[sum_pi]).lower() == "true"):
         return
     why = (f"the actor's attention is {attn} (no flash-attn): verl's unfused log-probs take a log-softmax per "
-           "token; the fused kernels work in chunks from the hidden states (0.5B GRPO step 290 -> 141 s on an H200)")
+           "token; the fused kernels work in chunks from the hidden states (0.5B GRPO step ~300 -> 141 s on an H200)")
     spelled = _spelled(d.settings, FUSED_KERNELS_KEY)
     if spelled is not None and spelled != FUSED_KERNELS_KEY:  # set as +key: kept, like the bare spelling
         d.rules.append(Rule(spelled, d.settings[spelled], f"set explicitly; the rule would give True ({why})",
