@@ -45,6 +45,32 @@ def _timed(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> flo
     return statistics.median(times)
 
 
+def _entropy_gradient_gap(hidden0: Any, weight0: Any, labels: Any, fused: Any, token_weights: Any) -> float:
+    """The entropy bonus's part of the update (``entropy_coeff`` > 0, as the GPU acceptance profile runs):
+    the gradient of the tokens' weighted entropy through the fused kernels against plain autograd, in
+    float32; the largest difference relative to the largest gradient. (Beside the log-probs' gradient
+    the bonus is small: a path that dropped it would hide under a check of the two together.)"""
+    import torch
+
+    def grad(use_fused: bool) -> torch.Tensor:
+        hidden = hidden0.detach().float().requires_grad_(True)
+        weight = weight0.detach().float()
+        if use_fused:
+            logp, entropy = fused(hidden, weight, labels)
+        else:
+            logits = hidden @ weight.T
+            log_softmax = logits.log_softmax(dim=-1)
+            logp = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+        del logp
+        (entropy * token_weights).sum().backward()
+        assert hidden.grad is not None
+        return hidden.grad
+
+    reference, fused_grad = grad(False), grad(True)
+    return float(((reference - fused_grad).abs().max() / reference.abs().max()).item())
+
+
 def measure(tokens: int, device: str, repeats: int, dtype_name: str = "bfloat16") -> dict[str, Any]:
     import torch
     from verl.utils import torch_functional as verl_f
@@ -82,11 +108,13 @@ def measure(tokens: int, device: str, repeats: int, dtype_name: str = "bfloat16"
     assert grad_a is not None and grad_b is not None
     max_diff = (a.float() - b.float()).abs().max().item()
     grad_diff = ((grad_a.float() - grad_b.float()).abs().max() / grad_a.float().abs().max()).item()
+    entropy_grad_diff = _entropy_gradient_gap(hidden0, weight0, labels, fused, token_weights)
     figures: dict[str, Any] = {
         "device": device if device == "cpu" else torch.cuda.get_device_name(), "dtype": dtype_name,
         "tokens": tokens, "hidden": HIDDEN, "vocab": VOCAB,
         "default_path": "flash-attn cross-entropy" if verl_f.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE
         else "row-by-row log-softmax", "max_abs_diff": max_diff, "max_grad_rel_diff": grad_diff,
+        "entropy_grad_rel_diff": entropy_grad_diff,
     }
     for name, fn in (("default", default_path), ("fused", fused_path)):
         figures[f"{name}_forward_s"] = _timed(lambda fn=fn: fn(False), repeats, sync)
@@ -130,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
           f"fused {figures['fused_forward_backward_s']:.3f} s ({figures['update_speedup']}x); at the profile's "
           f"{figures['step_tokens']:,} tokens per step: {figures['default_step_s']} s vs {figures['fused_step_s']} s "
           f"of log-prob work; max |diff| {figures['max_abs_diff']:.3g}, gradients {figures['max_grad_rel_diff']:.3g} "
-          "of their largest")
+          f"of their largest (the entropy bonus alone: {figures['entropy_grad_rel_diff']:.3g}, float32)")
     return 0
 
 
