@@ -89,7 +89,8 @@ def test_preflight_reports_what_a_gpu_run_would_miss_and_submits(
     # Where the probe's time went is kept (a GPU node's imports take seconds; the job's start is Ray's).
     phases = env["phases_s"]
     assert all(isinstance(phases[k], float) and phases[k] >= 0 for k in ("submit", "ray_init", "node_tasks"))
-    assert phases["submit"] + phases["ray_init"] + phases["node_tasks"] <= env["seconds"]
+    # Inside the probe's wall time (the driver may start while the submit call returns: a little slack).
+    assert phases["submit"] + phases["ray_init"] + phases["node_tasks"] <= env["seconds"] + 1.0
     assert set(node["module_seconds"]) == set(node["modules"])
     print(f"\nprobe of the embedded default: {env['seconds']}s ({phases})")
 
