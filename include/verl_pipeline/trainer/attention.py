@@ -12,13 +12,12 @@ from typing import Any
 #: verl's default attention implementation for the actor, reference and rollout model config
 #: (``verl/workers/config/model.py``: ``override_config.get("attn_implementation", "flash_attention_2")``).
 VERL_DEFAULT_ATTN = "flash_attention_2"
-#: attn_implementation -> (module transformers looks for, pip distribution)
+#: The attention implementations that need flash-attn (and so bring its cross-entropy kernel, which verl
+#: uses for log-probs): attn_implementation -> (module transformers looks for, pip distribution).
 FLASH_IMPLS = {
     "flash_attention_2": ("flash_attn", "flash-attn"),
     "flash_attention_3": ("flash_attn_interface", "flash-attn-3"),
 }
-#: The attention implementations that need flash-attn (and so have its cross-entropy kernel for log-probs).
-FLASH_ATTN_IMPLEMENTATIONS = frozenset(FLASH_IMPLS)
 ACTOR_ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 
 
@@ -34,5 +33,4 @@ def actor_attn_implementation(settings: Mapping[str, Any]) -> str:
     return VERL_DEFAULT_ATTN
 
 
-__all__ = ["ACTOR_ATTN_KEY", "FLASH_ATTN_IMPLEMENTATIONS", "FLASH_IMPLS", "VERL_DEFAULT_ATTN",
-           "actor_attn_implementation"]
+__all__ = ["ACTOR_ATTN_KEY", "FLASH_IMPLS", "VERL_DEFAULT_ATTN", "actor_attn_implementation"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.spec import Hardware, ModelFacts, PoolSplit
-from verl_pipeline.trainer.attention import FLASH_ATTN_IMPLEMENTATIONS, actor_attn_implementation
+from verl_pipeline.trainer.attention import FLASH_IMPLS, actor_attn_implementation
 
 #: Share of a GPU's memory the rollout weights may take; the rest is KV cache and the actor.
 ROLLOUT_WEIGHT_SHARE = 0.35
@@ -337,7 +337,7 @@ def log_prob_kernels(d: Derivation, explicit: set[str]) -> None:
     where flash-attn serves, and where verl refuses them (``calculate_sum_pi_squared``)."""
     attn = actor_attn_implementation(d.settings)
     sum_pi = _spelled(d.settings, SUM_PI_SQUARED_KEY)
-    if attn in FLASH_ATTN_IMPLEMENTATIONS or (sum_pi is not None and str(d.settings[sum_pi]).lower() == "true"):
+    if attn in FLASH_IMPLS or (sum_pi is not None and str(d.settings[sum_pi]).lower() == "true"):
         return
     why = (f"the actor's attention is {attn} (no flash-attn): verl's unfused log-probs take a log-softmax per "
            "token; the fused kernels work in chunks from the hidden states (0.5B GRPO step ~300 -> 141 s on an H200)")
