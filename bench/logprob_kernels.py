@@ -27,10 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HIDDEN, VOCAB = 896, 151_936  # Qwen2.5-0.5B (bench/gpu_acceptance.py: QWEN25_05B_ARCH)
-#: The shipped qwen2.5-0.5b-grpo profile on one node: 128 prompts x 5 responses, micro batch 8 (update)
-#: and 16 (log-prob passes), responses up to 1024 tokens after a GSM8K prompt of ~150.
-STEP_SEQUENCES, UPDATE_MICRO, LOGPROB_MICRO, TOKENS_PER_SEQUENCE = 640, 8, 16, 1174
+from gpu_acceptance import QWEN25_05B_ARCH  # the 0.5B architecture the GPU runs train (bench/ is on the path)
+
+HIDDEN, VOCAB = QWEN25_05B_ARCH["hidden_size"], QWEN25_05B_ARCH["vocab_size"]
+#: The shipped qwen2.5-0.5b-grpo profile on one node: 128 prompts x 5 responses, update micro batch 8,
+#: responses up to 1024 tokens after a GSM8K prompt of ~150.
+STEP_SEQUENCES, UPDATE_MICRO, TOKENS_PER_SEQUENCE = 640, 8, 1174
 
 
 def _timed(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
