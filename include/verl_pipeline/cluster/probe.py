@@ -1,10 +1,9 @@
 """The environment probe: one short Ray task per alive node, pinned to it, reporting what is there.
 
 Each task reports torch and its CUDA build, the GPUs torch sees (on nodes with GPUs), whether
-each module the job needs imports (the rollout engine, flash-attn; verl is looked up) with its
-version, transformers' version and the range the node's verl supports, and whether each path the
-job reads exists. The tasks ask
-for no CPU, so they run on a node that is busy.
+each module the job needs imports (flash-attn, sglang; verl and vllm are looked up, with the torch
+they require) with its version, transformers' version and the range the node's verl supports, and
+whether each path the job reads exists. The tasks ask for no CPU, so they run on a node that is busy.
 
 The probe runs as a short Ray job through the Jobs API (the same path, cluster and
 ``runtime_env`` as the verl job it checks), started by :func:`run_probe` on the Airflow worker or
@@ -38,13 +37,38 @@ DEFAULT_TIMEOUT_S = 60.0
 JOB_SLACK_S = 60.0
 
 
-#: Modules only looked up (installed, with a version), not imported: importing verl takes seconds and
-#: the job's first line does it anyway; the GPU-only packages are imported, where breakage hides.
-_FOUND_ONLY = frozenset({"verl"})
+#: Modules only looked up (installed, its version, the torch its distribution requires), not imported.
+#: verl: its import takes seconds and the job's first line does it anyway. vllm: its top-level import is
+#: lazy (0.24.0 loads its version and torch-compiler patches; its compiled ops load when an engine
+#: starts), so importing it proved little beyond finding it, for 8-10 s of every submission on an H200
+#: node (2026-12-03); the torch it requires is compared with the node's instead. Other modules (flash-attn
+#: loads its CUDA extension on import, where a broken build shows) are imported.
+_FOUND_ONLY = frozenset({"verl", "vllm"})
+
+
+def _required_torch(distribution: str) -> str | None:
+    """The torch specifier ``distribution`` requires unconditionally (``==2.11.0``), if any."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        requires = metadata.requires(distribution) or []
+    except metadata.PackageNotFoundError:
+        return None
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.name.lower() == "torch" and not req.marker and str(req.specifier):
+            return str(req.specifier)
+    return None
 
 
 def _module_facts(module: str) -> dict[str, Any]:
-    """Import ``module`` (for real: a broken CUDA build fails here, not in the job two minutes later)."""
+    """Import ``module`` (for real: a broken CUDA build fails here, not in the job two minutes later), or
+    for :data:`_FOUND_ONLY` find it and read which torch it requires."""
     import importlib
     import importlib.util
     from importlib import metadata
@@ -61,12 +85,16 @@ def _module_facts(module: str) -> dict[str, Any]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return {"ok": False, "error": f"{type(e).__name__}: {first}"[:300],
                 "seconds": round(time.monotonic() - t0, 3)}
+    distribution = module.replace("_", "-")
     if version is None:
         try:
-            version = metadata.version(module.replace("_", "-"))
+            version = metadata.version(distribution)
         except metadata.PackageNotFoundError:
             version = None
-    return {"ok": True, "version": str(version) if version else None, "seconds": round(time.monotonic() - t0, 3)}
+    facts: dict[str, Any] = {"ok": True, "version": str(version) if version else None}
+    if module in _FOUND_ONLY:
+        facts["requires_torch"] = _required_torch(distribution)
+    return {**facts, "seconds": round(time.monotonic() - t0, 3)}
 
 
 def _torch_version_file() -> dict[str, Any]:

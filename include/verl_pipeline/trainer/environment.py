@@ -129,20 +129,24 @@ def installed_verl_pins() -> VerlPins:
         return VerlPins()
 
 
-def transformers_problem(spec: str | None, version: str | None) -> str | None:
-    """Why ``version`` of transformers is outside verl's range ``spec``, else None."""
+def _outside(version: str, spec: str) -> bool:
+    """``version`` is outside the specifier ``spec`` (False when either cannot be parsed: not judged)."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 
+    try:
+        return Version(version) not in SpecifierSet(spec)
+    except (InvalidSpecifier, InvalidVersion):
+        return False
+
+
+def transformers_problem(spec: str | None, version: str | None) -> str | None:
+    """Why ``version`` of transformers is outside verl's range ``spec``, else None."""
     if not spec:
         return None
     if version is None:
         return f"transformers is not installed; verl needs transformers{spec}"
-    try:
-        inside = Version(version) in SpecifierSet(spec)
-    except (InvalidSpecifier, InvalidVersion):
-        return None
-    return None if inside else f"verl supports transformers{spec} only"
+    return f"verl supports transformers{spec} only" if _outside(version, spec) else None
 
 
 def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Needs:
@@ -211,6 +215,17 @@ def _import_error(facts: Mapping[str, Any], module: str) -> str | None:
     return None if entry.get("ok") else str(entry.get("error") or "does not import")
 
 
+def _torch_mismatch(facts: Mapping[str, Any], module: str) -> tuple[str, str] | None:
+    """``(value, rule)`` when the node's torch is outside the one ``module`` requires (the probe reads that
+    from the distribution's requirements for the modules it only looks up: vllm), else None."""
+    entry = (facts.get("modules") or {}).get(module) or {}
+    spec, torch = entry.get("requires_torch"), (facts.get("torch") or {}).get("version")
+    if not spec or not torch or not _outside(torch, spec):
+        return None
+    return (str(entry.get("version")),
+            f"requires torch{spec} (its compiled ops are built against it); the node has torch {torch}")
+
+
 def evaluate(needs: Needs, nodes: Sequence[Mapping[str, Any]]) -> list[Finding]:
     """What each node misses for a GPU training job with ``needs``.
 
@@ -247,6 +262,10 @@ def evaluate(needs: Needs, nodes: Sequence[Mapping[str, Any]]) -> list[Finding]:
             error = _import_error(facts, need.module)
             if error:
                 out.append(Finding(label, need.package, error, need.why, need.fix))
+                continue
+            mismatch = _torch_mismatch(facts, need.module)
+            if mismatch:
+                out.append(Finding(label, need.package, mismatch[0], mismatch[1], need.fix))
         for key, path in needs.paths:
             seen = (facts.get("paths") or {}).get(path) or {}
             if not seen.get("exists"):

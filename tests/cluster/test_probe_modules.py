@@ -1,0 +1,73 @@
+"""What the probe reads of each module a job needs, on this machine's real files (no cluster).
+
+vllm is looked up, not imported: its top-level import is lazy and took 8-10 s of every submission on
+an H200 node, so the probe reads its version and the torch it requires, and the findings compare that
+with the node's torch. A distribution written into a temporary directory stands in for vllm, which
+cannot be installed on a CPU machine with this project's torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verl_pipeline.cluster.probe import _module_facts
+from verl_pipeline.trainer.attention import ACTOR_ATTN_KEY
+from verl_pipeline.trainer.environment import evaluate, needs_for, read_verl_pins
+
+PINS = read_verl_pins(['vllm==0.24.0; extra == "vllm"'])
+#: GRPO with the actor on SDPA: vllm is the only package the job needs.
+NEEDS = needs_for({"actor_rollout_ref.rollout.name": "vllm", "algorithm.adv_estimator": "grpo",
+                   ACTOR_ATTN_KEY: "sdpa"}, PINS)
+
+
+def _distribution(root: Path, requires: list[str], *, version: str = "0.24.0", importable: bool = True) -> None:
+    """A ``vllm`` distribution on ``root``: its package (an ``__init__`` that fails when imported, so a
+    test notices an import) and its metadata."""
+    if importable:
+        (root / "vllm").mkdir()
+        (root / "vllm" / "__init__.py").write_text("raise RuntimeError('the probe imported vllm')\n")
+    info = root / f"vllm-{version}.dist-info"
+    info.mkdir()
+    lines = ["Metadata-Version: 2.1", "Name: vllm", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+
+
+def _node(torch_version: str, vllm: dict) -> dict:
+    facts = {"torch": {"version": torch_version, "cuda": "13.0", "cuda_available": True, "device_count": 1},
+             "modules": {"verl": {"ok": True, "version": "0.9.1"}, "vllm": vllm}, "transformers": None,
+             "verl_transformers": None, "paths": {}}
+    return {"node_id": "n" * 32, "ip": "10.0.0.2", "is_head": True, "cpus": 16, "gpus": 1, "facts": facts}
+
+
+def test_vllm_is_looked_up_with_the_torch_it_requires_not_imported(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _distribution(tmp_path, ["torch==2.11.0", "torchvision==0.26.0", 'torch==2.9.0; extra == "old"'])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    facts = _module_facts("vllm")
+    assert facts["ok"] and facts["version"] == "0.24.0" and facts["requires_torch"] == "==2.11.0"
+    assert facts["seconds"] < 5  # a lookup; the import this replaced took 8-10 s on a GPU node
+    # The node's CUDA build of the same torch matches (a local version label is not a mismatch).
+    assert evaluate(NEEDS, [_node("2.11.0+cu130", facts)]) == []
+    lines = [f.line() for f in evaluate(NEEDS, [_node("2.13.0+cu130", facts)])]
+    assert lines == ["node 10.0.0.2 (head nnnnnnnn): vllm='0.24.0': requires torch==2.11.0 (its compiled ops are "
+                     "built against it); the node has torch 2.13.0+cu130 (fix: install requirements/gpu.txt "
+                     "(verl[vllm]: vllm==0.24.0) on the node)"]
+
+
+def test_a_vllm_without_a_torch_pin_or_without_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _distribution(tmp_path, ["numpy"], version="0.30.0")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    facts = _module_facts("vllm")
+    assert facts["ok"] and facts["version"] == "0.30.0" and facts["requires_torch"] is None
+    assert evaluate(NEEDS, [_node("2.13.0+cu130", facts)]) == []
+
+
+def test_metadata_without_the_package_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _distribution(tmp_path, ["torch==2.11.0"], importable=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    facts = _module_facts("vllm")
+    assert not facts["ok"] and facts["error"] == "ModuleNotFoundError: No module named 'vllm'"
+    lines = [f.line() for f in evaluate(NEEDS, [_node("2.11.0+cu130", facts)])]
+    assert len(lines) == 1 and lines[0].startswith("node 10.0.0.2 (head nnnnnnnn): vllm=\"ModuleNotFoundError")
