@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from verl_pipeline.report.build import (
     merge_rows,
     preflight_checks,
 )
-from verl_pipeline.report.scaling import FlagKind, ScalingPoint
+from verl_pipeline.report.scaling import MIN_SAMPLES_JUDGED, FlagKind, ScalingPoint
 
 FACTS = RunFacts(run_key="r2", run_name="verl_ppo/r2", profile="gsm8k", mode="train", nnodes=2, n_gpus_per_node=4,
                  total_steps=6, gpu_memory_gb=80)
@@ -222,6 +223,23 @@ def test_gpus_busy_while_training_raise_no_flag_however_idle_the_start_up() -> N
     report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0),
                           rows=[verl_row(s) for s in (1, 2)], generated_at=1.0, gpu_samples=samples)
     assert report.gpu_nodes[0].mean_utilization_pct == 75.0 and report.flags == []
+
+
+def test_too_few_samples_in_the_training_window_are_not_judged() -> None:
+    """One or two samples (a short run at one a minute) are instants, not an average: shown, not flagged."""
+    def report_of(n_in_window: int) -> Any:
+        times = [1000.0, *(1100.0 + 60.0 * i for i in range(n_in_window))]
+        samples = node_samples("aaaa1111", "10.0.0.1", times, lambda t: 3.0)
+        last = 1100.0 + 60.0 * (n_in_window - 1) + 30.0
+        return build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, last),
+                            rows=[verl_row(s) for s in (1, 2)], generated_at=1.0, gpu_samples=samples)
+
+    for n in range(1, MIN_SAMPLES_JUDGED):
+        short = report_of(n)
+        assert short.gpu_nodes[0].samples_in_window == n and short.gpu_nodes[0].mean_utilization_pct == 3.0
+        assert short.flags == []
+    (flag,) = report_of(MIN_SAMPLES_JUDGED).flags
+    assert flag.kind is FlagKind.GPU_UTILIZATION_LOW and f"{MIN_SAMPLES_JUDGED} sample(s)" in flag.evidence
 
 
 def test_no_training_window_no_gpu_judgement_and_no_readings_no_summary() -> None:

@@ -37,6 +37,10 @@ MAX_MEMORY_SHARE = 0.9
 #: A node whose GPUs are busy less than this (mean over the training window, %) is under-used: the
 #: health indicator to watch is GPU utilisation above 70%.
 MIN_GPU_UTILIZATION_PCT = 70.0
+#: A node's utilisation is judged on at least this many samples in the training window. At the
+#: waiter's one sample a minute a run of a few minutes gives one or two, each an instant that may fall
+#: on a checkpoint save or a validation pass (one sample at 3% flagged the 6-step GPU resume run).
+MIN_SAMPLES_JUDGED = 3
 #: A gradient norm at or below this is 0 (what a float sum of zeros leaves).
 MAX_ZERO_GRAD_NORM = 1e-9
 
@@ -180,8 +184,9 @@ def scaling_flag(comparisons: list[Comparison]) -> Flag | None:
 
 def under_used(node: NodeGpuSummary) -> bool:
     """The node's GPUs were busy less than :data:`MIN_GPU_UTILIZATION_PCT` on average over the training
-    window (a node without a sample in it is not judged)."""
-    return node.mean_utilization_pct is not None and node.mean_utilization_pct < MIN_GPU_UTILIZATION_PCT
+    window (a node with fewer than :data:`MIN_SAMPLES_JUDGED` samples in it is not judged)."""
+    return (node.samples_in_window >= MIN_SAMPLES_JUDGED and node.mean_utilization_pct is not None
+            and node.mean_utilization_pct < MIN_GPU_UTILIZATION_PCT)
 
 
 def gpu_utilization_flag(nodes: list[NodeGpuSummary]) -> Flag | None:
