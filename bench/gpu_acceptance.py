@@ -410,7 +410,7 @@ def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun
             # verl's colocated training workers (actor, rollout, reference) run as Ray actors of class WorkerDict.
             targets = [p for p in procs if "WorkerDict" in " ".join(p.cmdline())]
         marks.update(killed=[(p.pid, " ".join(p.cmdline())[:80]) for p in targets[:1]],
-                     killed_at_step=tracker_step(ckpt), killed_after_s=round(time.monotonic(), 1))
+                     killed_at_step=tracker_step(ckpt), killed_at=round(time.time(), 1))
         for p in targets[:1]:
             p.send_signal(signal.SIGKILL)
         if not targets:
@@ -435,6 +435,8 @@ def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
     attempts = rd.attempts()
     result.figures["attempts"] = [(a.attempt, a.resume_from_step) for a in attempts]
     last = attempts[-1]
+    if "killed_at" in marks:  # the failure's cost before training resumes: detection, retry delay, provision, probe
+        result.figures["kill_to_resubmit_s"] = round(last.submitted_at - marks["killed_at"], 1)
     result.check(len(attempts) >= 2 and last.resume_from_step >= RESUME_KILL_AFTER,
                  f"attempts {result.figures['attempts']}: the last should resume from step ≥ {RESUME_KILL_AFTER}")
     steps = sorted(int(r["step"]) for r in training_rows(rd.metrics_file(last.attempt)))
