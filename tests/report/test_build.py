@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from tests.report.rows import node_samples, verl_row
 from verl_pipeline.report.build import (
     AttemptInfo,
+    Report,
     RunFacts,
     RunOutcome,
     StepRow,
@@ -227,7 +227,7 @@ def test_gpus_busy_while_training_raise_no_flag_however_idle_the_start_up() -> N
 
 def test_too_few_samples_in_the_training_window_are_not_judged() -> None:
     """One or two samples (a short run at one a minute) are instants, not an average: shown, not flagged."""
-    def report_of(n_in_window: int) -> Any:
+    def report_of(n_in_window: int) -> Report:
         times = [1000.0, *(1100.0 + 60.0 * i for i in range(n_in_window))]
         samples = node_samples("aaaa1111", "10.0.0.1", times, lambda t: 3.0)
         last = 1100.0 + 60.0 * (n_in_window - 1) + 30.0
