@@ -50,20 +50,12 @@ def _required_torch(distribution: str) -> str | None:
     """The torch specifier ``distribution`` requires unconditionally (``==2.11.0``), if any."""
     from importlib import metadata
 
-    from packaging.requirements import InvalidRequirement, Requirement
+    from verl_pipeline.trainer.environment import unconditional_specifier
 
     try:
-        requires = metadata.requires(distribution) or []
+        return unconditional_specifier(metadata.requires(distribution), "torch")
     except metadata.PackageNotFoundError:
         return None
-    for text in requires:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if req.name.lower() == "torch" and not req.marker and str(req.specifier):
-            return str(req.specifier)
-    return None
 
 
 def _module_facts(module: str) -> dict[str, Any]:

@@ -97,26 +97,39 @@ class VerlPins:
         return self.extras.get(extra, {}).get(package, default)
 
 
+def unconditional_specifier(requires: Iterable[str] | None, package: str) -> str | None:
+    """The specifier with which a distribution's requirements (``importlib.metadata.requires``) ask for
+    ``package`` without a marker (``==2.11.0`` from ``torch==2.11.0``), or None."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for text in requires or ():
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.name.lower().replace("_", "-") == package and not req.marker and str(req.specifier):
+            return str(req.specifier)
+    return None
+
+
 def read_verl_pins(requires: Iterable[str] | None) -> VerlPins:
     """Parse ``importlib.metadata.requires("verl")``: the unconditional transformers specifier and
     ``name==version`` pins per extra (``flash-attn==2.8.3; extra == "flash-attn-cu130torch211"``)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
-    transformers = None
+    texts = list(requires or ())
     extras: dict[str, dict[str, str]] = {}
-    for text in requires or ():
+    for text in texts:
         try:
             req = Requirement(text)
         except InvalidRequirement:
             continue
         name = req.name.lower().replace("_", "-")
         marker = str(req.marker) if req.marker else ""
-        if not marker and name == "transformers" and str(req.specifier):
-            transformers = str(req.specifier)
-        elif marker.startswith("extra ==") and str(req.specifier):
+        if marker.startswith("extra ==") and str(req.specifier):
             extra = marker.split("==", 1)[1].strip().strip("'\"")
             extras.setdefault(extra, {})[name] = f"{req.name}{req.specifier}"
-    return VerlPins(transformers, extras)
+    return VerlPins(unconditional_specifier(texts, "transformers"), extras)
 
 
 def installed_verl_pins() -> VerlPins:
@@ -306,5 +319,5 @@ def _torch_findings(label: str, facts: Mapping[str, Any], gpus: float, gpu_work:
 
 
 __all__ = ["PATH_KEYS", "SDPA_OVERRIDE", "Finding", "Need", "Needs", "VerlPins", "evaluate", "installed_verl_pins",
-           "needs_for", "node_label", "read_verl_pins", "render_notes",
-           "transformers_problem"]
+           "needs_for", "node_label", "read_verl_pins", "render_notes", "transformers_problem",
+           "unconditional_specifier"]
