@@ -8,6 +8,7 @@ cannot be installed on a CPU machine with this project's torch.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,8 @@ def test_vllm_is_looked_up_with_the_torch_it_requires_not_imported(tmp_path: Pat
     monkeypatch.syspath_prepend(str(tmp_path))
     facts = _module_facts("vllm")
     assert facts["ok"] and facts["version"] == "0.24.0" and facts["requires_torch"] == "==2.11.0"
-    assert facts["seconds"] < 5  # a lookup; the import this replaced took 8-10 s on a GPU node
+    # Looked up, not imported (its __init__ would have raised); the time is kept for environment.json.
+    assert "vllm" not in sys.modules and isinstance(facts["seconds"], float)
     # The node's CUDA build of the same torch matches (a local version label is not a mismatch).
     assert evaluate(NEEDS, [_node("2.11.0+cu130", facts)]) == []
     lines = [f.line() for f in evaluate(NEEDS, [_node("2.13.0+cu130", facts)])]
