@@ -130,6 +130,12 @@ def step_metrics(step: int, dt: float, results: list[dict[str, float]], *, world
     }
     # Peak memory: each worker logs perf/max_memory_*_gb, the trainer prefixes its role
     # (engine_workers.py _postprocess_output; rename_dict(…, "actor/") in the trainers).
+    if critic:
+        # The critic's learning (workers/utils/losses.py, compute_data_metrics), a function of the run's step
+        # so a resumed critic goes on where it was, and its two phases, taken from the actor's update.
+        metrics.update({"critic/vf_loss": 0.05 / step, "critic/vf_explained_var": 1.0 - 1.0 / step,
+                        "critic/values/mean": 0.1 * step, "timing_s/values": dt * 0.02,
+                        "timing_s/update_critic": dt * 0.05, "timing_s/update_actor": dt * 0.18})
     for role in ("actor", "critic") if critic else ("actor",):
         metrics[f"{role}/perf/max_memory_allocated_gb"] = 2.0 + 0.01 * step
         metrics[f"{role}/perf/max_memory_reserved_gb"] = 2.1 + 0.01 * step

@@ -101,6 +101,11 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
     assert 0 <= redone <= SAVE_FREQ
     assert _checkpoints_intact(fault_env) == list(range(SAVE_FREQ, TOTAL_STEPS + 1, SAVE_FREQ))
     _no_leftovers(rd)
+    # The critic's section covers both attempts (the stand-in's value loss is a function of the run's step).
+    critic = json.loads((rd / "report" / "report.json").read_text())["critic"]
+    assert critic["trends"]["critic/vf_loss"]["first_step"] == 1
+    assert critic["trends"]["critic/vf_loss"]["final_step"] == TOTAL_STEPS
+    assert (rd / "report" / "critic.png").is_file()
     record_result(results_file, scenario, {"recovery_s": killer.recovery_s, "killed_after_step": max(first),
                                            "resumed_from_step": resumed, "steps_redone": redone})
 

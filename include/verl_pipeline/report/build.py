@@ -15,6 +15,8 @@ from typing import Any
 
 from verl_pipeline.jobs.gpu_usage import NodeGpuSample
 from verl_pipeline.report import gpu, scaling
+from verl_pipeline.report.critic import CriticSummary
+from verl_pipeline.report.critic import summarise as summarise_critic
 from verl_pipeline.trainer import metrics as m
 
 REPORT_VERSION = 1
@@ -149,6 +151,8 @@ class Report:
     #: The actor's gradient norm (``actor/grad_norm``), median and highest over the steps.
     grad_norm_median: float | None = None
     grad_norm_max: float | None = None
+    #: The critic's learning and cost (PPO with GAE); None: the run had no critic (GRPO).
+    critic: CriticSummary | None = None
     #: Each node's GPU utilisation and memory (the run's gpu-usage file); empty: no GPU readings.
     gpu_nodes: list[gpu.NodeGpuSummary] = field(default_factory=list)
     #: The plot of each node's GPUs, by node id (file names in the report directory).
@@ -351,6 +355,7 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     report.peak_memory_reserved_gb = max_of(steps, m.MAX_MEMORY_RESERVED)
     report.grad_norm_median = median_of(steps, m.GRAD_NORM)
     report.grad_norm_max = max_of(steps, (m.GRAD_NORM,))
+    report.critic = summarise_critic(steps)
     report.gpu_nodes = gpu.summarise(gpu_samples or [], training_windows(attempts))
     if attempts and ended_at is not None:
         report.wall_time_s = max(0.0, ended_at - min(a.submitted_at for a in attempts))

@@ -110,6 +110,19 @@ def _timing(r: Report) -> str:
     return out
 
 
+def _critic(r: Report) -> str:
+    c = r.critic
+    if c is None:
+        return ""
+    rows = [(name, f"{t.first:.4g} (step {t.first_step}) → {t.final:.4g} (step {t.final_step}), median {t.median:.4g}")
+            for name, t in c.trends.items()]
+    rows += [(f"{name} (median)", f"{v:.4g} s") for name, v in c.timing_s.items()]
+    if c.share_of_step is not None:
+        rows.append(("critic's share of step time (values + update_critic)", f"{c.share_of_step:.0%}"))
+    return ("<h2>Critic</h2><p>PPO's value function: its loss should fall and the explained variance rise; a "
+            "resumed attempt carries on from the critic's checkpoint (see the critic plot).</p>" + _table(rows))
+
+
 def _checks(r: Report) -> str:
     if not r.checks:
         return ""
@@ -184,5 +197,5 @@ def render_html(r: Report) -> str:
     plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
-            f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
+            f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_critic(r)}{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
             + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

@@ -25,6 +25,7 @@ REWARD_PNG = "reward.png"
 RESPONSE_LENGTH_PNG = "response_length.png"
 THROUGHPUT_PNG = "throughput.png"
 TIMING_PNG = "timing.png"
+CRITIC_PNG = "critic.png"
 
 
 def gpu_png(index: int) -> str:
@@ -97,11 +98,25 @@ def _timing(ax: Any, rows: list[StepRow]) -> bool:
     return True
 
 
+def _critic(ax: Any, rows: list[StepRow]) -> bool:
+    """The value loss on the left axis; the explained variance and the values' mean (other scales) on
+    the right, each also entered in the left axis' legend (an empty line of its colour)."""
+    drawn = _line(ax, rows, m.CRITIC_VF_LOSS, m.CRITIC_VF_LOSS, marker=".", color="tab:red")
+    ax.set_ylabel("value loss")
+    right = ax.twinx()
+    for name, color in ((m.CRITIC_EXPLAINED_VAR, "tab:blue"), (m.CRITIC_VALUES_MEAN, "tab:green")):
+        if _line(right, rows, name, name, marker="o", linestyle=":", color=color):
+            ax.plot([], [], marker="o", linestyle=":", color=color, label=f"{name} (right)")
+            drawn = True
+    return drawn
+
+
 PLOTS: dict[str, tuple[str, Callable[[Any, list[StepRow]], bool]]] = {
     REWARD_PNG: ("Reward per step (train score, validation)", _reward),
     RESPONSE_LENGTH_PNG: ("Response length per step", _response_length),
     THROUGHPUT_PNG: ("Throughput per step", _throughput),
     TIMING_PNG: ("Time per step by phase (timing_s/*)", _timing),
+    CRITIC_PNG: ("Critic per step (PPO: value loss, explained variance, values)", _critic),
 }
 
 

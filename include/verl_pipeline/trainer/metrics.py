@@ -57,3 +57,14 @@ def is_validation_only(metrics: Mapping[str, float]) -> bool:
     """A row verl logged for validation alone, not a training step: ``val_before_train`` logs one at
     step 0, and a resumed run one at the step it resumed from, before its first step."""
     return bool(metrics) and all(k.startswith(VAL_PREFIXES) for k in metrics)
+
+#: The critic (PPO with GAE): its value loss (``workers/utils/losses.py``, prefixed ``critic/`` by the
+#: trainers), how much of the returns' variance its values explain and their mean (``compute_data_metrics``),
+#: and the two phases of a step it costs: computing values for the batch and its own update.
+CRITIC_VF_LOSS = "critic/vf_loss"
+CRITIC_EXPLAINED_VAR = "critic/vf_explained_var"
+CRITIC_VALUES_MEAN = "critic/values/mean"
+CRITIC_SERIES = (CRITIC_VF_LOSS, CRITIC_EXPLAINED_VAR, CRITIC_VALUES_MEAN)
+TIMING_VALUES = "timing_s/values"
+TIMING_UPDATE_CRITIC = "timing_s/update_critic"
+CRITIC_TIMINGS = (TIMING_VALUES, TIMING_UPDATE_CRITIC)
