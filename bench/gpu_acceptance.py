@@ -12,14 +12,22 @@ Scenarios (default: ``acceptance``):
     logged, a checkpoint per step, the report's numbers (throughput, peak memory, phase shares ≤ 100%,
     time to first step, GPU utilisation when recorded) and the export: it loads, generates, and
     differs from the base model.
+``ppo``
+    The same with PPO: the ``tiny-ppo`` model profile (a critic, GAE advantages) with a learning signal
+    (an entropy bonus, and learning rates a tiny random model moves with). Checks besides
+    ``acceptance``'s: actor **and** critic checkpoints every step, the report's critic section (value
+    loss, explained variance, values, the critic's phases) and plot, and an export that is the actor
+    (a causal LM, not the critic's value head).
 ``real-size``
     The shipped ``qwen2.5-0.5b-grpo`` model profile's architecture (24 layers, hidden 896, 14 heads,
     vocabulary 151,936) with random weights written here (no hub), through the DAG, then the job's
     exact overrides as bare ``python -m verl.trainer.main_ppo`` on the same machine: time to first
     step and steady seconds per step of both, and their ratio.
-``resume-worker`` / ``resume-raylet``
+``resume-worker`` / ``resume-raylet`` / ``resume-ppo``
     A 6-step run whose attempt 1 loses, after checkpoint 3, a training worker (SIGKILL, as the OOM
     killer does) or its node's raylet; the DAG retries, and attempt 2 must train steps 4 to 6 only.
+    ``resume-ppo`` kills a worker of the PPO run: attempt 2 must also restore the critic, so its values
+    at step 4 go on from step 3's rather than starting again from step 1's.
 
 On a machine without a GPU it says so and exits 0; with a GPU but without vLLM/verl it says what to
 install and exits 2. Each scenario prints its figures and writes them (JSON) to ``--out``.
@@ -45,7 +53,16 @@ REPO = Path(__file__).resolve().parents[1]
 DAG_ID = "verl_ppo"
 PROFILE = "gpu-acceptance"
 REAL_SIZE_MODEL_PROFILE = "qwen2.5-0.5b-grpo"
-SCENARIOS = ("acceptance", "real-size", "resume-worker", "resume-raylet")
+SCENARIOS = ("acceptance", "ppo", "real-size", "resume-worker", "resume-raylet", "resume-ppo")
+PPO_MODEL_PROFILE = "tiny-ppo"
+#: A tiny random model's rewards are all 0: an entropy bonus gives its actor a gradient, and learning rates
+#: larger than a real model's move both networks within a few steps (the critic's values must visibly move
+#: for a resumed attempt to show whether it restored them).
+PPO_LEARNING_SIGNAL = ("actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.optim.lr=1e-4",
+                       "critic.optim.lr=1e-4")
+#: What the report must show of a PPO run's critic (verl's metric names).
+CRITIC_METRICS = ("critic/vf_loss", "critic/vf_explained_var", "critic/values/mean")
+CRITIC_TIMINGS = ("timing_s/update_critic", "timing_s/values")
 #: Qwen2.5-0.5B's config.json (the shipped model profile names the same facts): only the weights are random.
 QWEN25_05B_ARCH: dict[str, Any] = {
     "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -298,9 +315,12 @@ def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) ->
 
 # -- the scenarios ----------------------------------------------------------------------------------
 
-def base_conf(args: argparse.Namespace, total: int) -> dict[str, Any]:
+def base_conf(args: argparse.Namespace, total: int, *, ppo: bool = False) -> dict[str, Any]:
     conf: dict[str, Any] = {"profile": PROFILE, "mode": "train", "total_training_steps": total,
                             "verl_overrides": list(args.verl_override)}
+    if ppo:
+        conf["model_profile"] = PPO_MODEL_PROFILE
+        conf["verl_overrides"] += list(PPO_LEARNING_SIGNAL)
     if args.gpu_memory_utilization:
         # Several scenarios side by side on one GPU: each vLLM must find its share free at start-up.
         conf["verl_overrides"].append(f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}")
@@ -315,6 +335,48 @@ def acceptance(args: argparse.Namespace, configs: Path) -> Result:
         from verl_pipeline.rundir import RunDir
 
         check_export(result, RunDir(run_dir).model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
+    return result
+
+
+def check_critic(result: Result, run_dir: Path, total: int) -> None:
+    """A PPO run's critic: a checkpoint every step beside the actor's, and the report's critic section and plot."""
+    from verl_pipeline.rundir import RunDir
+
+    ckpt = Path(job_overrides(run_dir)["trainer.default_local_dir"])
+    with_critic = sorted(int(p.parent.name.removeprefix("global_step_")) for p in ckpt.glob("global_step_*/critic")
+                         if any(p.iterdir()))
+    result.figures["critic_checkpoints"] = with_critic
+    result.check(with_critic == list(range(1, total + 1)),
+                 f"critic checkpoints at steps {with_critic}, want 1..{total}")
+    rd = RunDir(run_dir)
+    critic = json.loads((rd.report_dir / "report.json").read_text()).get("critic") or {}
+    trends, timing = critic.get("trends") or {}, critic.get("timing_s") or {}
+    result.figures["critic"] = {"trends": trends, "timing_s": timing, "share_of_step": critic.get("share_of_step")}
+    result.check(all(k in trends for k in CRITIC_METRICS) and all(k in timing for k in CRITIC_TIMINGS),
+                 f"the report's critic section lacks some of {CRITIC_METRICS + CRITIC_TIMINGS}: {critic}")
+    result.check((rd.report_dir / "critic.png").is_file(), "the report has no critic plot")
+    rows = [r for f in rd.metrics_files().values() for r in training_rows(f)]
+    result.figures["critic_per_step"] = {int(r["step"]): {k: r.get(k) for k in CRITIC_METRICS} for r in rows}
+
+
+def check_export_is_actor(result: Result, model_dir: Path) -> None:
+    config = json.loads((model_dir / "config.json").read_text())
+    result.figures["export_architectures"] = config.get("architectures")
+    result.check(any(a.endswith("ForCausalLM") for a in config.get("architectures") or []),
+                 f"the export is not the actor (a causal LM): {config.get('architectures')}")
+
+
+def ppo(args: argparse.Namespace, configs: Path) -> Result:
+    result = Result("ppo")
+    run = run_dag(args.workdir, configs, "ppo", base_conf(args, args.steps, ppo=True))
+    run_dir = check_trained_run(result, run, configs, args.steps)
+    if run_dir is not None:
+        from verl_pipeline.rundir import RunDir
+
+        check_critic(result, run_dir, args.steps)
+        model_dir = RunDir(run_dir).model_dir
+        check_export_is_actor(result, model_dir)
+        check_export(result, model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
     return result
 
 
@@ -419,12 +481,31 @@ def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun
     return during
 
 
+def check_critic_restored(result: Result, run_dir: Path, resumed_from: int) -> None:
+    """The resumed attempt's critic went on from the checkpoint: its values at the first resumed step lie
+    nearer the last step before it than the run's first step (a critic started again from its initial
+    weights gives the first step's values back)."""
+    per_step = result.figures.get("critic_per_step") or {}
+    value = {s: (row or {}).get("critic/values/mean") for s, row in per_step.items()}
+    first, before, after = value.get(1), value.get(resumed_from), value.get(resumed_from + 1)
+    if not result.check(None not in (first, before, after), f"critic values missing at steps 1, {resumed_from}, "
+                                                             f"{resumed_from + 1}: {value}"):
+        return
+    assert first is not None and before is not None and after is not None
+    result.figures["critic_restored"] = {"values_step_1": first, f"values_step_{resumed_from}": before,
+                                         f"values_step_{resumed_from + 1}": after}
+    result.check(abs(before - first) > 0, "the critic's values did not move before the kill: nothing to tell apart")
+    result.check(abs(after - before) < abs(after - first),
+                 f"the resumed critic's values ({after:.4g}) are nearer step 1's ({first:.4g}) than step "
+                 f"{resumed_from}'s ({before:.4g}): it started again instead of restoring its checkpoint")
+
+
 def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
     from verl_pipeline.rundir import RunDir
 
     result = Result(f"resume-{kind}")
     marks: dict[str, Any] = {}
-    run = run_dag(args.workdir, configs, f"resume-{kind}", base_conf(args, RESUME_TOTAL),
+    run = run_dag(args.workdir, configs, f"resume-{kind}", base_conf(args, RESUME_TOTAL, ppo=kind == "ppo"),
                   during=_kill_after_checkpoint("raylet" if kind == "raylet" else "worker", marks))
     result.figures["kill"] = marks
     result.check("error" not in marks, str(marks.get("error")))
@@ -443,6 +524,9 @@ def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
     result.figures["last_attempt_steps"] = steps
     result.check(steps == list(range(last.resume_from_step + 1, RESUME_TOTAL + 1)),
                  f"the last attempt trained steps {steps}, want {last.resume_from_step + 1}..{RESUME_TOTAL}")
+    if kind == "ppo":
+        check_critic(result, run_dir, RESUME_TOTAL)
+        check_critic_restored(result, run_dir, last.resume_from_step)
     return result
 
 
@@ -475,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         if name == "acceptance":
             r = acceptance(args, configs)
+        elif name == "ppo":
+            r = ppo(args, configs)
         elif name == "real-size":
             r = real_size(args, configs)
         else:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -69,3 +70,39 @@ def test_overrides_given_on_the_command_line_reach_every_scenarios_dag_run() -> 
     assert conf["verl_overrides"] == ["actor_rollout_ref.model.use_fused_kernels=true",
                                       "actor_rollout_ref.rollout.gpu_memory_utilization=0.2"]
     assert conf["total_training_steps"] == 4 and conf["mode"] == "train"
+
+
+def _bench() -> Any:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_acceptance
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return gpu_acceptance
+
+
+def test_the_ppo_scenarios_train_the_critic_profile_with_a_learning_signal() -> None:
+    import argparse
+
+    g = _bench()
+    conf = g.base_conf(argparse.Namespace(verl_override=[], gpu_memory_utilization=None), 6, ppo=True)
+    assert conf["model_profile"] == "tiny-ppo" and conf["profile"] == "gpu-acceptance"
+    assert "actor_rollout_ref.actor.entropy_coeff=0.01" in conf["verl_overrides"]
+
+
+def _restored(values: dict[int, float]) -> Any:
+    g = _bench()
+    result = g.Result("resume-ppo", figures={"critic_per_step": {s: {"critic/values/mean": v}
+                                                                 for s, v in values.items()}})
+    g.check_critic_restored(result, Path("unused"), 3)
+    return result
+
+
+def test_a_resumed_critic_is_told_from_one_started_again_by_its_values() -> None:
+    # Restored: step 4 goes on from step 3. Started again: step 4 is back near step 1's initial values.
+    assert _restored({1: -0.40, 2: -0.25, 3: -0.10, 4: -0.05}).ok
+    again = _restored({1: -0.40, 2: -0.25, 3: -0.10, 4: -0.38})
+    assert not again.ok and "started again" in again.failures[0]
+    # Values that never moved cannot tell the two apart: that is a failure too, not a pass.
+    assert not _restored({1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}).ok
+    assert not _restored({1: 0.1, 4: 0.2}).ok  # step 3 missing
