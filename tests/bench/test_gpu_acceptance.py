@@ -69,3 +69,33 @@ def test_overrides_given_on_the_command_line_reach_every_scenarios_dag_run() -> 
     assert conf["verl_overrides"] == ["actor_rollout_ref.model.use_fused_kernels=true",
                                       "actor_rollout_ref.rollout.gpu_memory_utilization=0.2"]
     assert conf["total_training_steps"] == 4 and conf["mode"] == "train"
+
+
+def test_the_model_profiles_vocabulary_is_the_models(tiny_model_path: Path) -> None:
+    """The token budgets size the logits from ``model.vocab_size``: it must be the model's own."""
+    import json
+
+    from verl_pipeline.profiles import load_yaml_profile
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_acceptance
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    tiny = json.loads((tiny_model_path / "config.json").read_text())["vocab_size"]
+    for name in ("tiny-grpo", "tiny-ppo"):
+        assert load_yaml_profile("models", name)["model"]["vocab_size"] == tiny
+    for name in ("qwen2.5-0.5b-grpo", "qwen2.5-0.5b-ppo"):  # the real-size scenario's architecture
+        assert load_yaml_profile("models", name)["model"]["vocab_size"] == gpu_acceptance.QWEN25_05B_ARCH["vocab_size"]
+
+
+def test_cold_caches_cover_every_cache_a_job_keeps_warm(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_acceptance
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    from verl_pipeline.trainer.warmstart import CACHE_DIRS
+
+    env = gpu_acceptance.cold_caches(tmp_path)
+    assert set(CACHE_DIRS) <= set(env) and all(v.startswith(str(tmp_path)) for v in env.values())
