@@ -481,7 +481,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         lines.append(f"environment probe: {len(env['nodes'])} node(s) in {env['seconds']}s, "
                      + ("nothing missing" if env["ok"] else "a GPU training run would miss:"))
         lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
-        out.update(mode=done.prepared.mode.value, environment=env)
+        if done.prepared.decision is not None:
+            lines.append(f"decided for these nodes: {done.prepared.decision.summary()}")
+        out.update(mode=done.prepared.mode.value, environment=env, decision=done.prepared.job.decision)
     lines.append(f"{sub.action.value}: {sub.submission_id} ({out.get('mode', 'its mode as submitted')}) on "
                  f"{handle.dashboard_url}")
     lines += [f"{name}: {url}" for name, url in tracker_links.items()]

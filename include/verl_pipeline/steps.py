@@ -451,8 +451,9 @@ def decide_for_nodes(spec: RunSpec, intent: RenderedJob, raw: dict[str, Any]) ->
     from verl_pipeline.trainer.nodefacts import NodeFacts
 
     nodes = NodeFacts.from_probe(raw["nodes"], source=f"probe job {raw['job_id']}")
-    resume = resume_point(spec, intent.settings) if intent.mode is Mode.TRAIN else 0
-    decision = decide_for_spec(spec, intent.settings, nodes, resume_step=resume)
+    settings = intent.undecided_settings()
+    resume = resume_point(spec, settings) if intent.mode is Mode.TRAIN else 0
+    decision = decide_for_spec(spec, settings, nodes, resume_step=resume)
     log.info("Run %s: %s", spec.run_name, nodes.describe())
     log.info("Run %s: decided for these nodes: %s", spec.run_name, decision.summary())
     for note in decision.notes:
@@ -488,7 +489,7 @@ def validate_decided(spec: RunSpec, job: RenderedJob, decision: Decision) -> dic
     provision task validated (reused when this machine validated it before); None when nothing differs."""
     if job.mode is not Mode.TRAIN or spec.trainer_command != DEFAULT_TRAINER_COMMAND:
         return None
-    if decision.settings == decide_for_spec(spec, job.settings).settings:
+    if decision.settings == decide_for_spec(spec, job.undecided_settings()).settings:
         return None
     result = validate_spec_with_verl(spec, reuse=True, decision=decision)
     log.info("Run %s: verl %s accepts the job as decided for these nodes (%s)", spec.run_name,

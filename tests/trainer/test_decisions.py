@@ -79,6 +79,20 @@ def test_the_rendered_job_carries_the_decision_and_the_profiles_env_still_wins()
     assert not any(o.startswith(ACTOR_ATTN_OVERRIDE) for o in plain.overrides)
 
 
+def test_the_decision_for_the_nodes_starts_from_the_runs_own_settings_not_the_unprobed_decision() -> None:
+    # The job rendered before the probe (submit renders one for the probe's runtime_env) already has what is
+    # known without a probe: an sdpa run's fused kernels. Decided again for the nodes, they are the rule's, not
+    # "set explicitly".
+    spec = _spec("tiny-grpo", verl_overrides=[f"{ACTOR_ATTN_OVERRIDE}=sdpa"])
+    intent = render_job(spec, mode=Mode.TRAIN, train_files="/d/t.parquet", val_files="/d/v.parquet", model_path="/m")
+    assert intent.settings["actor_rollout_ref.model.use_fused_kernels"] is True
+    settings = intent.undecided_settings()
+    assert "actor_rollout_ref.model.use_fused_kernels" not in settings and settings[ACTOR_ATTN_OVERRIDE] == "sdpa"
+    decision = decide_for_spec(spec, settings, h200())
+    assert decision.settings == {"actor_rollout_ref.model.use_fused_kernels": True}
+    assert [r.key for r in decision.rules if r.overridden] == [ACTOR_ATTN_OVERRIDE]  # only the run's own sdpa
+
+
 def test_the_kept_records_are_read_back_for_render() -> None:
     facts = h200().to_dict()
     for record in ({"found": facts}, {"decision": {"nodes": facts}}, {"nodes": facts, "attempt": 2},

@@ -40,6 +40,13 @@ class RenderedJob:
     #: What was decided for the nodes the job runs on (``trainer.decisions.Decision.to_dict``).
     decision: dict[str, Any] = field(default_factory=dict)
 
+    def undecided_settings(self) -> dict[str, Any]:
+        """The job's settings without the keys its decision set: the run's own and the pipeline's, what a
+        decision for the probed nodes starts from (``steps.decide_for_nodes`` takes them from the job rendered
+        before the probe, whose decision only adds keys the run leaves unset)."""
+        decided = set((self.decision or {}).get("settings") or {})
+        return {k: v for k, v in self.settings.items() if k not in decided}
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["mode"] = self.mode.value
