@@ -253,14 +253,14 @@ class RunDir:
         """Append one attempt's decision (``trainer.decisions.Decision.to_dict`` with its attempt)."""
         self.path.mkdir(parents=True, exist_ok=True)
         with open(self.decisions_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=str) + "\n")
+            f.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
 
     def decisions(self) -> list[dict[str, Any]]:
         """Every attempt's decision, oldest first (a line cut by a crash is skipped)."""
         if not self.decisions_file.is_file():
             return []
         out = []
-        for line in self.decisions_file.read_text().splitlines():
+        for line in self.decisions_file.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
             except ValueError:

@@ -94,7 +94,8 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary(), "attention": self.attention.value, "nodes": self.nodes.to_dict(),
                 "gpu_memory_gb": self.gpu_memory_gb, "settings": self.settings, "env": self.env,
-                "rules": {r.key: r.text() for r in self.rules}, "caches": self.caches.to_dict(),
+                "rules": {r.key: r.text() for r in self.rules},
+                "caches": {k: v for k, v in self.caches.to_dict().items() if k != "env"},  # its env is ``env``
                 "resume_step": self.resume_step, "notes": list(self.notes)}
 
     def changes_from(self, previous: Mapping[str, Any] | None) -> list[str]:
