@@ -177,12 +177,14 @@ class DagRun:
 
 
 def cold_caches(root: Path) -> dict[str, str]:
-    """Environment that gives a run compile and autotune caches of its own, empty at its start (vLLM's
-    torch.compile cache, inductor, Triton, flashinfer): two runs compared on one machine then both
-    start as a first run does, whichever went first."""
-    return {"XDG_CACHE_HOME": str(root), "VLLM_CACHE_ROOT": str(root / "vllm"),
-            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
-            "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer")}
+    """Environment that gives a run compile and autotune caches of its own, empty at its start: every cache
+    the pipeline's warm starts keep (``trainer/warmstart.CACHE_DIRS``: vLLM's torch.compile cache, inductor,
+    Triton, CUDA's JIT cache, flashinfer) and the rest of ``~/.cache``. Two runs compared on one machine then
+    both start as a first run does, whichever went first. A DAG run's job keeps its caches under the run's
+    storage (its runtime_env sets them over these), which each scenario starts empty."""
+    from verl_pipeline.trainer.warmstart import CACHE_DIRS
+
+    return {"XDG_CACHE_HOME": str(root), **{var: str(root / sub) for var, sub in CACHE_DIRS.items()}}
 
 
 def run_dag(workdir: Path, configs: Path, name: str, conf: dict[str, Any],

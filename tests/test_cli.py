@@ -132,3 +132,39 @@ def test_logs_follow_reads_each_byte_of_the_log_once(tmp_path: Path, ray_cluster
     assert reads and reads[0][1] == 0, r.stderr[-2000:]
     assert all(start == prev_start + prev_n for (prev_n, prev_start), (_, start) in itertools.pairwise(reads))
     assert sum(n for n, _ in reads) == len(whole.encode())
+
+
+def test_render_decides_for_the_nodes_a_probe_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.trainer.nodes import h200
+    from verl_pipeline.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(home))
+    args = ["render", "--profile", "gpu-acceptance", "--model-profile", "tiny-ppo", "--no-verl-check"]
+    attn = "+actor_rollout_ref.model.override_config.attn_implementation"
+    # No probe of the cluster on record: the run's own settings, and what submit would decide either way.
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "cluster local-gpu has no probe on record here" in text
+    assert f"# decided at submit, with flash-attn on every GPU node: {attn}='flash_attention_2'" in text
+    assert f"# decided at submit, without flash-attn on every GPU node: {attn}='sdpa'" in text
+    assert "the probe refuses the run" in text  # tiny-ppo has a critic
+    # --nodes: a run's environment.json (what its probe found).
+    env = tmp_path / "environment.json"
+    env.write_text(json.dumps({"found": h200().to_dict(), "nodes": []}))
+    assert main([*args, "--json", "--nodes", str(env)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decision"]["attention"] == "flash-attn" and f"{attn}=flash_attention_2" in out["overrides"]
+    assert "actor_rollout_ref.actor.use_dynamic_bsz=true" in out["overrides"]
+    assert out["runtime_env"]["env_vars"]["VLLM_DISABLE_COMPILE_CACHE"] == "0"
+    # By default the cluster profile's latest probe on its storage (what the submit step keeps there).
+    (home / "clusters").mkdir(parents=True)
+    kept = {"run": "r", "nodes": h200(flash_attn=False).to_dict()}
+    (home / "clusters" / "local-gpu.json").write_text(json.dumps(kept))
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "# decided for these nodes: attention: sdpa; fused log-prob kernels: True; warm caches: nvidia-h200" in text
+    assert f"{attn}=sdpa" in text
+    assert main([*args, "--nodes", str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.startswith("verl-pipeline: error: --nodes ")

@@ -200,3 +200,29 @@ def test_closest_keys_prefer_the_same_name_in_the_same_section() -> None:
     assert closest_keys("critic.model.fsdp_config.optimizer_offload", known) == ["critic.fsdp.optimizer_offload"]
     assert closest_keys("data.train_batchsize", known)[0] == "data.train_batch_size"
     assert closest_keys("trainer.zzz", known) == []
+
+
+def test_warm_caches_and_validation_on_resume_are_profile_settings(own_configs: Path) -> None:
+    import yaml
+
+    spec = build_run_spec({"cluster_profile": "gpu-address"}, run_name="caches")
+    assert spec.warm_caches and spec.cache_root == Path("/shared/caches") and not spec.validate_on_resume
+    cluster = own_configs / "clusters" / "gpu-address.yaml"
+    prof = yaml.safe_load(cluster.read_text())
+    where = "clusters/gpu-address"
+    for change, key in (({"runtime": {**prof["runtime"], "warm_caches": "no"}}, f"{where}.runtime.warm_caches"),
+                        ({"storage": {**prof["storage"], "caches": "caches"}}, f"{where}.storage.caches"),
+                        ({"storage": {**prof["storage"], "caches": "/elsewhere/caches"}}, f"{where}.storage.caches")):
+        cluster.write_text(yaml.safe_dump({**prof, **change}))
+        with pytest.raises(ConfigError) as err:
+            build_run_spec({"cluster_profile": "gpu-address"}, run_name="caches")
+        assert err.value.key == key and "\n" not in str(err.value)
+    cluster.write_text(yaml.safe_dump({**prof, "runtime": {**prof["runtime"], "warm_caches": False}}))
+    assert not build_run_spec({"cluster_profile": "gpu-address"}, run_name="caches").warm_caches
+    run = own_configs / "profiles" / "smoke.yaml"
+    run.write_text(run.read_text() + "validate_on_resume: true\n")
+    resumed = build_run_spec({}, run_name="resume")
+    assert resumed.validate_on_resume and type(resumed).from_dict(resumed.to_dict()).validate_on_resume
+    run.write_text(run.read_text().replace("validate_on_resume: true", "validate_on_resume: 1"))
+    with pytest.raises(ConfigError, match=r"profiles/smoke\.validate_on_resume"):
+        build_run_spec({}, run_name="resume")

@@ -368,16 +368,67 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
     return data, models, notes
 
 
+def _render_nodes(spec: RunSpec, path: str | None) -> Any:
+    """What the probe found on the nodes ``render`` decides for: ``--nodes FILE`` (a run's environment.json,
+    job.json or decisions.jsonl, or a cluster's latest probe), else the cluster profile's latest probe on
+    its storage when this machine sees it; None when neither is there."""
+    from verl_pipeline.trainer.nodefacts import NodeFacts
+
+    file = Path(path) if path else spec.cluster_facts_file
+    if not file.is_file():
+        if path:
+            raise PipelineError(f"--nodes {path}: no such file (a run's environment.json, job.json or decisions.jsonl, "
+                                "or <storage>/clusters/<cluster profile>.json)")
+        return None
+    try:
+        lines = [line for line in file.read_text().splitlines() if line.strip()]
+        data = json.loads(lines[-1]) if file.suffix == ".jsonl" else json.loads("\n".join(lines))
+    except (OSError, ValueError, IndexError) as e:
+        raise PipelineError(f"--nodes {file}: not a JSON record the pipeline wrote ({e})") from None
+    facts = NodeFacts.from_record(data, source=str(file)) if isinstance(data, dict) else None
+    if facts is None and path:
+        raise PipelineError(f"--nodes {path}: it holds no probe findings (environment.json and job.json of runs "
+                            "submitted since the probe reports them)")
+    return facts
+
+
+def _both_ways(spec: RunSpec, settings: dict[str, Any]) -> list[str]:
+    """What ``submit`` would decide with and without flash-attn on the GPU nodes, for a render without a probe."""
+    from verl_pipeline.trainer.decisions import decide_for_spec
+    from verl_pipeline.trainer.nodefacts import GpuNode, NodeFacts
+    from verl_pipeline.trainer.scaling import uses_critic
+
+    memory = spec.hardware.gpu_memory_gb if spec.hardware else None
+    out = []
+    for usable in (True, False):
+        node = GpuNode(node="a GPU node (assumed)", node_id="assumed", gpus=float(spec.n_gpus_per_node),
+                       gpu_memory_gb=memory, flash_attn="installed" if usable else None,
+                       flash_attn_error=None if usable else "not installed")
+        nodes = NodeFacts((node,), True, 0, f"assumed: {spec.cluster_profile}'s hardware, not probed")
+        decision = decide_for_spec(spec, settings, nodes)
+        what = ", ".join(f"{k}={v!r}" for k, v in sorted(decision.settings.items())) or "nothing"
+        if not usable and uses_critic(settings):
+            what += " (and the probe refuses the run: verl 0.9.1 loads a critic with flash-attn only)"
+        out.append(f"with{'' if usable else 'out'} flash-attn on every GPU node: {what}")
+    return out
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
+    from verl_pipeline.trainer.decisions import decide_for_spec
+    from verl_pipeline.trainer.render import job_settings
 
     spec = _spec(args)
     mode = Mode(args.mode) if args.mode else spec.mode
     if mode is Mode.AUTO:
         mode = Mode.TRAIN  # what a GPU cluster would get; `submit` resolves auto against the real cluster
-    verl_check = None if args.no_verl_check else steps.validate_spec_with_verl(spec)
     data, models, notes = _render_inputs(spec)
-    job = steps.render(spec, data=data, models=models, mode=mode)
+    nodes = _render_nodes(spec, args.nodes)
+    settings = job_settings(spec, train_files=data["train_path"], val_files=data["val_path"],
+                            model_path=models["actor"]["path"], critic_path=(models.get("critic") or {}).get("path"))
+    decision = decide_for_spec(spec, settings, nodes) if nodes is not None else None
+    verl_check = None if args.no_verl_check else steps.validate_spec_with_verl(spec, decision=decision)
+    job = steps.render(spec, data=data, models=models, mode=mode, decision=decision)
     from verl_pipeline.trainer.environment import installed_verl_pins, needs_for, render_notes
 
     needs = render_notes(needs_for(job.settings, installed_verl_pins()))
@@ -394,6 +445,14 @@ def cmd_render(args: argparse.Namespace) -> int:
                     "submit does not queue)")
     text += [f"# note: {n}" for n in notes]
     text += [f"# needs: {n}" for n in needs]
+    if decision is not None:
+        text.append(f"# nodes: {decision.nodes.describe()}")
+        text.append(f"# decided for these nodes: {decision.summary()}")
+        text += [f"# note: {n}" for n in decision.notes]
+    else:
+        text.append(f"# nodes: cluster {spec.cluster_profile} has no probe on record here ({spec.cluster_facts_file}; "
+                    "--nodes FILE reads one): submit decides from its probe")
+        text += [f"# decided at submit, {line}" for line in _both_ways(spec, settings)]
     text.append("derived values (value — rule):")
     width = max((len(k) for k in job.derived), default=0)
     text += [f"  {k.ljust(width)} = {rule}" for k, rule in job.derived.items()]
@@ -422,7 +481,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         lines.append(f"environment probe: {len(env['nodes'])} node(s) in {env['seconds']}s, "
                      + ("nothing missing" if env["ok"] else "a GPU training run would miss:"))
         lines += [f"  {p}" for p in env["problems"]] + [f"  (unreachable) {u}" for u in env["unreachable"]]
-        out.update(mode=done.prepared.mode.value, environment=env)
+        if done.prepared.decision is not None:
+            lines.append(f"decided for these nodes: {done.prepared.decision.summary()}")
+        out.update(mode=done.prepared.mode.value, environment=env, decision=done.prepared.job.decision)
     lines.append(f"{sub.action.value}: {sub.submission_id} ({out.get('mode', 'its mode as submitted')}) on "
                  f"{handle.dashboard_url}")
     lines += [f"{name}: {url}" for name, url in tracker_links.items()]
@@ -558,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print the exact entrypoint and runtime_env that would be submitted, and "
                                       "every derived value with its rule")
     p.add_argument("--no-verl-check", action="store_true", help="skip composing + validating with verl (~1-5 s)")
+    p.add_argument("--nodes", default=None, metavar="FILE",
+                   help="decide for the nodes a probe found: a run's environment.json, job.json or decisions.jsonl "
+                        "(default: the cluster profile's latest probe, <storage>/clusters/<cluster profile>.json)")
     _add_run_args(p)
     p.set_defaults(func=cmd_render)
 

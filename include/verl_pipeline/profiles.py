@@ -106,9 +106,13 @@ def _world_size_change(value: Any, profile: str) -> WorldSizeChange:
 
 
 def _export_model(value: Any, profile: str) -> bool:
+    return _flag(value, f"profiles/{profile}.export",
+                 "export: true (merge and publish the trained model) or export: false")
+
+
+def _flag(value: Any, key: str, fix: str) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"profiles/{profile}.export", value, "must be true or false",
-                          "export: true (merge and publish the trained model) or export: false")
+        raise ConfigError(key, value, "must be true or false", fix)
     return value
 
 
@@ -176,7 +180,7 @@ def build_run_spec(
     root_text = storage.get("root")
     storage_root = Path(root_text).expanduser().resolve() if root_text else pipeline_home()
     storage_paths: dict[str, str] = {}
-    for name in ("data", "models", "checkpoints"):
+    for name in ("data", "models", "checkpoints", "caches"):
         value = storage.get(name)
         if value is None:
             continue
@@ -194,6 +198,8 @@ def build_run_spec(
 
     runtime = dict(cprof.get("runtime") or {})
     check_job_env(dict(runtime.get("env") or {}), f"clusters/{cluster_profile}.runtime.env")
+    _flag(runtime.get("warm_caches", True), f"clusters/{cluster_profile}.runtime.warm_caches",
+          "warm_caches: true (the workers' compile caches on the shared storage) or false")
     placement_text = params.get("placement") or prof.get("placement") or Placement.COLOCATED.value
     try:
         placement = Placement(placement_text)
@@ -240,6 +246,9 @@ def build_run_spec(
         trackers=TrackerSettings.from_profile(prof.get(TRACKERS_SECTION), profile_name),
         on_world_size_change=_world_size_change(prof.get("on_world_size_change"), profile_name),
         export_model=_export_model(prof.get("export", True), profile_name),
+        validate_on_resume=_flag(prof.get("validate_on_resume", False), f"profiles/{profile_name}.validate_on_resume",
+                                 "validate_on_resume: false (only the attempt that starts at step 0 validates "
+                                 "before training) or true"),
         admission=admission_of(cluster, cluster_profile, nnodes * n_gpus_per_node),
     )
     logger_backends(verl_settings.get(LOGGER_KEY))  # an unknown tracker fails here, before any cluster
@@ -338,7 +347,8 @@ def check_storage(spec: RunSpec) -> None:
     if not ckpt.is_absolute():
         raise ConfigError("trainer.default_local_dir", str(ckpt), "must be an absolute path",
                           f"{spec.storage_root / 'checkpoints'}")
-    for name, path in (("checkpoints", ckpt), ("data", spec.data_root), ("models", spec.model_cache)):
+    for name, path in (("checkpoints", ckpt), ("data", spec.data_root), ("models", spec.model_cache),
+                       ("caches", spec.cache_root)):
         if not under_shared(path, spec.shared_roots):
             raise ConfigError(f"clusters/{spec.cluster_profile}.storage.{name}", str(path),
                               f"is not under a shared mount {list(spec.shared_roots)}: other nodes would not see it",

@@ -3,10 +3,11 @@
 ``<storage>/runs/<run_key>/`` holds the run's frozen spec (``run_spec.json``, written once at
 provision and read back by every later task, retry and CLI command), verl's validation of the run
 (done once, at provision, and trusted by the preflight job), the job as submitted
-(``job.json``), the cluster it runs on (``cluster.json``), the record of submitted attempts and of the
-jobs the pipeline stopped, the waiter's cursor, verl's metrics per attempt, the report and the
-exported model. It is the record that outlives a re-provisioned cluster (whose Ray job table is
-gone), so "the run's latest job" is read from here.
+(``job.json``), what the probe found and what was decided for each attempt's nodes
+(``environment.json``, ``decisions.jsonl``), the cluster it runs on (``cluster.json``), the record
+of submitted attempts and of the jobs the pipeline stopped, the waiter's cursor, verl's metrics per
+attempt, the report and the exported model. It is the record that outlives a re-provisioned cluster
+(whose Ray job table is gone), so "the run's latest job" is read from here.
 
 verl's checkpoint tracker (``latest_checkpointed_iteration.txt``) lives with the checkpoints, which
 may be on other storage; :func:`tracker_step` is its one reader.
@@ -120,6 +121,12 @@ class RunDir:
     def environment_file(self) -> Path:
         """The latest node probe's report."""
         return self.path / "environment.json"
+
+    @property
+    def decisions_file(self) -> Path:
+        """What was decided for each submitted attempt's nodes (``trainer.decisions``): one JSON line per
+        attempt, with what the probe found and what the job therefore used."""
+        return self.path / "decisions.jsonl"
 
     @property
     def manifest_file(self) -> Path:
@@ -241,6 +248,26 @@ class RunDir:
         cluster), else ``fallback`` (what the submit task returned)."""
         attempts = self.attempts()
         return attempts[-1].submission_id if attempts else fallback
+
+    def record_decision(self, record: dict[str, Any]) -> None:
+        """Append one attempt's decision (``trainer.decisions.Decision.to_dict`` with its attempt)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.decisions_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """Every attempt's decision, oldest first (a line cut by a crash is skipped)."""
+        if not self.decisions_file.is_file():
+            return []
+        out = []
+        for line in self.decisions_file.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                out.append(row)
+        return out
 
     def record_stop(self, submission_id: str, reason: str) -> None:
         """Note that the pipeline stopped ``submission_id`` because of an infrastructure problem."""

@@ -159,17 +159,22 @@ class ModelFacts:
 
     #: True when params_b was estimated from the shape rather than given.
     estimated: bool = False
+    #: The vocabulary (config.json's ``vocab_size``): the logits' width, which sizes the dynamic-batch token
+    #: budgets (``trainer/fastpath.py``); None when the profile does not give it.
+    vocab_size: int | None = None
 
     @classmethod
     def from_profile(cls, section: dict[str, Any], profile: str) -> ModelFacts:
-        """Read the size facts; ``params_b`` may be left out and is then estimated from the shape."""
+        """Read the size facts; ``params_b`` may be left out and is then estimated from the shape, and
+        ``vocab_size`` may be left out (the token budgets then stay at verl's floor)."""
         values: dict[str, Any] = {}
         for name, kind, example in (("hidden_size", int, "3584"), ("num_layers", int, "28"),
-                                    ("num_attention_heads", int, "28"), ("params_b", float, "7.6")):
+                                    ("num_attention_heads", int, "28"), ("params_b", float, "7.6"),
+                                    ("vocab_size", int, "152064")):
             raw = section.get(name)
             key = f"models/{profile}.model.{name}"
             if raw is None:
-                if name == "params_b":
+                if name in ("params_b", "vocab_size"):
                     continue
                 raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it",
                                   f"{name}: {example}")
@@ -358,6 +363,9 @@ class RunSpec:
     export_model: bool = True
     #: A shared cluster's Airflow pool and the slots this run takes (the cluster profile's ``pool``).
     admission: Admission | None = None
+    #: Validate before training on a resume attempt too (the run profile's ``validate_on_resume``); by
+    #: default only the attempt that starts at step 0 does (``trainer/warmstart.py``).
+    validate_on_resume: bool = False
 
     # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
     @property
@@ -394,6 +402,22 @@ class RunSpec:
     @property
     def model_cache(self) -> Path:
         return Path(self.storage_paths["models"]) if "models" in self.storage_paths else self.storage_root / "models"
+
+    @property
+    def cache_root(self) -> Path:
+        """The workers' compile, autotune and kernel caches, one folder per versions-and-GPU key
+        (``trainer/warmstart.py``), shared by every run on this storage."""
+        return Path(self.storage_paths["caches"]) if "caches" in self.storage_paths else self.storage_root / "caches"
+
+    @property
+    def warm_caches(self) -> bool:
+        """Whether the workers keep their caches in :attr:`cache_root` (cluster profile: ``runtime.warm_caches``)."""
+        return bool(self.runtime.get("warm_caches", True))
+
+    @property
+    def cluster_facts_file(self) -> Path:
+        """What the latest probe found on this cluster profile's GPU nodes (any run's), for ``render``."""
+        return self.storage_root / "clusters" / f"{self.cluster_profile}.json"
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -446,6 +470,7 @@ class RunSpec:
             "on_world_size_change": self.on_world_size_change.value,
             "export_model": self.export_model,
             "admission": self.admission.to_dict() if self.admission else None,
+            "validate_on_resume": self.validate_on_resume,
             # The sources exactly (kind, patterns): the strings above are for people and reports.
             "sources": {role: _source_dict(s) for role, s in
                         (("model", self.model), ("critic_model", self.critic_model),
@@ -488,6 +513,7 @@ class RunSpec:
             trackers=TrackerSettings({name: entry["conn_id"] for name, entry in d["trackers"].items()}),
             on_world_size_change=WorldSizeChange(d["on_world_size_change"]), export_model=bool(d["export_model"]),
             admission=Admission(**d["admission"]) if d.get("admission") else None,
+            validate_on_resume=bool(d.get("validate_on_resume", False)),  # absent in specs frozen before it
         )
 
     @classmethod

@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING, Any
 from verl_pipeline.cluster.address import Endpoint
 from verl_pipeline.cluster.base import ClusterHandle, ClusterHealth, ClusterStatus, probe
 from verl_pipeline.cluster.registry import cluster_deadline, get_backend
-from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
+from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, SubmitAction
 from verl_pipeline.exceptions import ClusterError, ConfigError, PipelineError
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline, earliest
 from verl_pipeline.jobs.ids import submission_prefix
 from verl_pipeline.jobs.submit import Submission, existing_job, submit_or_reattach
 from verl_pipeline.paths import write_json_atomic
-from verl_pipeline.rundir import RunDir
+from verl_pipeline.rundir import RunDir, now
 from verl_pipeline.spec import DataSource, ModelSource, RunSpec
+from verl_pipeline.trainer.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.render import RenderedJob, render_job
 
 if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
@@ -28,8 +29,12 @@ if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
 log = logging.getLogger(__name__)
 
 
-def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, reuse: bool = False) -> dict[str, Any]:
+def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, reuse: bool = False,
+                            decision: Decision | None = None) -> dict[str, Any]:
     """Run verl's own composition + validation for the run's target shape, before any cluster.
+
+    ``decision`` is what was decided for the nodes (:mod:`verl_pipeline.trainer.decisions`; the submit
+    validates a training job's decided shape); without one, what is decided without a probe.
 
     verl's model config loads a tokenizer, so the built-in tiny model stands in for the run's
     model here (a seconds-long structural check of batch sizes, parallelism and keys). Each
@@ -56,6 +61,7 @@ def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, r
     stand_in = prefetch(ModelSource("builtin", "tiny-qwen2"), pipeline_home() / "models").path
     settings = job_settings(spec, train_files="/placeholder/train.parquet", val_files="/placeholder/val.parquet",
                             model_path=stand_in)
+    settings.update((decision or decide_for_spec(spec, settings)).settings)
     overrides = render_overrides(settings)
     key = validation_key(overrides)
     record, kept = earlier_record(key) if reuse else (None, None)
@@ -309,7 +315,10 @@ def check_paths_visible(spec: RunSpec, paths: dict[str, str]) -> None:
                               "nodes would not find it", f"a path under {spec.shared_roots[0]}")
 
 
-def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode: Mode) -> RenderedJob:
+def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode: Mode,
+           decision: Decision | None = None) -> RenderedJob:
+    """The job for the run's data and models in ``mode``, with what was decided for the nodes (``decision``;
+    without one, what can be decided without a probe)."""
     critic = models.get("critic") or {}
     check_paths_visible(spec, {"data.train_files": data["train_path"], "data.val_files": data["val_path"],
                                "actor_rollout_ref.model.path": models["actor"]["path"],
@@ -319,7 +328,7 @@ def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode:
         spec, mode=mode, train_files=data["train_path"], val_files=data["val_path"],
         model_path=models["actor"]["path"], critic_path=critic.get("path"),
         reward_path=(models.get("reward") or {}).get("path"),
-        length_filter=(data.get("counts") or {}).get("length_filter"),
+        length_filter=(data.get("counts") or {}).get("length_filter"), decision=decision,
     )
 
 
@@ -335,34 +344,37 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
     return spec.run_dir
 
 
-def check_environment(
-    spec: RunSpec,
-    handle: ClusterHandle,
-    job: RenderedJob,
-    *,
-    client: RayJobsClient,
-    status: ClusterStatus,
-    id_prefix: str,
-) -> dict[str, Any]:
-    """Probe every node for what the job needs (:mod:`verl_pipeline.cluster.probe`) and judge it.
-
-    A training job that would miss anything fails here, before it is submitted, with one
-    :class:`~verl_pipeline.exceptions.EnvironmentCheckError` listing every problem (the cluster's
-    totals and each node's). In preflight mode, and for a custom ``trainer_command``, the same
-    findings are only reported: what a GPU run on this cluster would miss. Returns the report
-    (for XCom; also written to the run dir as ``environment.json``).
-    """
+def probe_cluster(spec: RunSpec, job: RenderedJob, *, client: RayJobsClient, status: ClusterStatus,
+                  id_prefix: str) -> dict[str, Any]:
+    """Run the environment probe (:mod:`verl_pipeline.cluster.probe`) with ``job``'s runtime_env, for what
+    it needs and what the decisions read (flash-attn, the GPUs, the versions): the probe's raw report."""
     from verl_pipeline.cluster.probe import DEFAULT_TIMEOUT_S, run_probe
-    from verl_pipeline.exceptions import EnvironmentCheckError
-    from verl_pipeline.trainer.environment import evaluate, installed_verl_pins, needs_for, node_label
+    from verl_pipeline.trainer.environment import installed_verl_pins, needs_for
 
     hard = cluster_problems(spec, status, Mode.PREFLIGHT)  # too old a Ray: nothing else is worth probing
     if hard:
         raise hard[0]
     needs = needs_for(job.settings, installed_verl_pins())
     timeout = float(spec.cluster.get("probe_timeout_s", DEFAULT_TIMEOUT_S))
-    raw = run_probe(client, request=needs.request(), runtime_env=job.runtime_env,
-                    id_prefix=id_prefix, timeout_s=timeout)
+    return run_probe(client, request=needs.request(), runtime_env=job.runtime_env, id_prefix=id_prefix,
+                     timeout_s=timeout)
+
+
+def check_environment(spec: RunSpec, job: RenderedJob, raw: dict[str, Any], *, status: ClusterStatus,
+                      decision: Decision | None = None) -> dict[str, Any]:
+    """Judge the probe's report ``raw`` for ``job`` (its settings as decided for these nodes).
+
+    A training job that would miss anything fails here, before it is submitted, with one
+    :class:`~verl_pipeline.exceptions.EnvironmentCheckError` listing every problem (the cluster's
+    totals and each node's). In preflight mode, and for a custom ``trainer_command``, the same
+    findings are only reported: what a GPU run on this cluster would miss. Returns the report
+    (for XCom; also written to the run dir as ``environment.json``, with what the probe found on the
+    GPU nodes and the decision's summary).
+    """
+    from verl_pipeline.exceptions import EnvironmentCheckError
+    from verl_pipeline.trainer.environment import evaluate, installed_verl_pins, needs_for, node_label
+
+    needs = needs_for(job.settings, installed_verl_pins())
     findings = evaluate(needs, raw["nodes"])
     problems = [str(e) for e in cluster_problems(spec, status, Mode.TRAIN)]
     problems += [f.line() for f in findings if f.blocking]
@@ -376,6 +388,9 @@ def check_environment(
         # Where the probe's seconds went: submitting it, its driver's ray.init, the pinned node tasks.
         "phases_s": {"submit": raw.get("submit_s"), "ray_init": (raw.get("driver") or {}).get("ray_init_s"),
                      "node_tasks": raw.get("seconds")},
+        # What the decisions read, and what they decided (job.json and decisions.jsonl have it all).
+        "found": decision.nodes.to_dict() if decision else None,
+        "decided": decision.summary() if decision else None,
     }
     log.info("Environment probe of %d node(s) in %.1fs (Ray job %s): %s", len(raw["nodes"]), raw["wall_seconds"],
              raw["job_id"], f"{len(problems)} problem(s)" if problems else "nothing missing")
@@ -408,18 +423,90 @@ def _node_summary(node: dict[str, Any], label: str) -> dict[str, Any]:
         "modules": {m: (e.get("version") or "ok") if e.get("ok") else f"missing ({e.get('error')})"
                     for m, e in modules.items()},
         "paths": {p: bool(v.get("exists")) for p, v in (facts.get("paths") or {}).items()},
+        "gpu": facts.get("gpu"), "flash_attn_kernel": facts.get("flash_attn_kernel"),
+        "versions": facts.get("versions"),
         "seconds": facts.get("seconds"),
         "module_seconds": {m: e.get("seconds") for m, e in modules.items()},
     }
 
 
+def resume_point(spec: RunSpec, settings: dict[str, Any]) -> int:
+    """The run step the next training attempt resumes from (0: from the start), read as the submit will
+    read it (:func:`verl_pipeline.jobs.checkpoints.plan_for_job`; writes nothing)."""
+    from verl_pipeline.jobs.checkpoints import current_segment, plan_for_job
+    from verl_pipeline.rundir import tracker_step
+
+    ckpt, start, _ = current_segment(spec.checkpoint_dir)
+    try:
+        plan = plan_for_job(ckpt, settings, spec.on_world_size_change)
+    except ConfigError:
+        return start + (tracker_step(ckpt) or 0)  # another world size: the submit refuses it, naming both
+    return start + (plan.step if plan is not None else (tracker_step(ckpt) or 0))
+
+
+def decide_for_nodes(spec: RunSpec, intent: RenderedJob, raw: dict[str, Any]) -> Decision:
+    """What the job uses on the nodes the probe (``raw``) found (:mod:`verl_pipeline.trainer.decisions`),
+    logged — with what changed since the run's previous attempt, which may have run on other nodes — and
+    kept for ``render`` as the cluster's latest probe (:attr:`RunSpec.cluster_facts_file`)."""
+    from verl_pipeline.trainer.nodefacts import NodeFacts
+
+    nodes = NodeFacts.from_probe(raw["nodes"], source=f"probe job {raw['job_id']}")
+    settings = intent.undecided_settings()
+    resume = resume_point(spec, settings) if intent.mode is Mode.TRAIN else 0
+    decision = decide_for_spec(spec, settings, nodes, resume_step=resume)
+    log.info("Run %s: %s", spec.run_name, nodes.describe())
+    log.info("Run %s: decided for these nodes: %s", spec.run_name, decision.summary())
+    for note in decision.notes:
+        log.warning("Run %s: %s", spec.run_name, note)
+    earlier = RunDir(spec.run_dir).decisions()
+    if earlier:
+        changes = decision.changes_from(earlier[-1])
+        attempt = earlier[-1].get("attempt")
+        if changes:
+            log.warning("Run %s: decided again for the nodes as they are now; since attempt %s: %s", spec.run_name,
+                        attempt, "; ".join(changes))
+        else:
+            log.info("Run %s: the same nodes and decision as attempt %s", spec.run_name, attempt)
+    _keep_probe_facts(spec, decision)
+    return decision
+
+
+def _keep_probe_facts(spec: RunSpec, decision: Decision) -> None:
+    """The cluster's latest probe (for ``render --cluster-profile``) and the cache folder's ``key.json``; a
+    shared storage this worker cannot write is only logged (the job does not need either file)."""
+    try:
+        write_json_atomic(spec.cluster_facts_file, {"run": spec.run_name, "nodes": decision.nodes.to_dict()})
+        if decision.caches.enabled and decision.caches.directory:
+            key_file = Path(decision.caches.directory) / "key.json"
+            if not key_file.is_file():
+                write_json_atomic(key_file, {"key": decision.caches.key, "built_for": decision.caches.facts})
+    except OSError as e:
+        log.warning("Run %s: could not record the probe's findings on the storage (%s)", spec.run_name, e)
+
+
+def validate_decided(spec: RunSpec, job: RenderedJob, decision: Decision) -> dict[str, Any] | None:
+    """verl's validation of a training job's shape as decided for the nodes, when it differs from what the
+    provision task validated (reused when this machine validated it before); None when nothing differs."""
+    if job.mode is not Mode.TRAIN or spec.trainer_command != DEFAULT_TRAINER_COMMAND:
+        return None
+    if decision.settings == decide_for_spec(spec, job.undecided_settings()).settings:
+        return None
+    result = validate_spec_with_verl(spec, reuse=True, decision=decision)
+    log.info("Run %s: verl %s accepts the job as decided for these nodes (%s)", spec.run_name,
+             result["verl_version"], f"validated before: {result['reused']}" if result["reused"] else
+             f"validated in {result['seconds']}s")
+    return result
+
+
 @dataclass(frozen=True)
 class PreparedJob:
-    """What the submit step decided: the mode, the exact job and the environment probe's report."""
+    """What the submit step decided: the mode, the exact job, the environment probe's report and what was
+    decided for the nodes."""
 
     mode: Mode
     job: RenderedJob
     environment: dict[str, Any]
+    decision: Decision | None = None
 
 
 def prepare_job(
@@ -432,18 +519,24 @@ def prepare_job(
     id_prefix: str,
 ) -> PreparedJob:
     """Everything before submitting, for every submission alike: the mode (resolved against the cluster
-    at the run's first submission, the same for every later one), the job rendered from the frozen
-    spec, the nodes probed for it (:func:`check_environment`), ``job.json`` written."""
+    at the run's first submission, the same for every later one), the nodes probed (:func:`probe_cluster`),
+    what the job uses on them decided (:func:`decide_for_nodes`), the job rendered from the frozen spec
+    and that decision, judged against the probe (:func:`check_environment`) and verl's validation
+    (:func:`validate_decided`), ``job.json`` written."""
     status = cluster_status(handle, client)
     earlier = RunDir(spec.run_dir).job()
     mode = Mode(earlier["mode"]) if earlier else choose_mode(spec, status)
     if mode is Mode.TRAIN and spec.trainer_command != DEFAULT_TRAINER_COMMAND:
         log.warning("Custom trainer_command %s: verl's CPU/GPU/package requirements are reported, not enforced",
                     " ".join(spec.trainer_command))
-    job = render(spec, data=data, models=models, mode=mode)
-    environment = check_environment(spec, handle, job, client=client, status=status, id_prefix=id_prefix)
+    intent = render(spec, data=data, models=models, mode=mode)  # the run's settings: nothing decided for nodes yet
+    raw = probe_cluster(spec, intent, client=client, status=status, id_prefix=id_prefix)
+    decision = decide_for_nodes(spec, intent, raw)
+    job = render(spec, data=data, models=models, mode=mode, decision=decision)
+    environment = check_environment(spec, job, raw, status=status, decision=decision)
+    validate_decided(spec, job, decision)
     save_run_files(spec, job)
-    return PreparedJob(mode, job, environment)
+    return PreparedJob(mode, job, environment, decision)
 
 
 @dataclass(frozen=True)
@@ -490,6 +583,9 @@ def submit_attempt(
     sub = submit_or_reattach(client, prepared.job, dag_id=dag_id, run_id=run_id, task_id=task_id,
                              run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=ends,
                              secret_env=secret_env)
+    if prepared.decision is not None and sub.action is SubmitAction.SUBMITTED:
+        RunDir(spec.run_dir).record_decision({"attempt": sub.attempt, "submission_id": sub.submission_id,
+                                              "at": now(), **prepared.decision.to_dict()})
     return Submitted(sub, prepared)
 
 
@@ -552,6 +648,7 @@ __all__ = [
     "check_paths_visible",
     "choose_mode",
     "cluster_problems",
+    "decide_for_nodes",
     "ensure_cluster",
     "find_handle",
     "freeze",
@@ -559,11 +656,14 @@ __all__ = [
     "load_frozen",
     "prepare_job",
     "preprocess",
+    "probe_cluster",
     "provision",
     "render",
+    "resume_point",
     "save_run_files",
     "submit_attempt",
     "teardown",
+    "validate_decided",
     "validate_spec_with_verl",
     "wait_job_ended",
 ]

@@ -89,6 +89,12 @@ def test_a_retry_resubmits_the_frozen_run_on_a_reprovisioned_cluster_it_probed_a
         probe_2 = client_2.get_job(env["probe_job_id"])
         assert probe_2 is not None and probe_2.metadata.get("purpose") == "environment-probe"
         assert {n["node_id"] for n in env["nodes"]} == {n.node_id for n in client_2.nodes() if n.alive}
+        # Each attempt decided for the nodes it got, and the record keeps both; the retry said whether it
+        # decided differently (CPU nodes here: nothing to decide, so the same).
+        assert [(d["attempt"], d["submission_id"]) for d in run_dir.decisions()] == [
+            (a.attempt, a.submission_id) for a in attempts]
+        assert all(d["nodes"]["probed"] and d["nodes"]["source"].startswith("probe job ") for d in run_dir.decisions())
+        assert any("the same nodes and decision as attempt 1" in r.getMessage() for r in caplog.records)
     finally:
         for handle in handles:  # their jobs end with them
             get_backend({"backend": handle.backend}).teardown(handle)

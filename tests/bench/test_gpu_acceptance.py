@@ -81,6 +81,26 @@ def _bench() -> Any:
     return gpu_acceptance
 
 
+def test_the_model_profiles_vocabulary_is_the_models(tiny_model_path: Path) -> None:
+    """The token budgets size the logits from ``model.vocab_size``: it must be the model's own."""
+    import json
+
+    from verl_pipeline.profiles import load_yaml_profile
+
+    tiny = json.loads((tiny_model_path / "config.json").read_text())["vocab_size"]
+    for name in ("tiny-grpo", "tiny-ppo"):
+        assert load_yaml_profile("models", name)["model"]["vocab_size"] == tiny
+    for name in ("qwen2.5-0.5b-grpo", "qwen2.5-0.5b-ppo"):  # the real-size scenario's architecture
+        assert load_yaml_profile("models", name)["model"]["vocab_size"] == _bench().QWEN25_05B_ARCH["vocab_size"]
+
+
+def test_cold_caches_cover_every_cache_a_job_keeps_warm(tmp_path: Path) -> None:
+    from verl_pipeline.trainer.warmstart import CACHE_DIRS
+
+    env = _bench().cold_caches(tmp_path)
+    assert set(CACHE_DIRS) <= set(env) and all(v.startswith(str(tmp_path)) for v in env.values())
+
+
 def test_the_ppo_scenarios_train_the_critic_profile_with_a_learning_signal() -> None:
     import argparse
 

@@ -92,6 +92,13 @@ def test_preflight_reports_what_a_gpu_run_would_miss_and_submits(
     # Inside the probe's wall time (the driver may start while the submit call returns: a little slack).
     assert phases["submit"] + phases["ray_init"] + phases["node_tasks"] <= env["seconds"] + 1.0
     assert set(node["module_seconds"]) == set(node["modules"])
+    # What the decisions read: the versions every node reports; no GPU node here, so nothing is decided
+    # for nodes (the job keeps the run's settings, and the preflight job its provision's validation).
+    assert node["versions"]["verl"] == "0.9.1" and node["versions"]["torch"].startswith("2.13.0")
+    assert env["found"]["probed"] and env["found"]["gpu_nodes"] == [] and env["decided"].startswith(
+        "attention: undecided")
+    assert prepared.decision is not None and prepared.decision.settings == {} and not prepared.decision.caches.enabled
+    assert prepared.job.decision == prepared.decision.to_dict() == RunDir(spec.run_dir).job()["decision"]
     print(f"\nprobe of the embedded default: {env['seconds']}s ({phases})")
 
 

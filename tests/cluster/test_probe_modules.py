@@ -73,3 +73,17 @@ def test_metadata_without_the_package_is_missing(tmp_path: Path, monkeypatch: py
     assert not facts["ok"] and facts["error"] == "ModuleNotFoundError: No module named 'vllm'"
     lines = [f.line() for f in evaluate(NEEDS, [_node("2.11.0+cu130", facts)])]
     assert len(lines) == 1 and lines[0].startswith("node 10.0.0.2 (head nnnnnnnn): vllm=\"ModuleNotFoundError")
+
+
+def test_a_node_reports_the_versions_the_decisions_read_and_no_gpu_facts_without_gpus() -> None:
+    from importlib.metadata import version
+
+    from verl_pipeline.cluster.probe import node_facts
+    from verl_pipeline.trainer.environment import REPORTED_VERSIONS
+
+    facts = node_facts({"modules": ["flash_attn"], "paths": {}, "versions": list(REPORTED_VERSIONS), "gpus": 0})
+    assert set(facts["versions"]) == set(REPORTED_VERSIONS)
+    assert facts["versions"]["verl"] == version("verl") and facts["versions"]["vllm"] is None  # not on a CPU machine
+    # flash-attn is looked for, found missing; a node without GPUs is not asked for GPUs or a kernel run.
+    assert facts["modules"]["flash_attn"]["ok"] is False
+    assert "gpu" not in facts and "flash_attn_kernel" not in facts

@@ -8,6 +8,7 @@ import pytest
 
 from verl_pipeline.trainer.attention import actor_attn_implementation
 from verl_pipeline.trainer.environment import (
+    REPORTED_VERSIONS,
     SDPA_OVERRIDE,
     Needs,
     VerlPins,
@@ -75,19 +76,22 @@ def test_a_critic_always_needs_flash_attn_even_with_sdpa() -> None:
     assert "load_valuehead_model" in need.why and need.package == "flash-attn"
 
 
-def test_without_a_critic_flash_attn_follows_the_actors_attn_implementation() -> None:
+def test_without_a_critic_flash_attn_is_needed_only_where_the_settings_name_it() -> None:
     grpo = {"algorithm.adv_estimator": "grpo"}
-    default = needs_for(grpo, PINS).modules
-    assert [n.module for n in default] == ["flash_attn"]
-    assert "verl's default" in default[0].why and SDPA_OVERRIDE in default[0].fix
+    # Left unset, the attention is decided for the nodes at submit (flash-attn where it runs, else sdpa).
+    assert needs_for(grpo, PINS).modules == ()
     key = "actor_rollout_ref.model.override_config.attn_implementation"
     for prefix in ("", "+", "++"):
         assert _modules({**grpo, prefix + key: "sdpa"}) == {}
         assert _modules({**grpo, prefix + key: "eager"}) == {}
+        named = needs_for({**grpo, prefix + key: "flash_attention_2"}, PINS).modules
+        assert [n.module for n in named] == ["flash_attn"]
+        assert "attn_implementation is flash_attention_2" in named[0].why and SDPA_OVERRIDE in named[0].fix
     assert _modules({**grpo, "actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"}}) == {}
+    section = {"actor_rollout_ref.model": {"override_config": {"+attn_implementation": "flash_attention_2"}}}
+    assert _modules({**grpo, **section}) == _modules({**grpo, key: "flash_attention_2"})
     fa3 = needs_for({**grpo, "+" + key: "flash_attention_3"}, PINS).modules
     assert [(n.module, n.package) for n in fa3] == [("flash_attn_interface", "flash-attn-3")]
-    assert "the override" in fa3[0].why
     assert actor_attn_implementation({}) == "flash_attention_2"
     # GAE with the critic switched off is critic-free too.
     assert _modules({"algorithm.adv_estimator": "gae", "critic.enable": False, key: "sdpa"}) == {}
@@ -107,10 +111,11 @@ def test_paths_the_job_reads() -> None:
     assert needs.paths == (("data.train_files", "/d/a.parquet"), ("data.train_files", "/d/b.parquet"),
                            ("data.val_files", "/d/v.parquet"), ("actor_rollout_ref.model.path", "/m/actor"),
                            ("critic.model.path", "/m/actor"))
-    assert needs.request() == {"modules": ["verl"], "paths": {"data.train_files": "/d/b.parquet",
-                                                              "data.val_files": "/d/v.parquet",
-                                                              "actor_rollout_ref.model.path": "/m/actor",
-                                                              "critic.model.path": "/m/actor"}}
+    # flash-attn is always looked for (it decides the attention path), with the versions the caches are keyed by.
+    assert needs.request() == {"modules": ["flash_attn", "verl"],
+                               "paths": {"data.train_files": "/d/b.parquet", "data.val_files": "/d/v.parquet",
+                                         "actor_rollout_ref.model.path": "/m/actor", "critic.model.path": "/m/actor"},
+                               "versions": list(REPORTED_VERSIONS)}
 
 
 # -- evaluate: a node's report -> findings ------------------------------------------------------------

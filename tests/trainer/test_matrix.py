@@ -10,9 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.trainer.nodes import h200
 from verl_pipeline import steps
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.profiles import build_run_spec, list_profiles
+from verl_pipeline.trainer.attention import ACTOR_ATTN_OVERRIDE
+from verl_pipeline.trainer.decisions import decide_for_spec
+from verl_pipeline.trainer.fastpath import ACTOR_TOKENS_KEY, DYNAMIC_BSZ_KEY, FUSED_KERNELS_KEY, AttentionPath
+from verl_pipeline.trainer.render import job_settings
 from verl_pipeline.trainer.validate import session
 
 NNODES = (1, 2, 4, 8, 16, 32, 64)
@@ -106,11 +111,23 @@ def test_global_batch_reaches_1024_at_scale() -> None:
         assert math.log2(spec.verl["data.train_batch_size"]).is_integer()
 
 
-@pytest.mark.parametrize("model_profile", ["tiny-grpo", "qwen2.5-0.5b-grpo"])
-def test_a_run_without_flash_attn_gets_fused_log_prob_kernels_that_verl_accepts(model_profile: str,
-                                                                             hydra_session: None) -> None:
-    # The GPU acceptance profile attends with sdpa (no flash-attn wheel on the GPU image).
-    spec = build_run_spec({"profile": "gpu-acceptance", "model_profile": model_profile}, run_name="fused")
-    assert spec.verl["actor_rollout_ref.model.use_fused_kernels"] is True
-    assert "attention is sdpa" in spec.derived["actor_rollout_ref.model.use_fused_kernels"]
-    steps.validate_spec_with_verl(spec)  # raises ConfigError if verl refused it
+@pytest.mark.parametrize(("model_profile", "flash_attn"), [
+    ("tiny-grpo", True), ("tiny-ppo", True), ("qwen2.5-0.5b-grpo", True), ("qwen2.5-0.5b-ppo", True),
+    # Without flash-attn only critic-free profiles run (the probe refuses a critic): SDPA + fused kernels.
+    ("tiny-grpo", False), ("qwen2.5-0.5b-grpo", False),
+])
+def test_verl_accepts_the_job_as_decided_for_an_h200_with_and_without_flash_attn(
+        model_profile: str, flash_attn: bool, hydra_session: None) -> None:
+    spec = build_run_spec({"profile": "gpu-acceptance", "model_profile": model_profile}, run_name="decided")
+    settings = job_settings(spec, train_files="/d/train.parquet", val_files="/d/val.parquet", model_path="/m")
+    decision = decide_for_spec(spec, settings, h200(flash_attn=flash_attn))
+    if flash_attn:
+        assert decision.attention is AttentionPath.FLASH
+        assert decision.settings[ACTOR_ATTN_OVERRIDE] == "flash_attention_2"
+        assert decision.settings[DYNAMIC_BSZ_KEY] is True and decision.settings[ACTOR_TOKENS_KEY] >= 2 * (
+            settings["data.max_prompt_length"] + settings["data.max_response_length"])
+        assert FUSED_KERNELS_KEY not in decision.settings
+    else:
+        assert decision.attention is AttentionPath.SDPA
+        assert decision.settings == {ACTOR_ATTN_OVERRIDE: "sdpa", FUSED_KERNELS_KEY: True}
+    steps.validate_spec_with_verl(spec, decision=decision)  # raises ConfigError if verl refused it

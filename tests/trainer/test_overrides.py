@@ -73,3 +73,20 @@ def test_blank_override_lines_are_skipped() -> None:
     from verl_pipeline.trainer.overrides import parse_overrides
 
     assert parse_overrides(["trainer.save_freq=1", "", "  "], field="verl_overrides") == {"trainer.save_freq": 1}
+
+
+def test_a_key_is_found_however_the_user_wrote_it() -> None:
+    from verl_pipeline.trainer.overrides import spelled
+
+    key = "actor_rollout_ref.model.use_remove_padding"
+    cases = [({key: False}, key), ({f"+{key}": False}, f"+{key}"), ({f"++{key}": False}, f"++{key}"),
+             ({"actor_rollout_ref.model": {"use_remove_padding": False}}, "actor_rollout_ref.model"),
+             ({"+actor_rollout_ref": {"model": {"+use_remove_padding": False}}}, "+actor_rollout_ref")]
+    for settings, spelling in cases:
+        found = spelled(settings, key)
+        assert found is not None and (found.spelling, found.value) == (spelling, False), settings
+    # Unset, or a sibling key only: not found (a False value is found: it is set).
+    assert spelled({}, key) is None
+    assert spelled({"actor_rollout_ref.model": {"use_fused_kernels": True}}, key) is None
+    assert spelled({"actor_rollout_ref.model.use_remove_paddings": True}, key) is None
+    assert spelled({"actor_rollout_ref.model": "not a section"}, key) is None

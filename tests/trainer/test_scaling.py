@@ -184,39 +184,3 @@ def test_verl_accepts_the_separate_placement_at_every_documented_shape(nnodes: i
 ])
 def test_vllm_share_leaves_room_for_the_training_state(mem: float, resident: float, util: float) -> None:
     assert scaling.rollout_memory_utilization(mem, resident)[0] == util
-
-
-SDPA = {"+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
-QWEN_05B = ModelFacts(params_b=0.49, hidden_size=896, num_layers=24, num_attention_heads=14)
-H200 = Hardware(gpu_memory_gb=140, cpus_per_node=16)
-
-
-def _derive(settings: dict[str, object], explicit: set[str] | None = None) -> scaling.Derivation:
-    return scaling.derive(dict(settings), {"train_batch_size_per_node": 8}, QWEN_05B, H200, nnodes=1,
-                          n_gpus_per_node=1, explicit=set(settings) if explicit is None else explicit)
-
-
-def test_fused_log_prob_kernels_where_the_actor_attends_without_flash_attn() -> None:
-    key = scaling.FUSED_KERNELS_KEY
-    d = _derive(SDPA)
-    assert d.settings[key] is True
-    rule = next(r for r in d.rules if r.key == key)
-    assert "attention is sdpa" in rule.rule and not rule.overridden
-    # The nested spelling of the override counts too.
-    assert _derive({"actor_rollout_ref.model.override_config": {"attn_implementation": "eager"}}).settings[key] is True
-    # verl's default (flash_attention_2) and flash-attn 3 bring flash-attn's cross-entropy: nothing derived.
-    for attn in (None, "flash_attention_2", "flash_attention_3"):
-        settings = {} if attn is None else {"+actor_rollout_ref.model.override_config.attn_implementation": attn}
-        d = _derive(settings)
-        assert key not in d.settings and all(r.key != key for r in d.rules)
-
-
-def test_fused_log_prob_kernels_keep_an_explicit_value_and_stay_off_where_verl_refuses_them() -> None:
-    key = scaling.FUSED_KERNELS_KEY
-    for spelled in (key, f"+{key}"):
-        d = _derive({**SDPA, spelled: False})
-        assert d.settings[spelled] is False and key not in (set(d.settings) - {spelled})
-        rule = next(r for r in d.rules if r.key == spelled)
-        assert rule.overridden and "would give True" in rule.text()
-    d = _derive({**SDPA, scaling.SUM_PI_SQUARED_KEY: True})
-    assert key not in d.settings

@@ -1,9 +1,13 @@
 """The environment probe: one short Ray task per alive node, pinned to it, reporting what is there.
 
-Each task reports torch and its CUDA build, the GPUs torch sees (on nodes with GPUs), whether
-each module the job needs imports (flash-attn, sglang; verl and vllm are looked up, with the torch
-they require) with its version, transformers' version and the range the node's verl supports, and
-whether each path the job reads exists. The tasks ask for no CPU, so they run on a node that is busy.
+Each task reports torch and its CUDA build, the GPUs torch sees (on nodes with GPUs: their name,
+memory and compute capability, and the driver), whether each module the job needs imports (flash-attn,
+sglang; verl and vllm are looked up, with the torch they require) with its version, transformers'
+version and the range the node's verl supports, the versions of the distributions the request names,
+and whether each path the job reads exists. On a node with GPUs flash-attn is also run once on a GPU
+(a build for another GPU or CUDA imports, then fails there): whether it is *usable* decides the
+attention path (:mod:`verl_pipeline.trainer.fastpath`). The tasks ask for no CPU, so they run on a node
+that is busy.
 
 The probe runs as a short Ray job through the Jobs API (the same path, cluster and
 ``runtime_env`` as the verl job it checks), started by :func:`run_probe` on the Airflow worker or
@@ -122,6 +126,76 @@ def _torch_facts(use_gpus: bool) -> dict[str, Any]:
             "device_count": int(torch.cuda.device_count()) if available else 0}
 
 
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version (from the kernel module's file, else NVML), None when neither answers."""
+    import re
+
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as f:
+            m = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d[\w.]*)", f.read())
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no NVML on the node: the driver is not known
+        return None
+
+
+def _gpu_facts() -> dict[str, Any]:
+    """Each GPU torch sees (name, memory in GiB, compute capability) and the driver; no CUDA context needed."""
+    try:
+        import torch
+
+        devices = []
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            devices.append({"name": str(props.name), "memory_gib": round(props.total_memory / 2**30, 1),
+                            "capability": f"{props.major}.{props.minor}"})
+    except Exception as e:  # a broken CUDA install is the finding
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {"devices": devices, "driver": _driver_version()}
+
+
+def _flash_attn_kernel() -> dict[str, Any]:
+    """Run flash-attn's attention once on the node's first GPU: a wheel built for another GPU, CUDA or torch
+    imports and then fails here, before a job's workers would."""
+    t0 = time.monotonic()
+    try:
+        import torch
+        from flash_attn import flash_attn_func
+
+        q = torch.randn(1, 8, 1, 64, device="cuda", dtype=torch.bfloat16)  # (batch, tokens, heads, head dim)
+        out = flash_attn_func(q, q, q, causal=True)
+        torch.cuda.synchronize()
+        ok = bool(torch.isfinite(out).all().item())
+        error = None if ok else "flash_attn_func returned non-finite values"
+    except Exception as e:  # any failure is the finding (no kernel image for this GPU, a CUDA error, …)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        ok, error = False, f"{type(e).__name__}: {first}"[:300]
+    return {"ok": ok, "error": error, "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _versions(distributions: list[str]) -> dict[str, str | None]:
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for name in distributions:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def node_facts(request: dict[str, Any]) -> dict[str, Any]:
     """What this node has for the job described by ``request`` (runs inside the pinned Ray task)."""
     from importlib import metadata
@@ -131,6 +205,11 @@ def node_facts(request: dict[str, Any]) -> dict[str, Any]:
                              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                              "os_cpu_count": os.cpu_count(), "torch": _torch_facts(bool(request.get("gpus")))}
     facts["modules"] = {m: _module_facts(m) for m in request.get("modules", [])}
+    facts["versions"] = _versions(list(request.get("versions", [])))
+    if request.get("gpus") and not facts["torch"].get("error"):
+        facts["gpu"] = _gpu_facts()
+        if (facts["modules"].get("flash_attn") or {}).get("ok"):
+            facts["flash_attn_kernel"] = _flash_attn_kernel()
     try:
         facts["transformers"] = metadata.version("transformers")
     except metadata.PackageNotFoundError:

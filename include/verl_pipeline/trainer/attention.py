@@ -1,7 +1,8 @@
 """Which attention the actor (and reference) model runs in verl, and which need flash-attn.
 
-A fact both the scaling rules (fused log-prob kernels where flash-attn is absent) and the environment
-checks (which packages the nodes need) read; pure, no imports beyond the standard library.
+A fact the fast-path decision (:mod:`verl_pipeline.trainer.fastpath`: flash-attn where every GPU node
+has it, SDPA and fused log-prob kernels where not) and the environment checks (which packages the
+nodes need) both read; pure, no imports beyond the standard library and the override reader.
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from verl_pipeline.trainer.overrides import spelled
+
 #: verl's default attention implementation for the actor, reference and rollout model config
 #: (``verl/workers/config/model.py``: ``override_config.get("attn_implementation", "flash_attention_2")``).
 VERL_DEFAULT_ATTN = "flash_attention_2"
+#: PyTorch's own attention: what the actor runs where flash-attn is missing.
+SDPA = "sdpa"
 #: The attention implementations that need flash-attn (and so bring its cross-entropy kernel, which verl
 #: uses for log-probs): attn_implementation -> (module transformers looks for, pip distribution).
 FLASH_IMPLS = {
@@ -19,18 +24,25 @@ FLASH_IMPLS = {
     "flash_attention_3": ("flash_attn_interface", "flash-attn-3"),
 }
 ACTOR_ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+#: How the pipeline writes the key: verl's ``override_config`` is an empty mapping, so Hydra needs ``+``.
+ACTOR_ATTN_OVERRIDE = "+" + ACTOR_ATTN_KEY
+
+
+def attn_override(implementation: str) -> str:
+    """The Hydra override that sets the actor's attention (``+…attn_implementation=sdpa``)."""
+    return f"{ACTOR_ATTN_OVERRIDE}={implementation}"
+
+
+def explicit_attn_implementation(settings: Mapping[str, Any]) -> str | None:
+    """The actor's attention as the run's settings set it (any spelling), None when they leave it to verl."""
+    found = spelled(settings, ACTOR_ATTN_KEY)
+    return str(found.value) if found is not None and found.value else None
 
 
 def actor_attn_implementation(settings: Mapping[str, Any]) -> str:
-    """The actor's (and reference's) attention implementation: the override, else verl's default."""
-    for prefix in ("", "+", "++"):
-        value = settings.get(prefix + ACTOR_ATTN_KEY)
-        if value:
-            return str(value)
-    block = settings.get("actor_rollout_ref.model.override_config")
-    if isinstance(block, Mapping) and block.get("attn_implementation"):
-        return str(block["attn_implementation"])
-    return VERL_DEFAULT_ATTN
+    """The actor's (and reference's) attention implementation: the settings', else verl's default."""
+    return explicit_attn_implementation(settings) or VERL_DEFAULT_ATTN
 
 
-__all__ = ["ACTOR_ATTN_KEY", "FLASH_IMPLS", "VERL_DEFAULT_ATTN", "actor_attn_implementation"]
+__all__ = ["ACTOR_ATTN_KEY", "ACTOR_ATTN_OVERRIDE", "FLASH_IMPLS", "SDPA", "VERL_DEFAULT_ATTN",
+           "actor_attn_implementation", "attn_override", "explicit_attn_implementation"]

@@ -2,7 +2,8 @@
 
 Pure functions of the job's settings and the facts each node reported (see
 :mod:`verl_pipeline.cluster.probe`, which gathers them): which packages the configuration needs
-(the rollout engine it names; flash-attn for a critic or a flash-attention implementation),
+(the rollout engine it names; flash-attn for a critic or an actor whose settings name a flash-attention
+implementation),
 verl's supported transformers range (read from verl's own package metadata), the paths the job
 reads, and the CPUs verl reserves. No heavy imports: this runs on the Airflow worker.
 """
@@ -13,11 +14,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verl_pipeline.trainer.attention import FLASH_IMPLS, VERL_DEFAULT_ATTN, actor_attn_implementation
+from verl_pipeline.trainer.attention import (
+    ACTOR_ATTN_KEY,
+    FLASH_IMPLS,
+    SDPA,
+    attn_override,
+    explicit_attn_implementation,
+)
 from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, uses_critic
 
 #: The override that lets the actor run without flash-attn.
-SDPA_OVERRIDE = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+SDPA_OVERRIDE = attn_override(SDPA)
+#: What the probe always looks for on the GPU nodes, whatever the job needs: flash-attn decides the
+#: attention path (:mod:`verl_pipeline.trainer.fastpath`), so it is imported (and on a node with GPUs run
+#: once on a GPU) even where the rendered settings do not need it.
+OPTIONAL_MODULES = ("flash_attn",)
+#: The distributions whose versions each node reports: what the warm caches are keyed by
+#: (:mod:`verl_pipeline.trainer.warmstart`) and what the decision record shows.
+REPORTED_VERSIONS = ("torch", "triton", "vllm", "flashinfer-python", "flash-attn", "verl", "transformers")
 #: verl's extra that pins flash-attn for its torch 2.11 / CUDA 13 stack (``flash-attn==2.8.3`` in 0.9.1).
 FLASH_ATTN_EXTRA = "flash-attn-cu130torch211"
 #: Where the docs say how to get flash-attn when no wheel can be had.
@@ -62,9 +76,10 @@ class Needs:
     transformers: str | None = None
 
     def request(self) -> dict[str, Any]:
-        """The JSON the probe job receives: which modules to import and which paths to stat."""
-        return {"modules": sorted({n.module for n in self.modules} | {"verl"}),
-                "paths": dict(self.paths)}
+        """The JSON the probe job receives: which modules to import (the needed ones and
+        :data:`OPTIONAL_MODULES`), which paths to stat, which distributions' versions to read."""
+        return {"modules": sorted({n.module for n in self.modules} | {"verl", *OPTIONAL_MODULES}),
+                "paths": dict(self.paths), "versions": list(REPORTED_VERSIONS)}
 
 
 @dataclass(frozen=True)
@@ -178,7 +193,9 @@ def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Need
         modules.append(Need(module, package, f"actor_rollout_ref.rollout.name={engine} runs the rollout with it", fix))
     flash_pin = pins.pin(FLASH_ATTN_EXTRA, "flash-attn", "flash-attn")
     critic = uses_critic(dict(settings))
-    attn = actor_attn_implementation(settings)
+    # Left unset, the actor's attention is decided for the nodes (flash-attn where every GPU node has it,
+    # sdpa otherwise: trainer/fastpath.py), so only an attention the settings name is a need.
+    attn = explicit_attn_implementation(settings)
     if critic:
         modules.append(Need(
             "flash_attn", "flash-attn",
@@ -188,12 +205,12 @@ def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Need
             "(algorithm.adv_estimator=grpo)"))
     if attn in FLASH_IMPLS and not (critic and FLASH_IMPLS[attn][0] == "flash_attn"):
         module, package = FLASH_IMPLS[attn]
-        source = "verl's default" if attn == VERL_DEFAULT_ATTN else "the override"
         install = flash_pin if module == "flash_attn" else package
-        fix = f"set {SDPA_OVERRIDE} (--set or the model profile's verl: section), or install {install} on the node"
+        fix = (f"install {install} on the node, or leave {ACTOR_ATTN_KEY} unset (the pipeline then runs {SDPA} "
+               f"where a GPU node lacks flash-attn) or set {SDPA_OVERRIDE}")
         if critic:
             fix = f"install {install} on the node"
-        modules.append(Need(module, package, f"the actor's attn_implementation is {attn} ({source})", fix))
+        modules.append(Need(module, package, f"the actor's attn_implementation is {attn}", fix))
     paths: list[tuple[str, str]] = []
     for key in PATH_KEYS:
         value = settings.get(key)
@@ -318,6 +335,6 @@ def _torch_findings(label: str, facts: Mapping[str, Any], gpus: float, gpu_work:
     return []
 
 
-__all__ = ["PATH_KEYS", "SDPA_OVERRIDE", "Finding", "Need", "Needs", "VerlPins", "evaluate", "installed_verl_pins",
-           "needs_for", "node_label", "read_verl_pins", "render_notes", "transformers_problem",
-           "unconditional_specifier"]
+__all__ = ["OPTIONAL_MODULES", "PATH_KEYS", "REPORTED_VERSIONS", "SDPA_OVERRIDE", "Finding", "Need", "Needs",
+           "VerlPins", "evaluate", "installed_verl_pins", "needs_for", "node_label", "read_verl_pins", "render_notes",
+           "transformers_problem", "unconditional_specifier"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
@@ -58,6 +59,43 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[_hoist_append(full)] = value
     return out
+
+
+@dataclass(frozen=True)
+class Spelled:
+    """Where a run's settings set one verl key: the key as written there, and the value."""
+
+    #: ``a.b.c``, ``+a.b.c``, ``++a.b.c``, or the section that holds it (``a.b``, given as one value).
+    spelling: str
+    value: Any
+
+
+#: How Hydra lets an override be written: the bare key, ``+key`` (append) and ``++key`` (append or set).
+SPELLINGS = ("", "+", "++")
+
+
+def spelled(settings: Mapping[str, Any], key: str) -> Spelled | None:
+    """The value ``settings`` gives the dotted ``key`` however the user wrote it — bare, ``+key``,
+    ``++key``, or inside a whole section given as one value (``{"a.b": {"c": 1}}`` or
+    ``{"+a": {"b": {"+c": 1}}}`` for ``a.b.c``) — or None when it is not set. The one reading of
+    "did the user set this key", for every rule that keeps the user's value."""
+    parts = key.split(".")
+    for depth in range(len(parts), 0, -1):
+        head, rest = ".".join(parts[:depth]), parts[depth:]
+        for plus in SPELLINGS:
+            if plus + head not in settings:
+                continue
+            found, value = True, settings[plus + head]
+            for part in rest:
+                inner = value if isinstance(value, Mapping) else {}
+                name = next((k for k in inner if str(k).lstrip("+") == part), None)
+                if name is None:
+                    found = False
+                    break
+                value = inner[name]
+            if found:
+                return Spelled(plus + head, value)
+    return None
 
 
 def _hoist_append(key: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from verl_pipeline.constants import Mode, WorldSizeChange
@@ -11,6 +11,7 @@ from verl_pipeline.paths import package_dir
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 from verl_pipeline.trackers import LOGGER_KEY, logger_backends
+from verl_pipeline.trainer.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
 from verl_pipeline.trainer.owned import DEFAULT_PROJECT, OWNED_KEYS, rule_text
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
@@ -36,6 +37,15 @@ class RenderedJob:
     derived: dict[str, str]
     #: What a retry on another world size does (the run profile's ``on_world_size_change``).
     on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL
+    #: What was decided for the nodes the job runs on (``trainer.decisions.Decision.to_dict``).
+    decision: dict[str, Any] = field(default_factory=dict)
+
+    def undecided_settings(self) -> dict[str, Any]:
+        """The job's settings without the keys its decision set: the run's own and the pipeline's, what a
+        decision for the probed nodes starts from (``steps.decide_for_nodes`` takes them from the job rendered
+        before the probe, whose decision only adds keys the run leaves unset)."""
+        decided = set((self.decision or {}).get("settings") or {})
+        return {k: v for k, v in self.settings.items() if k not in decided}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -114,16 +124,22 @@ def render_job(
     critic_path: str | None = None,
     reward_path: str | None = None,
     length_filter: dict[str, Any] | None = None,
+    decision: Decision | None = None,
 ) -> RenderedJob:
     """The exact entrypoint and runtime_env that will be submitted for ``spec`` in ``mode``.
 
     ``length_filter`` is what preprocessing recorded of its prompt-length filter (``stats.json``):
     when it matches the run, verl's own filter is turned off (:mod:`verl_pipeline.trainer.prefilter`).
+    ``decision`` is what was decided for the nodes the job goes to (:mod:`verl_pipeline.trainer.decisions`);
+    without one, what can be decided without a probe (nodes not probed) is.
     """
     if mode is Mode.AUTO:
         raise ValueError("resolve Mode.AUTO against the cluster before rendering")
     settings = job_settings(spec, train_files=train_files, val_files=val_files, model_path=model_path,
                             critic_path=critic_path, reward_path=reward_path)
+    if decision is None:
+        decision = decide_for_spec(spec, settings)
+    settings.update(decision.settings)
     filter_rule = None
     if length_filter:
         from verl_pipeline.trainer.prefilter import FILTER_KEY, filter_already_done, model_tokenizer_digest
@@ -143,6 +159,7 @@ def render_job(
         env.update(nccl_env(spec.hardware, debug=spec.nccl_debug))
     elif spec.nccl_debug:
         env["NCCL_DEBUG"] = "INFO"
+    env.update(decision.env)  # the warm caches; the cluster profile's runtime.env below still wins
     # The first attempt's file; the submit points every attempt at its own (verl truncates it on start).
     env["VERL_FILE_LOGGER_PATH"] = str(spec.metrics_path(1))
     env.update({str(k): str(v) for k, v in (spec.runtime.get("env") or {}).items()})
@@ -156,8 +173,9 @@ def render_job(
         runtime_env=runtime_env,
         settings=settings,
         derived={**spec.derived, **pipeline_rules(spec, settings),
-                 **({"data.filter_overlong_prompts": filter_rule} if filter_rule else {})},
+                 **({"data.filter_overlong_prompts": filter_rule} if filter_rule else {}), **decision.derived()},
         on_world_size_change=spec.on_world_size_change,
+        decision=decision.to_dict(),
     )
 
 

@@ -6,6 +6,9 @@ and the shape (``nnodes`` x ``n_gpus_per_node``). Each derived value is recorded
 that produced it, and each is overridable: a key set explicitly in a profile's ``verl:`` section
 (or passed as an override) is kept, and the record says what the rule would have chosen.
 
+What depends on the nodes themselves (flash-attn or not, the GPU they have, the versions their caches
+are keyed by) is decided at submit, once the probe has seen them: ``trainer/decisions.py``.
+
 No heavy imports here: the rules run on the Airflow worker in microseconds.
 """
 
@@ -18,7 +21,6 @@ from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.spec import Hardware, ModelFacts, PoolSplit
-from verl_pipeline.trainer.attention import FLASH_IMPLS, actor_attn_implementation
 
 #: Share of a GPU's memory the rollout weights may take; the rest is KV cache and the actor.
 ROLLOUT_WEIGHT_SHARE = 0.35
@@ -312,41 +314,7 @@ def derive(
     if critic:
         d.set("critic.fsdp.param_offload", offload, why, explicit)
         d.set("critic.fsdp.optimizer_offload", offload, why, explicit)
-    log_prob_kernels(d, explicit)
     return d
-
-
-FUSED_KERNELS_KEY = "actor_rollout_ref.model.use_fused_kernels"
-SUM_PI_SQUARED_KEY = "actor_rollout_ref.actor.calculate_sum_pi_squared"
-
-
-def _spelled(settings: dict[str, Any], key: str) -> str | None:
-    """The spelling of ``key`` in ``settings`` (bare, ``+`` or ``++``), or None when it is not set."""
-    return next((k for k in (key, f"+{key}", f"++{key}") if k in settings), None)
-
-
-def log_prob_kernels(d: Derivation, explicit: set[str]) -> None:
-    """``use_fused_kernels`` where the actor attends without flash-attn.
-
-    Without flash-attn (whose Triton cross-entropy verl uses when it is installed), verl computes the
-    log-probs of the packed (tokens x vocabulary) logits one token's log-softmax at a time, in the
-    update with autograd: on one H200 that was 1.05 s of every 0.5B micro batch of 9,400 tokens
-    against 0.075 s for the fused kernels (``bench/logprob_kernels.py``), and the 0.5B GRPO step went
-    from 282-308 to 141 s (docs/benchmarks.md, 2026-12-03). The fused kernels compute the log-probs (and
-    entropy) from the hidden states in chunks, never holding the whole logits. Left to verl's default
-    where flash-attn serves, and where verl refuses them (``calculate_sum_pi_squared``)."""
-    attn = actor_attn_implementation(d.settings)
-    sum_pi = _spelled(d.settings, SUM_PI_SQUARED_KEY)
-    if attn in FLASH_IMPLS or (sum_pi is not None and str(d.settings[sum_pi]).lower() == "true"):
-        return
-    why = (f"the actor's attention is {attn} (no flash-attn): verl's unfused log-probs take a log-softmax per "
-           "token; the fused kernels work in chunks from the hidden states (0.5B GRPO step ~300 -> 141 s on an H200)")
-    spelled = _spelled(d.settings, FUSED_KERNELS_KEY)
-    if spelled is not None and spelled != FUSED_KERNELS_KEY:  # set as +key: kept, like the bare spelling
-        d.rules.append(Rule(spelled, d.settings[spelled], f"set explicitly; the rule would give True ({why})",
-                            overridden=True))
-        return
-    d.set(FUSED_KERNELS_KEY, True, why, explicit)
 
 
 def required_cpus(n_gpus: int, settings: dict[str, Any]) -> tuple[int, str]:
