@@ -106,8 +106,9 @@ def missing_gpu_packages() -> list[str]:
     return [name for name in ("vllm", "verl", "airflow", "ray") if importlib.util.find_spec(name) is None]
 
 
-def write_configs(workdir: Path, memory_mib: list[int]) -> Path:
-    """A copy of configs/ whose ``local-gpu`` cluster profile describes this machine's GPUs."""
+def write_configs(workdir: Path, memory_mib: list[int], *, caches: Path | None = None) -> Path:
+    """A copy of configs/ whose ``local-gpu`` cluster profile describes this machine's GPUs (and keeps
+    the workers' warm caches in ``caches``, shared by every scenario's run, when given)."""
     import yaml
 
     configs = workdir / "configs"
@@ -119,6 +120,8 @@ def write_configs(workdir: Path, memory_mib: list[int]) -> Path:
     n, cpus = len(memory_mib), os.cpu_count() or 16
     prof["cluster"].update(num_gpus=n, num_cpus=cpus)
     prof["hardware"].update(n_gpus_per_node=n, gpu_memory_gb=round(min(memory_mib) / 1024), cpus_per_node=cpus)
+    if caches is not None:
+        prof.setdefault("storage", {})["caches"] = str(caches)
     path.write_text(yaml.safe_dump(prof, sort_keys=False))
     return configs
 
@@ -392,6 +395,8 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
     run_dir = check_trained_run(result, run, configs, args.steps)
     if run_dir is None:
         return result
+    if args.no_bare:
+        return result
     bare = bare_verl(args.workdir / "bare", run_dir)  # cold caches of its own too (see bare_verl)
     result.figures["bare"] = bare
     dag_first = result.figures["time_to_first_step_s"][0] if result.figures["time_to_first_step_s"] else None
@@ -529,6 +534,8 @@ def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
     if kind == "ppo":
         check_critic(result, run_dir, RESUME_TOTAL)
         check_critic_restored(result, run_dir, last.resume_from_step)
+        check_export_is_actor(result, rd.model_dir)
+        check_export(result, rd.model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
     return result
 
 
@@ -540,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4, help="training steps of the acceptance and real-size runs")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="cap vLLM's share of the GPU (tiny-model scenarios), so several runs share one GPU")
+    p.add_argument("--no-bare", action="store_true", help="real-size: skip the bare-verl twin")
+    p.add_argument("--shared-caches", type=Path, default=None, metavar="DIR",
+                   help="keep every run's warm caches in DIR (the cluster profile's storage.caches), so a later "
+                        "scenario (or the same one named again) starts as a repeated run on one cluster does")
     p.add_argument("--verl-override", action="append", default=[], metavar="KEY=VALUE",
                    help="repeatable: a verl override for every scenario's DAG run (the bare-verl twin runs the "
                         "DAG job's overrides, so it gets them too), e.g. to try a setting against a run without it")
@@ -555,9 +566,9 @@ def main(argv: list[str] | None = None) -> int:
               "pip install -r requirements/gpu.txt (README: Building the GPU image)")
         return 2
     args.workdir.mkdir(parents=True, exist_ok=True)
-    configs = write_configs(args.workdir, memory)
+    configs = write_configs(args.workdir, memory, caches=args.shared_caches.resolve() if args.shared_caches else None)
     results = []
-    for name in args.scenario or ["acceptance"]:
+    for i, name in enumerate(args.scenario or ["acceptance"]):
         t0 = time.monotonic()
         if name == "acceptance":
             r = acceptance(args, configs)
@@ -568,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             r = resume(args, configs, name.removeprefix("resume-"))
         r.figures["scenario_seconds"] = round(time.monotonic() - t0, 1)
+        if (args.scenario or []).count(name) > 1:  # a scenario named again (a repeated run): tell them apart
+            r.scenario = f"{name}#{(args.scenario or [])[:i + 1].count(name)}"
         results.append(r)
         print(json.dumps({"scenario": r.scenario, "ok": r.ok, "failures": r.failures, "figures": r.figures},
                          default=str), flush=True)

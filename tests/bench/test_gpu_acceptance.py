@@ -54,6 +54,10 @@ def test_the_cluster_profile_describes_this_machines_gpus(tmp_path: Path) -> Non
     assert prof["cluster"]["num_gpus"] == 2 and prof["hardware"]["n_gpus_per_node"] == 2
     assert prof["hardware"]["gpu_memory_gb"] == 140
     assert (configs / "profiles" / "gpu-acceptance.yaml").is_file()
+    assert "caches" not in (prof.get("storage") or {})  # each run's own storage unless asked
+    shared = gpu_acceptance.write_configs(tmp_path, [143771], caches=tmp_path / "caches")
+    prof = yaml.safe_load((shared / "clusters" / "local-gpu.yaml").read_text())
+    assert prof["storage"]["caches"] == str(tmp_path / "caches")
 
 
 def test_overrides_given_on_the_command_line_reach_every_scenarios_dag_run() -> None:
