@@ -444,15 +444,14 @@ def _trackers(spec: RunSpec, handle: Any) -> tuple[dict[str, str] | None, dict[s
 
 
 def _job_id(args: argparse.Namespace, spec: RunSpec, client: Any) -> str:
-    from verl_pipeline.jobs.ids import attempt_of, submission_id
+    from verl_pipeline.jobs.submit import jobs_of
 
     if args.job_id:
         return str(args.job_id)
-    prefix = submission_id(CLI_DAG_ID, spec.run_name, CLI_TASK_ID)[: -len("-a1")]
-    mine = [(n, j.submission_id) for j in client.list_jobs() if (n := attempt_of(j.submission_id, prefix))]
+    mine = jobs_of(client, dag_id=CLI_DAG_ID, run_id=spec.run_name, task_id=CLI_TASK_ID)
     if not mine:
         raise PipelineError(f"no job submitted for run {spec.run_name!r}: pass a job id or run `submit`")
-    return max(mine)[1]
+    return str(mine[-1][1].submission_id)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
