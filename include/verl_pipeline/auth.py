@@ -28,6 +28,8 @@ TOKEN_FILE = "ray_auth_token"
 MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VAR = "RAY_AUTH_TOKEN"
 TOKEN_PATH_VAR = "RAY_AUTH_TOKEN_PATH"
+#: What every variable of Ray's auth starts with (the three above): a backend sets them, a profile never does.
+AUTH_VAR_PREFIX = "RAY_AUTH_"
 #: The pipeline's own fallback for the token of a cluster it did not start (``address``), when no
 #: Airflow connection gives one.
 PIPELINE_TOKEN_VAR = "VERL_PIPELINE_RAY_TOKEN"

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from verl_pipeline import auth
 from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.cluster.settings import Key, Parser, environment, read_settings, setting
 from verl_pipeline.exceptions import ClusterError, ConfigError
@@ -36,6 +37,8 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
 MODES = ("raycluster", "rayjob")
+#: Ray's auth on the clusters this backend starts: none yet (docs/security.md says how to restrict the Service).
+AUTH_MODE = auth.AuthMode.DISABLED
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,9 @@ class KubeRayBackend(ClusterBackend):
     volumes: tuple[Volume, ...] = field(default=(), metadata=setting(parse=_volumes))
     shm_size: str = field(default="16Gi", metadata=setting(pattern=_QUANTITY, rule="must be a Kubernetes quantity",
                                                           example="64Gi"))
-    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=environment))
+    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=environment(
+        auth_fix="a KubeRay cluster runs with Ray's auth disabled, its dashboard a Service inside Kubernetes "
+                 "(docs/security.md)")))
     tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata=setting(parse=_tolerations))
     node_selector: dict[str, str] = field(default_factory=dict, metadata=setting(parse=_node_selector))
     service_account: str | None = field(default=None, metadata=setting(pattern=_DNS_LABEL, rule=_LABEL_RULE,
@@ -214,7 +219,7 @@ class KubeRayBackend(ClusterBackend):
         return f"{self.name_prefix}-{slug(name, 24)}-{short_hash(name, length=8)}"[:47].strip("-")
 
     def _pod_template(self, container_name: str, group: Group, ports: list[dict[str, Any]]) -> dict[str, Any]:
-        env = [{"name": "RAY_AUTH_MODE", "value": "disabled"}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
+        env = [{"name": auth.MODE_VAR, "value": AUTH_MODE.value}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
         env += [{"name": k, "value": v} for k, v in self.env.items()]
         mounts = [{"name": v.name, "mountPath": v.mount_path} for v in self.volumes]
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -368,7 +373,7 @@ class KubeRayBackend(ClusterBackend):
             dashboard_url=self.dashboard_url or f"http://{rname}-head-svc.{self.namespace}.svc.cluster.local:"
                                                 f"{DASHBOARD_PORT}",
             # handle.conn_id names the Ray token's connection; the Kubernetes one goes in extra.
-            owned=True, auth_mode="disabled",
+            owned=True, auth_mode=AUTH_MODE.value,
             expected_nodes=1 + self.workers.replicas,
             expected_cpus=_cpu_count(self.head.cpu) // 1 + self.workers.replicas * (_cpu_count(self.workers.cpu) // 1),
             expected_gpus=self.head.gpus + self.workers.replicas * self.workers.gpus,

@@ -168,16 +168,6 @@ def _extra_sbatch(key: Key, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _env(key: Key, value: Any) -> dict[str, str]:
-    env = environment(key, value)
-    for name in env:
-        if name.startswith("RAY_AUTH_"):
-            # A token here would be written into the sbatch script in clear.
-            raise ConfigError(f"{key.path}.{name}", "***", "Ray's auth is set by the pipeline, not by env",
-                              "remove it and set cluster.auth_mode: token (a fresh token per allocation) or disabled")
-    return env
-
-
 def _container(key: Key, value: Any) -> Container | None:
     if not value:
         return None
@@ -222,7 +212,8 @@ class SlurmBackend(ClusterBackend):
     mem: str | None = field(default=None, metadata=setting(pattern=re.compile(r"\d+[KMGT]?"), example="64G"))
     extra_sbatch: tuple[str, ...] = field(default=(), metadata=setting(parse=_extra_sbatch))
     container: Container | None = field(default=None, metadata=setting(parse=_container))
-    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=_env))
+    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=environment(
+        auth_fix="set cluster.auth_mode: token (a fresh token per allocation) or disabled")))
     python: str | None = field(default=None, metadata=setting(parse=absolute_path(
         rule="must be an absolute path to the nodes' python",
         example="/opt/verl/.venv/bin/python (null = the submitting environment's)")))
