@@ -31,6 +31,7 @@ from verl_pipeline import auth
 from verl_pipeline.cluster import procs
 from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.cluster.settings import Key, read_settings, setting
+from verl_pipeline.constants import DEFAULT_AUTH_MODE
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic
 from verl_pipeline.rundir import retire
@@ -178,8 +179,8 @@ class LocalBackend(ClusterBackend):
     ports: dict[str, int] = field(default_factory=dict, metadata=setting(parse=_ports))
     min_worker_port: int = field(default=0, metadata=setting(ge=0, le=65535))
     stop_grace_s: float = field(default=10.0, metadata=setting(ge=0))
-    #: Ray's token auth unless the profile says ``auth_mode: disabled``.
-    auth_mode: auth.AuthMode = field(default=auth.AuthMode.TOKEN, metadata=setting())
+    #: Ray's auth (a fresh token per start, in a 0600 file beside the temp dir, unless the profile says disabled).
+    auth_mode: auth.AuthMode = field(default=DEFAULT_AUTH_MODE, metadata=setting())
     kind: str = "local"
 
     @classmethod

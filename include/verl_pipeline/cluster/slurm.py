@@ -38,6 +38,7 @@ from verl_pipeline.cluster.base import (
 )
 from verl_pipeline.cluster.settings import Key, absolute_path, environment, read_settings, setting
 from verl_pipeline.cluster.slurm_rest import SlurmRest, slurm_rest_end_time, state_of
+from verl_pipeline.constants import DEFAULT_AUTH_MODE
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
 from verl_pipeline.rundir import RunDir, retire
@@ -237,8 +238,8 @@ class SlurmBackend(ClusterBackend):
     #: Submit, watch and cancel through slurmrestd instead of sbatch/scontrol/scancel.
     rest: SlurmRest | None = field(default=None, metadata=setting(
         key="slurmrestd", parse=lambda _key, value: SlurmRest.from_spec(value)))
-    #: Ray's token auth (a fresh token per allocation, in the work dir) unless the profile says disabled.
-    auth_mode: auth.AuthMode = field(default=auth.AuthMode.TOKEN, metadata=setting())
+    #: Ray's auth (a fresh token per allocation, in the work dir, unless the profile says disabled).
+    auth_mode: auth.AuthMode = field(default=DEFAULT_AUTH_MODE, metadata=setting())
     #: Set by :meth:`for_run`: the run directory the script, logs and head address go to.
     run_dir: str | None = None
     kind: str = "slurm"
