@@ -48,7 +48,7 @@ def submit_or_reattach(
 
     With ``run_dir``, attempts are numbered after every attempt ever recorded there (also those
     of a cluster that has since been replaced), each attempt's verl file-logger output goes to its
-    own :func:`~verl_pipeline.jobs.attempts.metrics_file` (verl truncates its file on start), and the
+    own :meth:`~verl_pipeline.rundir.RunDir.metrics_file` (verl truncates its file on start), and the
     attempt is recorded with the checkpoint step it will resume from.
 
     A training job resumes from the run's newest complete checkpoint (:mod:`verl_pipeline.jobs.checkpoints`;
