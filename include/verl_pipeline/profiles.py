@@ -138,7 +138,8 @@ def build_run_spec(
     cluster_profile = cluster_profile or params.get("cluster_profile") or str(prof.get("cluster_profile", ""))
     mprof = load_yaml_profile("models", model_profile)
     cprof = load_yaml_profile("clusters", cluster_profile)
-    overrides = {**_param_overrides(params), **dict(overrides or {})}
+    # Flat keys, a section given whole read key by key: each meets the profiles' and the pipeline's own.
+    overrides = {**_param_overrides(params), **flatten(dict(overrides or {}))}
 
     nnodes, n_gpus_per_node = resolve_shape(params, prof, cprof, cluster_profile)
     trainer = dict(prof.get("trainer") or {})
