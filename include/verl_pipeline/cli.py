@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from verl_pipeline.constants import BackendKind, Mode, Placement
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.profiles import build_run_spec
+from verl_pipeline.profiles import Asked, build_run_spec
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 
@@ -60,9 +60,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _spec(args: argparse.Namespace) -> RunSpec:
-    """The run's frozen spec once ``cluster up`` saved it (the flags then only name the run), else the
-    spec the flags and profiles make now."""
+def _spec(args: argparse.Namespace, *, refuse_changes: bool = True) -> RunSpec:
+    """The run's frozen spec once ``cluster up`` saved it, else the spec the flags and profiles make now.
+
+    A flag given with a value the frozen run does not have is refused, naming the difference (unless
+    ``refuse_changes`` is off: then it is logged, as a changed profile file is)."""
     from verl_pipeline import steps
 
     params = {
@@ -75,11 +77,14 @@ def _spec(args: argparse.Namespace) -> RunSpec:
         "mode": args.mode,
         "placement": getattr(args, "placement", None),
     }
-    built = build_run_spec({k: v for k, v in params.items() if v is not None}, run_name=args.run_name,
-                           model_profile=args.model_profile, cluster_profile=args.cluster_profile,
-                           overrides=_parse_sets(getattr(args, "overrides", None) or []),
-                           nccl_debug=getattr(args, "nccl_debug", None))
-    return steps.frozen_or(built)
+    request: dict[str, Any] = {"model_profile": args.model_profile, "cluster_profile": args.cluster_profile,
+                               "overrides": _parse_sets(getattr(args, "overrides", None) or []),
+                               "nccl_debug": getattr(args, "nccl_debug", None)}
+    given = {k: v for k, v in params.items() if v is not None}
+    built = build_run_spec(given, run_name=args.run_name, **request)
+    asked = Asked.of(given, **request) if refuse_changes else None
+    starts = f"to `verl-pipeline cluster up --run-name {shlex.quote(args.run_name)}`"
+    return steps.frozen_or(built, asked, starts=starts)
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -142,7 +147,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         _select_backend(args)
     if args.action == "env":
         return _cluster_env(args)
-    spec = _spec(args)
+    spec = _spec(args, refuse_changes=args.action != "down")  # a teardown is never refused
     if args.action == "up":
         endpoint = (args.address, None) if args.address else None
         t0 = time.monotonic()

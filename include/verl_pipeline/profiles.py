@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,6 @@ PARAM_KEYS = ("profile", "model_profile", "cluster_profile", "data_source", "rec
 DEFAULT_PROFILE = "smoke"
 
 
-
-
 def list_profiles(kind: str = "profiles") -> list[str]:
     """Names of the YAML profiles of one kind (``profiles``, ``models`` or ``clusters``)."""
     folder = configs_dir() / kind
@@ -60,12 +60,12 @@ _PROFILE_FIELD = {"profiles": "profile", "models": "model_profile", "clusters": 
 
 
 def load_yaml_profile(kind: str, name: str) -> dict[str, Any]:
-    field = _PROFILE_FIELD.get(kind, kind.rstrip("s"))
+    param = _PROFILE_FIELD.get(kind, kind.rstrip("s"))
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise ConfigError(field, name, "is not a profile name", f"use one of {list_profiles(kind)}")
+        raise ConfigError(param, name, "is not a profile name", f"use one of {list_profiles(kind)}")
     path = configs_dir() / kind / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(field, name, f"no such profile in {path.parent}", f"use one of {list_profiles(kind)}")
+        raise ConfigError(param, name, f"no such profile in {path.parent}", f"use one of {list_profiles(kind)}")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), type(data).__name__, "a profile must be a YAML mapping")
@@ -247,6 +247,59 @@ def build_run_spec(
     check_shape(spec)
     check_storage(spec)
     return spec
+
+
+#: What each param (and the CLI's ``--nccl-debug``) sets in the spec, as text: what an explicit value is
+#: compared with in a frozen run (``verl_overrides`` is compared key by key).
+_ASKED_IN_SPEC: dict[str, Callable[[RunSpec], Any]] = {
+    "profile": lambda s: s.profile,
+    "model_profile": lambda s: s.model_profile,
+    "cluster_profile": lambda s: s.cluster_profile,
+    "data_source": lambda s: str(s.data),
+    "recipe": lambda s: s.data_options.get("recipe"),
+    "model_source": lambda s: str(s.model),
+    "nnodes": lambda s: s.nnodes,
+    "n_gpus_per_node": lambda s: s.n_gpus_per_node,
+    "total_training_steps": lambda s: s.total_training_steps,
+    "mode": lambda s: s.mode.value,
+    "placement": lambda s: s.placement.value,
+    "nccl_debug": lambda s: s.nccl_debug,
+}
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a command or a DAG run set explicitly: the params (CLI flags) given a value, and the flat verl
+    keys of ``--set`` / ``verl_overrides``. A run already frozen must agree with each (:meth:`conflicts`):
+    the user asked for it, so it is not dropped with a warning as a changed profile file is."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, params: dict[str, Any] | None, *, model_profile: str | None = None,
+           cluster_profile: str | None = None, overrides: dict[str, Any] | None = None,
+           nccl_debug: bool | None = None) -> Asked:
+        """From :func:`build_run_spec`'s arguments (the same ones)."""
+        given = {k: v for k, v in (params or {}).items() if v is not None and v != "" and k != "verl_overrides"}
+        extra = {"model_profile": model_profile, "cluster_profile": cluster_profile, "nccl_debug": nccl_debug}
+        given.update({k: v for k, v in extra.items() if v is not None})
+        flat = {**_param_overrides(params or {}), **flatten(dict(overrides or {}))}
+        return cls(given, flat)
+
+    def conflicts(self, built: RunSpec, frozen: RunSpec) -> dict[str, tuple[Any, Any]]:
+        """Each explicit value the frozen run does not have: name -> (what was asked, what the run has).
+        ``built`` is the spec the same arguments make now (it reads the asked values as the run did)."""
+        out = {}
+        for name in self.params:
+            now, then = _ASKED_IN_SPEC[name](built), _ASKED_IN_SPEC[name](frozen)
+            if now != then:
+                out[name] = (now, then)
+        for key in self.overrides:
+            now, then = built.verl.get(key), frozen.verl.get(key)
+            if now != then:
+                out[key] = (now, then)
+        return out
 
 
 def _param_overrides(params: dict[str, Any]) -> dict[str, Any]:
