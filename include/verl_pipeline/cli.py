@@ -480,6 +480,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     import aiohttp
 
+    from verl_pipeline.jobs.client import follow_log
+
     spec = _spec(args)
     handle = _handle(spec)
     job_id = _job_id(args, spec, handle.client())
@@ -491,7 +493,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     async def follow() -> None:
         async with aiohttp.ClientSession() as session:
-            await handle.client(session=session).afollow_log(job_id, write, follow=args.follow)
+            await follow_log(handle.client(session=session), job_id, write, follow=args.follow)
 
     asyncio.run(follow())
     return 0
