@@ -86,7 +86,7 @@ def test_token_auth_without_a_token_is_refused_where_an_open_dashboard_would_be(
 
 def test_a_url_from_the_connection_is_checked_at_provision() -> None:
     backend = AddressBackend.from_spec({"backend": "address", "conn_id": "ray_default", "auth_mode": "disabled"})
-    with pytest.raises(ConfigError, match="auth_mode is disabled.*CVE-2023-48022"):
+    with pytest.raises(ConfigError, match=r"auth_mode is disabled.*CVE-2023-48022"):
         backend.with_endpoint("http://ray-head:8265", None).provision("pytest/open")
 
 
