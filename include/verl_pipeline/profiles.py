@@ -40,7 +40,7 @@ from verl_pipeline.spec import (
 from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
 from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
-from verl_pipeline.trainer.overrides import flatten, parse_overrides
+from verl_pipeline.trainer.overrides import flatten, parse_overrides, spellings
 from verl_pipeline.trainer.owned import check_owned_keys
 from verl_pipeline.trainer.shape import check_shape
 
@@ -344,7 +344,7 @@ _NUMERIC_KEYS: dict[str, type] = {
 def check_types(settings: dict[str, Any]) -> None:
     """A value of the wrong type for a numeric verl key fails here, naming it, before any arithmetic."""
     for key, kind in _NUMERIC_KEYS.items():
-        for spelled in (key, f"+{key}", f"++{key}"):
+        for spelled in spellings(key):
             value = settings.get(spelled)
             if value is None:
                 continue

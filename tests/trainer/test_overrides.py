@@ -111,3 +111,9 @@ def test_a_whole_section_override_merges_with_the_pipelines_settings_in_verls_ow
     param = build_run_spec({"nnodes": 2, "verl_overrides": ["trainer={logger:[console,wandb],val_before_train:false}"]},
                            run_name="pytest/section")
     assert param.verl == spec.verl
+
+
+def test_a_key_is_spelled_three_ways() -> None:
+    from verl_pipeline.trainer.overrides import spellings
+
+    assert spellings("trainer.save_freq") == ("trainer.save_freq", "+trainer.save_freq", "++trainer.save_freq")

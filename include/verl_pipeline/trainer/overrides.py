@@ -60,6 +60,12 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def spellings(key: str) -> tuple[str, str, str]:
+    """The ways a plain key may be written among a run's settings: as is, as Hydra's append (``+key``) and
+    as its add-or-override (``++key``)."""
+    return (key, f"+{key}", f"++{key}")
+
+
 def _hoist_append(key: str) -> str:
     parts = key.split(".")
     plus = max((len(p) - len(p.lstrip("+")) for p in parts), default=0)
