@@ -14,11 +14,11 @@ import os
 import re
 import secrets
 import stat
-from enum import Enum
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from verl_pipeline.constants import AuthMode
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path
 
@@ -28,19 +28,14 @@ TOKEN_FILE = "ray_auth_token"
 MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VAR = "RAY_AUTH_TOKEN"
 TOKEN_PATH_VAR = "RAY_AUTH_TOKEN_PATH"
+#: What every variable of Ray's auth starts with (the three above): a backend sets them, a profile never does.
+AUTH_VAR_PREFIX = "RAY_AUTH_"
 #: The pipeline's own fallback for the token of a cluster it did not start (``address``), when no
 #: Airflow connection gives one.
 PIPELINE_TOKEN_VAR = "VERL_PIPELINE_RAY_TOKEN"
 #: What an open Jobs API lets anyone who reaches its port do (named in every refusal).
 SHADOWRAY = ("anyone who can reach this port can run code on the cluster as its user "
              "(ShadowRay, CVE-2023-48022)")
-
-
-class AuthMode(str, Enum):
-    """Ray's ``RAY_AUTH_MODE``."""
-
-    TOKEN = "token"
-    DISABLED = "disabled"
 
 
 def private_dir(path: Path, *, others_may_write: bool = False) -> Path:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from verl_pipeline.constants import BackendKind, Mode, Placement
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.profiles import build_run_spec
+from verl_pipeline.profiles import Asked, build_run_spec
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 
@@ -60,9 +60,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _spec(args: argparse.Namespace) -> RunSpec:
-    """The run's frozen spec once ``cluster up`` saved it (the flags then only name the run), else the
-    spec the flags and profiles make now."""
+def _spec(args: argparse.Namespace, *, refuse_changes: bool = True) -> RunSpec:
+    """The run's frozen spec once ``cluster up`` saved it, else the spec the flags and profiles make now.
+
+    A flag given with a value the frozen run does not have is refused, naming the difference (unless
+    ``refuse_changes`` is off: then it is logged, as a changed profile file is)."""
     from verl_pipeline import steps
 
     params = {
@@ -75,11 +77,14 @@ def _spec(args: argparse.Namespace) -> RunSpec:
         "mode": args.mode,
         "placement": getattr(args, "placement", None),
     }
-    built = build_run_spec({k: v for k, v in params.items() if v is not None}, run_name=args.run_name,
-                           model_profile=args.model_profile, cluster_profile=args.cluster_profile,
-                           overrides=_parse_sets(getattr(args, "overrides", None) or []),
-                           nccl_debug=getattr(args, "nccl_debug", None))
-    return steps.frozen_or(built)
+    request: dict[str, Any] = {"model_profile": args.model_profile, "cluster_profile": args.cluster_profile,
+                               "overrides": _parse_sets(getattr(args, "overrides", None) or []),
+                               "nccl_debug": getattr(args, "nccl_debug", None)}
+    given = {k: v for k, v in params.items() if v is not None}
+    built = build_run_spec(given, run_name=args.run_name, **request)
+    asked = Asked.of(given, **request) if refuse_changes else None
+    starts = f"to `verl-pipeline cluster up --run-name {shlex.quote(args.run_name)}`"
+    return steps.frozen_or(built, asked, starts=starts)
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -142,7 +147,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         _select_backend(args)
     if args.action == "env":
         return _cluster_env(args)
-    spec = _spec(args)
+    spec = _spec(args, refuse_changes=args.action != "down")  # a teardown is never refused
     if args.action == "up":
         endpoint = (args.address, None) if args.address else None
         t0 = time.monotonic()
@@ -505,15 +510,14 @@ def _trackers(spec: RunSpec, handle: Any) -> tuple[dict[str, str] | None, dict[s
 
 
 def _job_id(args: argparse.Namespace, spec: RunSpec, client: Any) -> str:
-    from verl_pipeline.jobs.ids import attempt_of, submission_id
+    from verl_pipeline.jobs.submit import jobs_of
 
     if args.job_id:
         return str(args.job_id)
-    prefix = submission_id(CLI_DAG_ID, spec.run_name, CLI_TASK_ID)[: -len("-a1")]
-    mine = [(n, j.submission_id) for j in client.list_jobs() if (n := attempt_of(j.submission_id, prefix))]
+    mine = jobs_of(client, dag_id=CLI_DAG_ID, run_id=spec.run_name, task_id=CLI_TASK_ID)
     if not mine:
         raise PipelineError(f"no job submitted for run {spec.run_name!r}: pass a job id or run `submit`")
-    return max(mine)[1]
+    return str(mine[-1][1].submission_id)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -537,6 +541,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     import aiohttp
 
+    from verl_pipeline.jobs.client import follow_log
+
     spec = _spec(args)
     handle = _handle(spec)
     job_id = _job_id(args, spec, handle.client())
@@ -548,7 +554,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     async def follow() -> None:
         async with aiohttp.ClientSession() as session:
-            await handle.client(session=session).afollow_log(job_id, write, follow=args.follow)
+            await follow_log(handle.client(session=session), job_id, write, follow=args.follow)
 
     asyncio.run(follow())
     return 0

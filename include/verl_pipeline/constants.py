@@ -62,6 +62,19 @@ class BackendKind(str, Enum):
     KUBERAY = "kuberay"
 
 
+class AuthMode(str, Enum):
+    """Ray's ``RAY_AUTH_MODE`` (Ray >= 2.52): a cluster profile's ``auth_mode``."""
+
+    TOKEN = "token"
+    DISABLED = "disabled"
+
+
+#: Ray's auth where a cluster profile says none: the clusters the pipeline starts (local, Slurm) run with
+#: a fresh token, and an existing (``address``) cluster is expected to (``auth_mode: disabled`` says it
+#: does not: then only on loopback, over https, or with ``allow_insecure``). KubeRay clusters run without.
+DEFAULT_AUTH_MODE = AuthMode.TOKEN
+
+
 class JobState(str, Enum):
     """Ray job states (mirrors ``ray.job_submission.JobStatus`` without importing Ray)."""
 

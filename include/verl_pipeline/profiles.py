@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -37,7 +40,7 @@ from verl_pipeline.spec import (
 from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
 from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
-from verl_pipeline.trainer.overrides import flatten, parse_overrides
+from verl_pipeline.trainer.overrides import flatten, parse_overrides, spellings
 from verl_pipeline.trainer.owned import check_owned_keys
 from verl_pipeline.trainer.shape import check_shape
 
@@ -45,8 +48,7 @@ from verl_pipeline.trainer.shape import check_shape
 PARAM_KEYS = ("profile", "model_profile", "cluster_profile", "data_source", "recipe", "model_source", "nnodes",
               "n_gpus_per_node", "total_training_steps", "mode", "placement", "verl_overrides")
 DEFAULT_PROFILE = "smoke"
-
-
+E = TypeVar("E", bound=Enum)
 
 
 def list_profiles(kind: str = "profiles") -> list[str]:
@@ -60,12 +62,12 @@ _PROFILE_FIELD = {"profiles": "profile", "models": "model_profile", "clusters": 
 
 
 def load_yaml_profile(kind: str, name: str) -> dict[str, Any]:
-    field = _PROFILE_FIELD.get(kind, kind.rstrip("s"))
+    param = _PROFILE_FIELD.get(kind, kind.rstrip("s"))
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise ConfigError(field, name, "is not a profile name", f"use one of {list_profiles(kind)}")
+        raise ConfigError(param, name, "is not a profile name", f"use one of {list_profiles(kind)}")
     path = configs_dir() / kind / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(field, name, f"no such profile in {path.parent}", f"use one of {list_profiles(kind)}")
+        raise ConfigError(param, name, f"no such profile in {path.parent}", f"use one of {list_profiles(kind)}")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), type(data).__name__, "a profile must be a YAML mapping")
@@ -131,117 +133,46 @@ def build_run_spec(
     run profile's choices; ``overrides`` (flat verl keys, the CLI's ``--set``) and the
     ``verl_overrides`` param are the last layer and win over every profile and scaling rule.
     """
-    params = {k: v for k, v in (params or {}).items() if v is not None}
-    unknown = sorted(set(params) - set(PARAM_KEYS))
-    if unknown:
-        raise ConfigError(unknown[0], params[unknown[0]], "is not a parameter of this pipeline",
-                          f"use only {list(PARAM_KEYS)}")
+    params = _known_params(params)
     profile_name = params.get("profile") or DEFAULT_PROFILE
     prof = load_yaml_profile("profiles", profile_name)
     model_profile = model_profile or params.get("model_profile") or str(prof.get("model_profile", ""))
     cluster_profile = cluster_profile or params.get("cluster_profile") or str(prof.get("cluster_profile", ""))
     mprof = load_yaml_profile("models", model_profile)
     cprof = load_yaml_profile("clusters", cluster_profile)
-    overrides = {**_param_overrides(params), **dict(overrides or {})}
+    # Flat keys, a section given whole read key by key: each meets the profiles' and the pipeline's own.
+    overrides = {**_param_overrides(params), **flatten(dict(overrides or {}))}
 
     nnodes, n_gpus_per_node = resolve_shape(params, prof, cprof, cluster_profile)
     trainer = dict(prof.get("trainer") or {})
     steps = _int_param(params, "total_training_steps", trainer.get("total_training_steps", 1), 1, 10_000_000)
-
-    mode_text = params.get("mode") or prof.get("mode") or Mode.AUTO.value
-    try:
-        mode = Mode(mode_text)
-    except ValueError:
-        raise ConfigError("mode", mode_text, "unknown mode", "auto, train or preflight") from None
-
-    model_section = dict(mprof.get("model") or {})
-    patterns = model_section.get("allow_patterns")
-    model = ModelSource.parse(params.get("model_source") or model_section.get("source", ""),
-                              allow_patterns=patterns)
-    critic_text = model_section.get("critic_source")
-    critic = ModelSource.parse(critic_text, key="model.critic_source", allow_patterns=patterns) \
-        if critic_text else None
-    reward_text = model_section.get("reward_source")
-    reward = ModelSource.parse(reward_text, key="model.reward_source", allow_patterns=patterns) \
-        if reward_text else None
-    facts = ModelFacts.from_profile(model_section, model_profile)
+    mode = _choice(Mode, params.get("mode") or prof.get("mode") or Mode.AUTO.value, "mode",
+                   "unknown mode", "auto, train or preflight")
+    models = _models(dict(mprof.get("model") or {}), params, model_profile)
     hardware = Hardware.from_profile(cprof, cluster_profile)
-
-    data_section = dict(prof.get("data") or {})
-    data = DataSource.parse(params.get("data_source") or data_section.pop("source", "builtin:arithmetic"))
-    data_section.pop("source", None)
-    if params.get("recipe"):
-        data_section["recipe"] = params["recipe"]
-    recipe = data_section.get("recipe")
-    if recipe is not None and recipe not in list_profiles("recipes"):
-        raise ConfigError("recipe", recipe, "no such recipe in configs/recipes", f"one of {list_profiles('recipes')}")
-
-    storage = dict(cprof.get("storage") or {})
-    root_text = storage.get("root")
-    storage_root = Path(root_text).expanduser().resolve() if root_text else pipeline_home()
-    storage_paths: dict[str, str] = {}
-    for name in ("data", "models", "checkpoints", "caches"):
-        value = storage.get(name)
-        if value is None:
-            continue
-        if not Path(str(value)).is_absolute():
-            raise ConfigError(f"clusters/{cluster_profile}.storage.{name}", value,
-                              "storage paths must be absolute (every node resolves them the same way)",
-                              f"{storage_root / name}")
-        storage_paths[name] = str(value)
-    shared = storage.get("shared")
-    shared_roots = tuple(str(Path(str(r))) for r in shared) if shared else (str(storage_root),)
-
+    data = _data(dict(prof.get("data") or {}), params)
+    storage = _storage(dict(cprof.get("storage") or {}), cluster_profile)
     cluster = dict(cprof.get("cluster") or {})
     if "backend" not in cluster:
         raise ConfigError(f"clusters/{cluster_profile}.cluster.backend", None, "is required", "backend: local")
-
     runtime = dict(cprof.get("runtime") or {})
     check_job_env(dict(runtime.get("env") or {}), f"clusters/{cluster_profile}.runtime.env")
     _flag(runtime.get("warm_caches", True), f"clusters/{cluster_profile}.runtime.warm_caches",
           "warm_caches: true (the workers' compile caches on the shared storage) or false")
-    placement_text = params.get("placement") or prof.get("placement") or Placement.COLOCATED.value
-    try:
-        placement = Placement(placement_text)
-    except ValueError:
-        raise ConfigError("placement", placement_text, "unknown placement", "colocated or separate") from None
+    placement = _choice(Placement, params.get("placement") or prof.get("placement") or Placement.COLOCATED.value,
+                        "placement", "unknown placement", "colocated or separate")
     layers = [mprof.get("verl") or {}, cprof.get("verl") or {}, prof.get("verl") or {}]
     check_owned_keys([*layers, overrides])  # a key the pipeline sets is honoured or refused, never replaced
     verl_settings, derived, pools = derive_verl_settings(
-        layers, dict(mprof.get("scaling") or {}), facts, hardware, nnodes=nnodes, n_gpus_per_node=n_gpus_per_node,
-        overrides=overrides, placement=placement,
+        layers, dict(mprof.get("scaling") or {}), models["model_facts"], hardware, nnodes=nnodes,
+        n_gpus_per_node=n_gpus_per_node, overrides=overrides, placement=placement,
     )
-    command = prof.get("trainer_command") or list(DEFAULT_TRAINER_COMMAND)
-    if not isinstance(command, list) or not command or not all(isinstance(w, str) and w for w in command):
-        raise ConfigError("trainer_command", command, "must be a non-empty list of words",
-                          "[python, -m, verl.trainer.main_ppo]")
     spec = RunSpec(
-        run_name=run_name,
-        profile=profile_name,
-        model_profile=model_profile,
-        cluster_profile=cluster_profile,
-        model=model,
-        critic_model=critic,
-        data=data,
-        data_options=data_section,
-        cluster=cluster,
-        storage_root=storage_root,
-        runtime=runtime,
-        nnodes=nnodes,
-        n_gpus_per_node=n_gpus_per_node,
-        total_training_steps=steps,
-        mode=mode,
-        verl=verl_settings,
-        derived=derived,
-        trainer_command=tuple(command),
-        reward_model=reward,
-        model_facts=facts,
-        hardware=hardware,
-        storage_paths=storage_paths,
-        shared_roots=shared_roots,
+        run_name=run_name, profile=profile_name, model_profile=model_profile, cluster_profile=cluster_profile,
+        **models, **data, **storage, cluster=cluster, runtime=runtime, hardware=hardware,
+        nnodes=nnodes, n_gpus_per_node=n_gpus_per_node, total_training_steps=steps, mode=mode, placement=placement,
+        pools=pools, verl=verl_settings, derived=derived, trainer_command=_trainer_command(prof),
         nccl_debug=bool(runtime.get("nccl_debug", False)) if nccl_debug is None else nccl_debug,
-        placement=placement,
-        pools=pools,
         watch=WatchSettings.from_profile(prof.get(WATCH_SECTION), profile_name),
         trackers=TrackerSettings.from_profile(prof.get(TRACKERS_SECTION), profile_name),
         on_world_size_change=_world_size_change(prof.get("on_world_size_change"), profile_name),
@@ -255,6 +186,131 @@ def build_run_spec(
     check_shape(spec)
     check_storage(spec)
     return spec
+
+
+def _known_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """The params given a value; one this pipeline does not have is refused."""
+    params = {k: v for k, v in (params or {}).items() if v is not None}
+    unknown = sorted(set(params) - set(PARAM_KEYS))
+    if unknown:
+        raise ConfigError(unknown[0], params[unknown[0]], "is not a parameter of this pipeline",
+                          f"use only {list(PARAM_KEYS)}")
+    return params
+
+
+def _choice(kind: type[E], text: Any, key: str, rule: str, fix: str) -> E:
+    try:
+        return kind(text)
+    except ValueError:
+        raise ConfigError(key, text, rule, fix) from None
+
+
+def _models(section: dict[str, Any], params: dict[str, Any], model_profile: str) -> dict[str, Any]:
+    """The model profile's ``model:`` section (the ``model_source`` param wins for the actor): the run's
+    models and the size facts of the actor."""
+    patterns = section.get("allow_patterns")
+
+    def source(key: str) -> ModelSource | None:
+        text = section.get(key)
+        return ModelSource.parse(text, key=f"model.{key}", allow_patterns=patterns) if text else None
+
+    return {"model": ModelSource.parse(params.get("model_source") or section.get("source", ""),
+                                       allow_patterns=patterns),
+            "critic_model": source("critic_source"), "reward_model": source("reward_source"),
+            "model_facts": ModelFacts.from_profile(section, model_profile)}
+
+
+def _data(section: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The run profile's ``data:`` section (the ``data_source`` and ``recipe`` params win): the source and
+    the preprocessing options."""
+    data = DataSource.parse(params.get("data_source") or section.pop("source", "builtin:arithmetic"))
+    section.pop("source", None)
+    if params.get("recipe"):
+        section["recipe"] = params["recipe"]
+    recipe = section.get("recipe")
+    if recipe is not None and recipe not in list_profiles("recipes"):
+        raise ConfigError("recipe", recipe, "no such recipe in configs/recipes", f"one of {list_profiles('recipes')}")
+    return {"data": data, "data_options": section}
+
+
+def _storage(section: dict[str, Any], cluster_profile: str) -> dict[str, Any]:
+    """The cluster profile's ``storage:`` section: the root, the explicit locations (absolute), the shared mounts."""
+    root_text = section.get("root")
+    storage_root = Path(root_text).expanduser().resolve() if root_text else pipeline_home()
+    storage_paths: dict[str, str] = {}
+    for name in ("data", "models", "checkpoints", "caches"):
+        value = section.get(name)
+        if value is None:
+            continue
+        if not Path(str(value)).is_absolute():
+            raise ConfigError(f"clusters/{cluster_profile}.storage.{name}", value,
+                              "storage paths must be absolute (every node resolves them the same way)",
+                              f"{storage_root / name}")
+        storage_paths[name] = str(value)
+    shared = section.get("shared")
+    return {"storage_root": storage_root, "storage_paths": storage_paths,
+            "shared_roots": tuple(str(Path(str(r))) for r in shared) if shared else (str(storage_root),)}
+
+
+def _trainer_command(prof: dict[str, Any]) -> tuple[str, ...]:
+    command = prof.get("trainer_command") or list(DEFAULT_TRAINER_COMMAND)
+    if not isinstance(command, list) or not command or not all(isinstance(w, str) and w for w in command):
+        raise ConfigError("trainer_command", command, "must be a non-empty list of words",
+                          "[python, -m, verl.trainer.main_ppo]")
+    return tuple(command)
+
+
+#: What each param (and the CLI's ``--nccl-debug``) sets in the spec, as text: what an explicit value is
+#: compared with in a frozen run (``verl_overrides`` is compared key by key).
+_ASKED_IN_SPEC: dict[str, Callable[[RunSpec], Any]] = {
+    "profile": lambda s: s.profile,
+    "model_profile": lambda s: s.model_profile,
+    "cluster_profile": lambda s: s.cluster_profile,
+    "data_source": lambda s: str(s.data),
+    "recipe": lambda s: s.data_options.get("recipe"),
+    "model_source": lambda s: str(s.model),
+    "nnodes": lambda s: s.nnodes,
+    "n_gpus_per_node": lambda s: s.n_gpus_per_node,
+    "total_training_steps": lambda s: s.total_training_steps,
+    "mode": lambda s: s.mode.value,
+    "placement": lambda s: s.placement.value,
+    "nccl_debug": lambda s: s.nccl_debug,
+}
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a command or a DAG run set explicitly: the params (CLI flags) given a value, and the flat verl
+    keys of ``--set`` / ``verl_overrides``. A run already frozen must agree with each (:meth:`conflicts`):
+    the user asked for it, so it is not dropped with a warning as a changed profile file is."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, params: dict[str, Any] | None, *, model_profile: str | None = None,
+           cluster_profile: str | None = None, overrides: dict[str, Any] | None = None,
+           nccl_debug: bool | None = None) -> Asked:
+        """From :func:`build_run_spec`'s arguments (the same ones)."""
+        given = {k: v for k, v in (params or {}).items() if v is not None and v != "" and k != "verl_overrides"}
+        extra = {"model_profile": model_profile, "cluster_profile": cluster_profile, "nccl_debug": nccl_debug}
+        given.update({k: v for k, v in extra.items() if v is not None})
+        flat = {**_param_overrides(params or {}), **flatten(dict(overrides or {}))}
+        return cls(given, flat)
+
+    def conflicts(self, built: RunSpec, frozen: RunSpec) -> dict[str, tuple[Any, Any]]:
+        """Each explicit value the frozen run does not have: name -> (what was asked, what the run has).
+        ``built`` is the spec the same arguments make now (it reads the asked values as the run did)."""
+        out = {}
+        for name in self.params:
+            now, then = _ASKED_IN_SPEC[name](built), _ASKED_IN_SPEC[name](frozen)
+            if now != then:
+                out[name] = (now, then)
+        for key in self.overrides:
+            now, then = built.verl.get(key), frozen.verl.get(key)
+            if now != then:
+                out[key] = (now, then)
+        return out
 
 
 def _param_overrides(params: dict[str, Any]) -> dict[str, Any]:
@@ -297,7 +353,7 @@ _NUMERIC_KEYS: dict[str, type] = {
 def check_types(settings: dict[str, Any]) -> None:
     """A value of the wrong type for a numeric verl key fails here, naming it, before any arithmetic."""
     for key, kind in _NUMERIC_KEYS.items():
-        for spelled in (key, f"+{key}", f"++{key}"):
+        for spelled in spellings(key):
             value = settings.get(spelled)
             if value is None:
                 continue

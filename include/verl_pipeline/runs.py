@@ -2,7 +2,7 @@
 
 Every run has its own directory, ``<storage>/runs/<run_key>/`` (``run_key`` is unique per DAG run),
 holding ``run_spec.json`` (the resolved config), ``job.json``, one verl metrics file per attempt
-(:func:`verl_pipeline.jobs.attempts.metrics_file`), the run report (``report/``), a ``checkpoints``
+(:meth:`verl_pipeline.rundir.RunDir.metrics_file`), the run report (``report/``), a ``checkpoints``
 link to the run's checkpoint directory and ``manifest.json``: what the run was made of (data content
 hash, model source and revision, mode, Ray job) and how it ended.
 

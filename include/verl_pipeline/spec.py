@@ -8,7 +8,10 @@ provision; ``RunSpec.load`` reads the frozen one back). Each type validates what
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -334,15 +337,6 @@ class RunSpec:
     derived: dict[str, str] = field(default_factory=dict)
     trainer_command: tuple[str, ...] = DEFAULT_TRAINER_COMMAND
     reward_model: ModelSource | None = None
-
-    def model_sources(self) -> dict[str, ModelSource]:
-        """The run's models by role (``actor`` always; ``critic``/``reward`` when the model profile sets them)."""
-        out = {"actor": self.model}
-        if self.critic_model is not None:
-            out["critic"] = self.critic_model
-        if self.reward_model is not None:
-            out["reward"] = self.reward_model
-        return out
     model_facts: ModelFacts | None = None
     hardware: Hardware | None = None
     #: Explicit storage locations from the cluster profile (data, models, checkpoints).
@@ -366,6 +360,15 @@ class RunSpec:
     #: Validate before training on a resume attempt too (the run profile's ``validate_on_resume``); by
     #: default only the attempt that starts at step 0 does (``trainer/warmstart.py``).
     validate_on_resume: bool = False
+
+    def model_sources(self) -> dict[str, ModelSource]:
+        """The run's models by role (``actor`` always; ``critic``/``reward`` when the model profile sets them)."""
+        out = {"actor": self.model}
+        if self.critic_model is not None:
+            out["critic"] = self.critic_model
+        if self.reward_model is not None:
+            out["reward"] = self.reward_model
+        return out
 
     # -- the training pool (the whole cluster unless rollout has its own) ---------------------------
     @property
@@ -438,83 +441,32 @@ class RunSpec:
         return self.nnodes * self.n_gpus_per_node
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_name": self.run_name,
-            "profile": self.profile,
-            "model_profile": self.model_profile,
-            "cluster_profile": self.cluster_profile,
-            "model": str(self.model),
-            "critic_model": str(self.critic_model) if self.critic_model else None,
-            "reward_model": str(self.reward_model) if self.reward_model else None,
-            "data": str(self.data),
-            "data_options": self.data_options,
-            "cluster": self.cluster,
-            "storage_root": str(self.storage_root),
-            "runtime": self.runtime,
-            "nnodes": self.nnodes,
-            "n_gpus_per_node": self.n_gpus_per_node,
-            "total_training_steps": self.total_training_steps,
-            "mode": self.mode.value,
-            "verl": self.verl,
-            "derived": self.derived,
-            "trainer_command": list(self.trainer_command),
-            "model_facts": asdict(self.model_facts) if self.model_facts else None,
-            "hardware": asdict(self.hardware) if self.hardware else None,
-            "storage_paths": self.storage_paths,
-            "shared_roots": list(self.shared_roots),
-            "nccl_debug": self.nccl_debug,
-            "placement": self.placement.value,
-            "pools": asdict(self.pools) if self.pools else None,
-            "watch": self.watch.to_dict(),
-            "trackers": self.trackers.to_dict(),
-            "on_world_size_change": self.on_world_size_change.value,
-            "export_model": self.export_model,
-            "admission": self.admission.to_dict() if self.admission else None,
-            "validate_on_resume": self.validate_on_resume,
-            # The sources exactly (kind, patterns): the strings above are for people and reports.
-            "sources": {role: _source_dict(s) for role, s in
-                        (("model", self.model), ("critic_model", self.critic_model),
-                         ("reward_model", self.reward_model), ("data", self.data)) if s is not None},
-        }
+        """The spec as ``run_spec.json`` holds it: every field (sources as text, for people and reports), and
+        under ``sources`` each source exactly (kind, revision, patterns), which :meth:`from_dict` reads."""
+        out = {f.name: _encode(getattr(self, f.name)) for f in fields(self)}
+        out[_SOURCES] = {f.name: _source_dict(value) for f in fields(self)
+                         if isinstance(value := getattr(self, f.name), ModelSource | DataSource)}
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
         """The spec :meth:`to_dict` wrote (the run's frozen ``run_spec.json``): nothing is read from
-        ``configs/`` and nothing is validated again — it was, once, when the run was provisioned."""
-        sources = d["sources"]
+        ``configs/`` and nothing is validated again — it was, once, when the run was provisioned.
 
-        def model(role: str) -> ModelSource | None:
-            s = sources.get(role)
-            return None if s is None else ModelSource(s["kind"], s["ref"], s.get("revision"),
-                                                      tuple(s["allow_patterns"]) if s.get("allow_patterns") else None)
-
-        actor = model("model")
-        if actor is None:
-            raise ConfigError("run_spec.json sources.model", None, "the frozen spec names no model",
-                              "start a new run (the spec of this one is damaged)")
-        hardware = dict(d["hardware"]) if d.get("hardware") else None
-        if hardware is not None:
-            hardware["ib_hcas"] = tuple(hardware.get("ib_hcas") or ())
-        return cls(
-            run_name=d["run_name"], profile=d["profile"], model_profile=d["model_profile"],
-            cluster_profile=d["cluster_profile"], model=actor, critic_model=model("critic_model"),
-            data=DataSource(sources["data"]["kind"], sources["data"]["ref"]), data_options=dict(d["data_options"]),
-            cluster=dict(d["cluster"]), storage_root=Path(d["storage_root"]), runtime=dict(d["runtime"]),
-            nnodes=int(d["nnodes"]), n_gpus_per_node=int(d["n_gpus_per_node"]),
-            total_training_steps=int(d["total_training_steps"]), mode=Mode(d["mode"]), verl=dict(d["verl"]),
-            derived=dict(d["derived"]), trainer_command=tuple(d["trainer_command"]),
-            reward_model=model("reward_model"),
-            model_facts=ModelFacts(**d["model_facts"]) if d.get("model_facts") else None,
-            hardware=Hardware(**hardware) if hardware is not None else None,
-            storage_paths=dict(d["storage_paths"]), shared_roots=tuple(d["shared_roots"]),
-            nccl_debug=bool(d["nccl_debug"]), placement=Placement(d["placement"]),
-            pools=PoolSplit(**d["pools"]) if d.get("pools") else None,
-            watch=WatchSettings.from_dict(d["watch"]),
-            trackers=TrackerSettings({name: entry["conn_id"] for name, entry in d["trackers"].items()}),
-            on_world_size_change=WorldSizeChange(d["on_world_size_change"]), export_model=bool(d["export_model"]),
-            admission=Admission(**d["admission"]) if d.get("admission") else None,
-            validate_on_resume=bool(d.get("validate_on_resume", False)),  # absent in specs frozen before it
-        )
+        Read field by field from the dataclass: a field a file of an earlier release lacks takes its
+        default (a field without one fails: KeyError)."""
+        hints = _hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            tp = hints[f.name]
+            data = d[_SOURCES] if _is_source(tp) else d
+            if f.name in data:
+                values[f.name] = _decode(tp, data[f.name])
+            elif data is not d and _optional(tp) is not None:
+                values[f.name] = None  # ``sources`` lists only the sources a run has
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise KeyError(f.name)
+        return cls(**values)
 
     @classmethod
     def load(cls, run_dir: RunDir) -> RunSpec:
@@ -524,6 +476,69 @@ class RunSpec:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(str(run_dir.spec_file), type(e).__name__, f"the run's frozen spec cannot be read: {e}",
                               "start a new run") from e
+
+
+#: ``run_spec.json``'s section with every source exactly (the fields themselves hold their text).
+_SOURCES = "sources"
+
+
+def _hints(cls: Any) -> dict[str, Any]:
+    """A dataclass's field annotations, resolved (the module writes them as text)."""
+    return typing.get_type_hints(cls)
+
+
+def _optional(tp: Any) -> Any:
+    """``X`` of ``X | None``; else None."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
+    rest = [a for a in args if a is not type(None)]
+    return rest[0] if len(rest) == 1 and len(args) == 2 else None
+
+
+def _is_source(tp: Any) -> bool:
+    return (_optional(tp) or tp) in (ModelSource, DataSource)
+
+
+def _encode(value: Any) -> Any:
+    """A field's value as JSON: sources and enums as their text, paths as strings, tuples as lists,
+    a dataclass by its own ``to_dict`` or field by field."""
+    if isinstance(value, ModelSource | DataSource):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return to_dict() if to_dict else {f.name: _encode(getattr(value, f.name)) for f in fields(value)}
+    return value
+
+
+def _decode(tp: Any, raw: Any) -> Any:
+    """What :func:`_encode` wrote, read back as type ``tp`` (a field's annotation)."""
+    inner = _optional(tp)
+    if inner is not None:
+        return None if raw is None else _decode(inner, raw)
+    if tp is ModelSource:
+        patterns = raw.get("allow_patterns")
+        return ModelSource(raw["kind"], raw["ref"], raw.get("revision"), tuple(patterns) if patterns else None)
+    if tp is DataSource:
+        return DataSource(raw["kind"], raw["ref"])
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return tuple(_decode(typing.get_args(tp)[0], v) for v in raw)
+    if origin is dict or tp is Any:
+        return raw if tp is Any else dict(raw)
+    if isinstance(tp, type) and is_dataclass(tp):
+        from_dict = getattr(tp, "from_dict", None)
+        if from_dict is not None:
+            return from_dict(raw)
+        hints = _hints(tp)
+        return tp(**{f.name: _decode(hints[f.name], raw[f.name]) for f in fields(tp) if f.name in raw})
+    return tp(raw)  # an Enum, Path, str, int, float or bool
 
 
 def _source_dict(source: ModelSource | DataSource) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from verl_pipeline.trainer.render import RenderedJob, render_job
 
 if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
     from verl_pipeline.data.preprocess import PreprocessResult
+    from verl_pipeline.profiles import Asked
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +89,24 @@ def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, r
             "reused": str(kept) if reused else None}
 
 
-def frozen_or(spec: RunSpec) -> RunSpec:
+def frozen_or(spec: RunSpec, asked: Asked | None = None, *, starts: str = "where the run starts") -> RunSpec:
     """The run's frozen spec when it has one (a retried provision, the CLI on a run already up), else ``spec``.
 
     Like Airflow keeps a run on the DAG version it started with, a run keeps the spec it started
     with: a retry two days in renders what the run started with, whatever ``configs/`` says by
-    then. A run that should use edited profiles is a new run.
+    then (a difference is logged). A run that should use edited profiles is a new run.
+
+    ``asked``: what the caller set explicitly (``spec`` was built from it). A value the frozen run does
+    not have is refused, not dropped: a ConfigError naming each difference and the two ways out (a new
+    run name, or the same value ``starts``: where this run is started). A DAG run's params are the same
+    on every try, so they agree with the run they froze.
     """
     run_dir = RunDir(spec.run_dir)
     frozen = _frozen(run_dir)
     if frozen is None:
         return spec
+    if asked is not None:
+        _refuse_conflicts(asked.conflicts(spec, frozen), frozen, run_dir, starts)
     now, then = spec.to_dict(), frozen.to_dict()
     changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
     if changed:
@@ -107,6 +115,18 @@ def frozen_or(spec: RunSpec) -> RunSpec:
     else:
         log.info("Run %s: using its frozen spec %s", spec.run_name, run_dir.spec_file)
     return frozen
+
+
+def _refuse_conflicts(conflicts: dict[str, tuple[Any, Any]], frozen: RunSpec, run_dir: RunDir, starts: str) -> None:
+    if not conflicts:
+        return
+    names = ", ".join(conflicts)
+    asked = {name: now for name, (now, _) in conflicts.items()}
+    had = ", ".join(f"{name}={then!r}" for name, (_, then) in conflicts.items())
+    raise ConfigError(names, asked[names] if len(asked) == 1 else asked,
+                      f"run {frozen.run_name!r} was started with {had} (frozen in {run_dir.spec_file}): a run keeps "
+                      "what it started with",
+                      f"a new run name to run with {names} as asked, or the same value(s) {starts}")
 
 
 def freeze(spec: RunSpec) -> None:

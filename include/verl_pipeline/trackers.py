@@ -144,7 +144,13 @@ class TrackerSettings:
         return cls(conn_ids)
 
     def to_dict(self) -> dict[str, Any]:
+        """As the run profile's section spells it: ``{tracker: {conn_id: ...}}``."""
         return {name: {"conn_id": conn_id} for name, conn_id in self.conn_ids.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrackerSettings:
+        """What :meth:`to_dict` wrote."""
+        return cls({name: entry["conn_id"] for name, entry in data.items()})
 
 
 @dataclass(frozen=True)

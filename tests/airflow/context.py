@@ -8,8 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from verl_pipeline import steps
-from verl_pipeline.airflow.operators.base import freeze_run, spec_from_params
+from verl_pipeline.airflow.operators.base import freeze_run, provisioned_spec
 from verl_pipeline.airflow.task_ids import PROVISION_TASK
 from verl_pipeline.spec import RunSpec
 
@@ -52,7 +51,7 @@ def task_context(xcoms: dict[str, Any], params: dict[str, Any] | None = None, *,
 def provisioned(context: dict[str, Any]) -> RunSpec:
     """What the provision task leaves behind for ``context``'s run (:func:`freeze_run`): its spec,
     frozen, and the XCom that names its directory — without a cluster."""
-    spec = steps.frozen_or(spec_from_params(context))
+    spec = provisioned_spec(context)
     ti = context["ti"]
     task_id, ti.task_id = ti.task_id, PROVISION_TASK
     try:

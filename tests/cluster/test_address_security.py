@@ -39,20 +39,54 @@ def test_which_dashboards_are_refused(url: str, mode: str, allowed: bool, refuse
 
 
 def test_the_refusal_names_the_field_the_value_the_risk_and_the_fix() -> None:
+    open_profile = {"backend": "address", "dashboard_url": "http://10.0.0.5:8265", "auth_mode": "disabled"}
     with pytest.raises(ConfigError) as e:
-        AddressBackend.from_spec({"backend": "address", "dashboard_url": "http://10.0.0.5:8265"})
+        AddressBackend.from_spec(open_profile)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("cluster.dashboard_url='http://10.0.0.5:8265': ")
     assert "CVE-2023-48022" in msg and "anyone who can reach this port can run code" in msg
     assert "auth_mode: token" in msg and "allow_insecure: true" in msg
-    AddressBackend.from_spec({"backend": "address", "dashboard_url": "http://10.0.0.5:8265", "allow_insecure": True})
+    AddressBackend.from_spec({**open_profile, "allow_insecure": True})
     with pytest.raises(ConfigError, match=r"cluster\.allow_insecure"):
         AddressBackend.from_spec({"backend": "address", "dashboard_url": "http://h:1", "allow_insecure": "yes"})
 
 
-def test_a_url_from_the_connection_is_checked_at_provision() -> None:
+def test_a_profile_that_names_no_auth_mode_gets_the_projects_default() -> None:
+    from verl_pipeline.cluster.local import LocalBackend
+    from verl_pipeline.cluster.slurm import SlurmBackend
+    from verl_pipeline.constants import DEFAULT_AUTH_MODE
+
+    assert AddressBackend.from_spec({"backend": "address", "conn_id": "c"}).auth_mode == DEFAULT_AUTH_MODE.value
+    assert LocalBackend.from_spec({"backend": "local"}).auth_mode is DEFAULT_AUTH_MODE
+    assert SlurmBackend.from_spec({"backend": "slurm"}).auth_mode is DEFAULT_AUTH_MODE
+
+
+def test_token_auth_without_a_token_is_refused_where_an_open_dashboard_would_be(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token auth with no token sends every request without one: only an open cluster answers, so the
+    profile's word (or the default) cannot stand in for the ShadowRay check."""
+    monkeypatch.delenv(auth.PIPELINE_TOKEN_VAR, raising=False)
     backend = AddressBackend.from_spec({"backend": "address", "conn_id": "ray_default"})
-    with pytest.raises(ConfigError, match="CVE-2023-48022"):
+    with pytest.raises(ConfigError) as e:
+        backend.with_endpoint("http://10.0.0.5:8265", None).provision("pytest/tokenless")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("cluster.auth_mode='token': no Ray token was given for http://10.0.0.5")
+    assert "CVE-2023-48022" in msg and "auth_mode: disabled" in msg
+    # With a token (the connection's password, or the variable) the check passes: what follows is the cluster's.
+    assert backend.with_endpoint("http://10.0.0.5:8265", "t0ken")._tokenless_problem() is None
+    monkeypatch.setenv(auth.PIPELINE_TOKEN_VAR, "t0ken")
+    assert backend.with_endpoint("http://10.0.0.5:8265", None)._tokenless_problem() is None
+    monkeypatch.delenv(auth.PIPELINE_TOKEN_VAR)
+    # Where an open dashboard is accepted (loopback, https, allow_insecure), so is a token-less one.
+    for url in ("http://127.0.0.1:8265", "https://ray.example.org"):
+        assert backend.with_endpoint(url, None)._tokenless_problem() is None
+    insecure = AddressBackend.from_spec({"backend": "address", "conn_id": "c", "allow_insecure": True})
+    assert insecure.with_endpoint("http://10.0.0.5:8265", None)._tokenless_problem() is None
+
+
+def test_a_url_from_the_connection_is_checked_at_provision() -> None:
+    backend = AddressBackend.from_spec({"backend": "address", "conn_id": "ray_default", "auth_mode": "disabled"})
+    with pytest.raises(ConfigError, match=r"auth_mode is disabled.*CVE-2023-48022"):
         backend.with_endpoint("http://ray-head:8265", None).provision("pytest/open")
 
 

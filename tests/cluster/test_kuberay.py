@@ -113,6 +113,7 @@ def test_manifest_carries_the_profile() -> None:
     ("tolerations", [{"key": "k", "effect": "Sometimes"}]), ("tolerations", [{"kee": "typo"}]),
     ("node_selector", {"gpu": 1}), ("shm_size", "big"), ("dashboard_url", "head:8265"),
     ("rayjob", {"backoff_limit": -1}), ("rayjob", {"ttl": 5}), ("env", {"1BAD": "x"}), ("replicas", 2),
+    ("env", {"RAY_AUTH_MODE": "token"}),
 ])
 def test_invalid_profile_values_are_rejected_before_any_api_call(key: str, value: object) -> None:
     fake = FakeCustomObjects()

@@ -153,3 +153,15 @@ def test_a_setting_that_is_not_a_scalar_needs_its_own_parser() -> None:
 
     with pytest.raises(TypeError, match=r"Listy\.hosts: a list\[str\] setting needs parse="):
         read_settings(Listy, {"hosts": ["a"]})
+
+
+@pytest.mark.parametrize(("cls", "fix"), [(SlurmBackend, "cluster.auth_mode: token"),
+                                          (KubeRayBackend, "auth disabled")], ids=["slurm", "kuberay"])
+@pytest.mark.parametrize("name", ["RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"])
+def test_rays_auth_in_a_profiles_env_is_refused_without_echoing_it(cls: type[Any], fix: str, name: str) -> None:
+    """The backend sets Ray's auth: a profile's env that sets it would fight the handle's auth mode and
+    put a token in clear in the sbatch script or the RayCluster manifest."""
+    with pytest.raises(ConfigError) as e:
+        cls.from_spec({"backend": cls.kind, "env": {"NCCL_DEBUG": "WARN", name: "secret-value"}})
+    assert e.value.key == f"cluster.env.{name}" and "secret-value" not in str(e.value)
+    assert fix in str(e.value)

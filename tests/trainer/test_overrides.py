@@ -90,3 +90,47 @@ def test_a_key_is_found_however_the_user_wrote_it() -> None:
     assert spelled({"actor_rollout_ref.model": {"use_fused_kernels": True}}, key) is None
     assert spelled({"actor_rollout_ref.model.use_remove_paddings": True}, key) is None
     assert spelled({"actor_rollout_ref.model": "not a section"}, key) is None
+
+
+def test_a_section_given_whole_is_read_key_by_key_later_items_winning() -> None:
+    from verl_pipeline.trainer.overrides import parse_overrides
+
+    items = ["trainer.project_name=a", "trainer={project_name:b,logger:[console,wandb]}", "+trainer={x:{y:1}}",
+             "trainer={val_before_train:false}"]
+    assert parse_overrides(items) == {"trainer.project_name": "b", "trainer.logger": ["console", "wandb"],
+                                      "+trainer.x.y": 1, "trainer.val_before_train": False}
+    with pytest.raises(ConfigError, match=r"--set='trainer=\{a-b:1\}': 'trainer.a-b' is not a verl config key"):
+        parse_overrides(["trainer={a-b:1}"])
+    with pytest.raises(ConfigError, match=r"Hydra cannot read the value"):
+        parse_overrides(["trainer={'bad key':1}"])
+    # YAML would read {a:b} as a key 'a:b' without a value; the section is read by Hydra's grammar, as verl reads it.
+    assert parse_overrides(["trainer={a:b,c:1e-6}"]) == {"trainer.a": "b", "trainer.c": 1e-6}
+
+
+def test_a_whole_section_override_merges_with_the_pipelines_settings_in_verls_own_config() -> None:
+    """``--set 'trainer={logger:[console,wandb],val_before_train:false}'``: verl's composed config keeps the
+    user's keys and the pipeline's for the same section (the file logger it reads, the shape, the run's
+    checkpoints), as a ``trainer.logger=`` override would."""
+    from verl_pipeline.profiles import build_run_spec
+    from verl_pipeline.trainer.overrides import parse_overrides
+    from verl_pipeline.trainer.render import job_settings
+    from verl_pipeline.trainer.validate import compose
+
+    sets = parse_overrides(["trainer={logger:[console,wandb],val_before_train:false}"])
+    spec = build_run_spec({"nnodes": 2}, run_name="pytest/section", overrides=sets)
+    cfg = compose(render_overrides(job_settings(spec, train_files="/d/t.parquet", val_files="/d/v.parquet",
+                                                model_path="/m/actor")))
+    assert list(cfg.trainer.logger) == ["console", "wandb", "file"]  # the user's, then what the pipeline reads
+    assert cfg.trainer.val_before_train is False
+    assert cfg.trainer.nnodes == 2 and cfg.trainer.default_local_dir == str(spec.checkpoint_dir)
+    assert cfg.trainer.project_name == "verl_pipeline"  # the profile's, left as it was
+    # The whole section in the DAG's verl_overrides param is read the same way.
+    param = build_run_spec({"nnodes": 2, "verl_overrides": ["trainer={logger:[console,wandb],val_before_train:false}"]},
+                           run_name="pytest/section")
+    assert param.verl == spec.verl
+
+
+def test_a_key_is_spelled_three_ways() -> None:
+    from verl_pipeline.trainer.overrides import spellings
+
+    assert spellings("trainer.save_freq") == ("trainer.save_freq", "+trainer.save_freq", "++trainer.save_freq")

@@ -29,6 +29,7 @@ Ray's dashboard is a single-page app whose every request is relative to its page
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import posixpath
@@ -186,30 +187,52 @@ class _Slots:
 def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -> None:
     """Add the proxy to ``app`` at ``route`` (``…/{dag_id}/{run_id}/dashboard``), each request
     behind ``dependencies`` (Airflow's read access to the DAG's runs)."""
-    import aiohttp
-    import anyio
+    from fastapi import Request
+    from fastapi.responses import RedirectResponse
+
+    forward = _Forwarder()
+
+    @app.get(route, dependencies=dependencies, include_in_schema=False)
+    def dashboard_without_slash(dag_id: str, run_id: str) -> Any:
+        # Relative, so any base_url path is kept; the slash makes the app's relative requests land below.
+        return RedirectResponse(url="dashboard/", status_code=307)
+
+    async def dashboard(request: Request, dag_id: str, run_id: str, path: str) -> Any:
+        return await forward(request, dag_id, run_id, path)
+
+    # FastAPI resolves a string annotation in the module's globals, where Request is not (imported here,
+    # at the first request, like the rest of FastAPI): give it the class.
+    dashboard.__annotations__["request"] = Request
+    app.add_api_route(route + "/{path:path}", dashboard, methods=["GET", "HEAD"], dependencies=dependencies,
+                      include_in_schema=False, response_model=None)
+
+
+def _page(message: str, status: int) -> Any:
+    """The proxy's own page saying why the dashboard is not shown."""
+    from fastapi.responses import HTMLResponse
+
+    return HTMLResponse(_unavailable_page(message), status_code=status,
+                        headers={**SECURITY_HEADERS, "Cache-Control": "private, no-store"})
+
+
+def _client_of(dag_id: str, run_id: str) -> RayJobsClient:
+    """A client of the run's cluster with its credentials; DashboardUnavailable saying why there is none."""
     from airflow.sdk.exceptions import AirflowNotFoundException
     from airflow.utils.session import create_session
-    from fastapi import Request
-    from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
-    from starlette.concurrency import run_in_threadpool
 
-    slots = _Slots()
-    timeout = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S,
-                                    sock_read=READ_TIMEOUT_S)
+    with create_session() as session:
+        handle = find_cluster(dag_id, run_id, session=session)
+    try:
+        return cluster_client(handle)
+    except (PipelineError, AirflowNotFoundException) as e:  # the token file or connection is missing
+        raise DashboardUnavailable(f"no credentials for the run's Ray dashboard at {handle.dashboard_url}: {e}",
+                                   502) from e
 
-    def page(message: str, status: int) -> HTMLResponse:
-        return HTMLResponse(_unavailable_page(message), status_code=status,
-                            headers={**SECURITY_HEADERS, "Cache-Control": "private, no-store"})
 
-    def client_of(dag_id: str, run_id: str) -> RayJobsClient:
-        with create_session() as session:
-            handle = find_cluster(dag_id, run_id, session=session)
-        try:
-            return cluster_client(handle)
-        except (PipelineError, AirflowNotFoundException) as e:  # the token file or connection is missing
-            raise DashboardUnavailable(f"no credentials for the run's Ray dashboard at {handle.dashboard_url}: {e}",
-                                       502) from e
+@functools.cache
+def _upstream_response() -> type:
+    """The response class streaming Ray's answer (FastAPI is imported at the first request, not with the module)."""
+    from fastapi.responses import StreamingResponse
 
     class UpstreamResponse(StreamingResponse):
         """Ray's answer, streamed; the upstream connection and the slot are released however the
@@ -225,23 +248,41 @@ def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -
             finally:
                 await self._release()
 
-    async def forward(request: Any, dag_id: str, run_id: str, path: str) -> Any:
+    return UpstreamResponse
+
+
+class _Forwarder:
+    """Forwards a request to the run's dashboard with the cluster's token; at most :data:`MAX_ACTIVE` at once."""
+
+    def __init__(self) -> None:
+        import aiohttp
+
+        self.slots = _Slots()
+        self.timeout = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S,
+                                             sock_read=READ_TIMEOUT_S)
+
+    async def __call__(self, request: Any, dag_id: str, run_id: str, path: str) -> Any:
+        import aiohttp
+        import anyio
+        from starlette.concurrency import run_in_threadpool
+
         try:
             target = upstream_path(path)
-            client = await run_in_threadpool(client_of, dag_id, run_id)
+            client = await run_in_threadpool(_client_of, dag_id, run_id)
         except DashboardUnavailable as e:
             log.info("Ray dashboard of %s/%s: %s", dag_id, run_id, e)
-            return page(str(e), e.status)
-        if slots.active >= MAX_ACTIVE:
-            return page(f"{MAX_ACTIVE} dashboard requests are being served: try again", 503)
+            return _page(str(e), e.status)
+        if self.slots.active >= MAX_ACTIVE:
+            return _page(f"{MAX_ACTIVE} dashboard requests are being served: try again", 503)
         url = client.dashboard_url + target + (f"?{request.url.query}" if request.url.query else "")
         headers = {**forwarded_request_headers(request.headers), **client.headers}
-        slots.active += 1
-        session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+        self.slots.active += 1
+        session = aiohttp.ClientSession(timeout=self.timeout, auto_decompress=False,
+                                        cookie_jar=aiohttp.DummyCookieJar())
         upstream: Any = None
 
         async def release() -> None:
-            slots.active -= 1  # first: a cancelled close below must not leak the slot
+            self.slots.active -= 1  # first: a cancelled close below must not leak the slot
             if upstream is not None:
                 upstream.close()
             with anyio.CancelScope(shield=True):  # the browser may be gone: close anyway
@@ -253,23 +294,14 @@ def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -
         except (aiohttp.ClientError, TimeoutError) as e:
             await release()
             log.warning("Ray dashboard of %s/%s at %s: %s", dag_id, run_id, client.dashboard_url, type(e).__name__)
-            return page(f"the run's Ray dashboard at {client.dashboard_url} does not answer "
-                        f"({type(e).__name__}: {e})", 502)
-        if upstream.status in (401, 403):
+            return _page(f"the run's Ray dashboard at {client.dashboard_url} does not answer "
+                         f"({type(e).__name__}: {e})", 502)
+        try:
+            out_headers = _passed_headers(upstream, request, path, client)
+        except DashboardUnavailable as e:
             await release()
-            log.warning("Ray dashboard of %s/%s at %s refused the pipeline's credentials (%d)", dag_id, run_id,
-                        client.dashboard_url, upstream.status)
-            return page(f"the run's Ray dashboard at {client.dashboard_url} refused the credentials the pipeline "
-                        f"has for it ({upstream.status}): the cluster's token or auth_mode changed", 502)
-        out_headers = forwarded_response_headers(upstream.headers, path)
-        if 300 <= upstream.status < 400 and "location" in upstream.headers:
-            base_path = request.url.path[:len(request.url.path) - len(path)]
-            location = proxied_location(upstream.headers["location"], dashboard_url=client.dashboard_url,
-                                        base_path=base_path)
-            if location is None:
-                await release()
-                return page("the run's Ray dashboard redirected away from itself", 502)
-            out_headers["location"] = location
+            log.warning("Ray dashboard of %s/%s: %s", dag_id, run_id, e)
+            return _page(str(e), e.status)
 
         async def body() -> AsyncIterator[bytes]:
             if request.method == "HEAD":
@@ -277,21 +309,26 @@ def add_dashboard_routes(app: FastAPI, *, route: str, dependencies: list[Any]) -
             async for chunk in upstream.content.iter_chunked(CHUNK_BYTES):
                 yield chunk
 
-        return UpstreamResponse(body(), release=release, status_code=upstream.status, headers=out_headers)
+        return _upstream_response()(body(), release=release, status_code=upstream.status, headers=out_headers)
 
-    @app.get(route, dependencies=dependencies, include_in_schema=False)
-    def dashboard_without_slash(dag_id: str, run_id: str) -> Any:
-        # Relative, so any base_url path is kept; the slash makes the app's relative requests land below.
-        return RedirectResponse(url="dashboard/", status_code=307)
 
-    async def dashboard(request: Request, dag_id: str, run_id: str, path: str) -> Any:
-        return await forward(request, dag_id, run_id, path)
-
-    # FastAPI resolves a string annotation in the module's globals, where Request is not (imported here,
-    # at the first request, like the rest of FastAPI): give it the class.
-    dashboard.__annotations__["request"] = Request
-    app.add_api_route(route + "/{path:path}", dashboard, methods=["GET", "HEAD"], dependencies=dependencies,
-                      include_in_schema=False, response_model=None)
+def _passed_headers(upstream: Any, request: Any, path: str, client: RayJobsClient) -> dict[str, str]:
+    """The headers passed on with Ray's answer (a redirect within the dashboard rewritten to stay under the
+    proxy); DashboardUnavailable when the answer is not passed on: Ray refused the credentials, or it
+    redirected away from itself."""
+    if upstream.status in (401, 403):
+        raise DashboardUnavailable(f"the run's Ray dashboard at {client.dashboard_url} refused the credentials the "
+                                   f"pipeline has for it ({upstream.status}): the cluster's token or auth_mode "
+                                   "changed", 502)
+    out_headers = forwarded_response_headers(upstream.headers, path)
+    if 300 <= upstream.status < 400 and "location" in upstream.headers:
+        base_path = request.url.path[:len(request.url.path) - len(path)]
+        location = proxied_location(upstream.headers["location"], dashboard_url=client.dashboard_url,
+                                    base_path=base_path)
+        if location is None:
+            raise DashboardUnavailable("the run's Ray dashboard redirected away from itself", 502)
+        out_headers["location"] = location
+    return out_headers
 
 
 __all__ = ["DashboardUnavailable", "add_dashboard_routes", "cluster_client", "find_cluster",

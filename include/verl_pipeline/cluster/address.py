@@ -1,12 +1,15 @@
 """An existing Ray cluster reached by its dashboard URL. The pipeline never tears it down.
 
-A dashboard with auth disabled is used only on loopback or over https, unless the profile says
-``allow_insecure: true`` (:func:`verl_pipeline.auth.exposure_problem`).
+Its ``auth_mode`` is the project's default (:data:`~verl_pipeline.constants.DEFAULT_AUTH_MODE`, token)
+unless the profile says otherwise. A dashboard with auth disabled is used only on loopback or over
+https, unless the profile says ``allow_insecure: true`` (:func:`verl_pipeline.auth.exposure_problem`);
+so is a token-auth one for which no token was given (every request would go without one).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -15,6 +18,7 @@ from verl_pipeline import auth
 from verl_pipeline.admission import POOL_KEY
 from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, wait_ready
 from verl_pipeline.cluster.settings import Key, absolute_path, read_settings, setting
+from verl_pipeline.constants import DEFAULT_AUTH_MODE
 from verl_pipeline.exceptions import ClusterError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -42,8 +46,8 @@ class AddressBackend(ClusterBackend):
 
     dashboard_url: str | None = field(default=None, metadata=setting(parse=_dashboard_url))
     conn_id: str | None = field(default=None, metadata=setting(example="ray_default"))
-    #: Someone else's cluster: its mode is whatever it was started with, so the profile says it.
-    auth_mode: str = field(default=auth.AuthMode.DISABLED.value,
+    #: Someone else's cluster: its mode is whatever it was started with; a profile of one without auth says so.
+    auth_mode: str = field(default=DEFAULT_AUTH_MODE.value,
                            metadata=setting(choices=tuple(m.value for m in auth.AuthMode)))
     expected_nodes: int = field(default=1, metadata=setting(ge=1))
     expected_gpus: float = field(default=0.0, metadata=setting(ge=0))
@@ -81,6 +85,9 @@ class AddressBackend(ClusterBackend):
         problem = auth.exposure_problem(self.dashboard_url, auth.AuthMode(self.auth_mode), allowed=self.allow_insecure)
         if problem:
             raise problem
+        problem = self._tokenless_problem()
+        if problem:
+            raise problem
         if self.ca_bundle and not Path(self.ca_bundle).exists():
             raise ClusterError(f"ca_bundle={self.ca_bundle!r}: no such CA file or directory (fix: the path of the "
                                "PEM file that signed the dashboard's certificate, readable on this worker)")
@@ -98,6 +105,22 @@ class AddressBackend(ClusterBackend):
         )
         wait_ready(handle, timeout_s=self.ready_timeout_s, client=handle.client(self.token))
         return handle
+
+    def _tokenless_problem(self) -> ConfigError | None:
+        """Token auth with no token to send (neither the connection's password nor the variable): the
+        requests go without one, and only an open cluster answers them. Refused where an open one would be."""
+        if auth.AuthMode(self.auth_mode) is not auth.AuthMode.TOKEN or self.token \
+                or os.environ.get(auth.PIPELINE_TOKEN_VAR) or not self.dashboard_url:
+            return None
+        if auth.exposure_problem(self.dashboard_url, auth.AuthMode.DISABLED, allowed=self.allow_insecure) is None:
+            return None
+        return ConfigError(
+            "cluster.auth_mode", self.auth_mode,
+            f"no Ray token was given for {self.dashboard_url} (the Airflow connection's password, else "
+            f"${auth.PIPELINE_TOKEN_VAR}): every request would go without one, and a cluster that answers them is "
+            f"open: {auth.SHADOWRAY}",
+            "give the cluster's token; for a cluster without auth, set auth_mode: disabled (then serve the dashboard "
+            "over https, or set allow_insecure: true if only trusted hosts reach the port)")
 
     def teardown(self, handle: ClusterHandle) -> dict[str, Any]:
         log.info("Cluster %s at %s is not owned by the pipeline: left running", handle.name, handle.dashboard_url)

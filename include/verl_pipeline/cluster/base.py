@@ -36,7 +36,8 @@ class ClusterHandle:
     dashboard_url: str
     #: True when the pipeline started the cluster and teardown must stop it.
     owned: bool
-    auth_mode: str = "disabled"
+    #: The cluster's Ray auth as its backend started or found it (every backend sets it; a bare handle means none).
+    auth_mode: str = AuthMode.DISABLED.value
     conn_id: str | None = None
     gcs_address: str | None = None
     expected_nodes: int = 1

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from verl_pipeline import auth
 from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.cluster.settings import Key, Parser, environment, read_settings, setting
 from verl_pipeline.exceptions import ClusterError, ConfigError
@@ -36,6 +37,8 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
 MODES = ("raycluster", "rayjob")
+#: Ray's auth on the clusters this backend starts: none yet (docs/security.md says how to restrict the Service).
+AUTH_MODE = auth.AuthMode.DISABLED
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,74 @@ def _dashboard_url(key: Key, value: Any) -> str:
     return value.rstrip("/")
 
 
+@dataclass(frozen=True)
+class KubeApi:
+    """The Kubernetes API as a KubeRay backend reaches it: its ``CustomObjectsApi`` built from an Airflow
+    connection, in-cluster credentials or a kubeconfig, and its errors as ClusterErrors saying what to
+    grant or install."""
+
+    namespace: str
+    conn_id: str | None = None
+    in_cluster: bool = False
+    kube_config_path: str | None = None
+    kube_context: str | None = None
+    request_timeout_s: float = 30.0
+    #: A CustomObjectsApi-compatible object (tests); None = built from the credentials.
+    api: Any = field(default=None, repr=False, compare=False)
+
+    def objects(self) -> Any:
+        """The ``CustomObjectsApi``."""
+        if self.api is not None:
+            return self.api
+        from kubernetes import client, config
+
+        in_cluster, path, context = self.in_cluster, self.kube_config_path, self.kube_context
+        inline: dict[str, Any] | None = None
+        if self.conn_id:
+            in_cluster, path, context, inline = _from_airflow_connection(self.conn_id, in_cluster, path, context)
+        try:
+            if in_cluster:
+                config.load_incluster_config()
+                return client.CustomObjectsApi()
+            api_client = (config.new_client_from_config_dict(inline, context=context) if inline is not None
+                          else config.new_client_from_config(config_file=path, context=context))
+        except Exception as e:  # ConfigException, missing files …
+            raise ClusterError(f"cannot load the Kubernetes configuration (in_cluster={in_cluster}, "
+                               f"kube_config_path={path}, connection={self.conn_id}): {e}") from e
+        return client.CustomObjectsApi(api_client)
+
+    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with the request timeout; a refusal, a missing API or a timeout as a ClusterError."""
+        try:
+            return fn(*args, _request_timeout=self.request_timeout_s, **kwargs)
+        except Exception as e:
+            status = getattr(e, "status", None)
+            if status == 403:
+                raise ClusterError(
+                    f"Kubernetes refused to {what} (403 Forbidden): grant the Airflow identity get/create/delete "
+                    f"on rayclusters.ray.io (and rayjobs.ray.io) in namespace {self.namespace}: {_reason(e)}"
+                ) from e
+            if status == 404 and what.startswith("create"):
+                raise ClusterError(f"cannot {what}: the ray.io/v1 API is not served in namespace {self.namespace} "
+                                   f"(is the KubeRay operator with its CRDs installed?): {_reason(e)}") from e
+            timed_out = type(e).__name__.endswith("TimeoutError") or "timed out" in str(e).lower()
+            if status is None and timed_out:
+                raise ClusterError(f"the Kubernetes API timed out after {self.request_timeout_s:.0f}s while trying "
+                                   f"to {what}: {e}") from e
+            raise
+
+    def get(self, api: Any, plural: str, name: str) -> dict[str, Any] | None:
+        """The namespace's object ``plural/name``; None when it does not exist."""
+        try:
+            obj: dict[str, Any] = self.call(f"get {plural}/{name}", api.get_namespaced_custom_object, GROUP, VERSION,
+                                            self.namespace, plural, name)
+            return obj
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None
+            raise
+
+
 _SECONDS = setting(gt=0)
 _LABEL = setting(pattern=_DNS_LABEL, rule=_LABEL_RULE)
 _RAYJOB_COUNT = setting(section="rayjob", ge=0)
@@ -176,7 +247,9 @@ class KubeRayBackend(ClusterBackend):
     volumes: tuple[Volume, ...] = field(default=(), metadata=setting(parse=_volumes))
     shm_size: str = field(default="16Gi", metadata=setting(pattern=_QUANTITY, rule="must be a Kubernetes quantity",
                                                           example="64Gi"))
-    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=environment))
+    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=environment(
+        auth_fix="a KubeRay cluster runs with Ray's auth disabled, its dashboard a Service inside Kubernetes "
+                 "(docs/security.md)")))
     tolerations: tuple[dict[str, Any], ...] = field(default=(), metadata=setting(parse=_tolerations))
     node_selector: dict[str, str] = field(default_factory=dict, metadata=setting(parse=_node_selector))
     service_account: str | None = field(default=None, metadata=setting(pattern=_DNS_LABEL, rule=_LABEL_RULE,
@@ -214,7 +287,7 @@ class KubeRayBackend(ClusterBackend):
         return f"{self.name_prefix}-{slug(name, 24)}-{short_hash(name, length=8)}"[:47].strip("-")
 
     def _pod_template(self, container_name: str, group: Group, ports: list[dict[str, Any]]) -> dict[str, Any]:
-        env = [{"name": "RAY_AUTH_MODE", "value": "disabled"}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
+        env = [{"name": auth.MODE_VAR, "value": AUTH_MODE.value}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
         env += [{"name": k, "value": v} for k, v in self.env.items()]
         mounts = [{"name": v.name, "mountPath": v.mount_path} for v in self.volumes]
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -290,66 +363,22 @@ class KubeRayBackend(ClusterBackend):
         return [self.raycluster_manifest(name), self.rayjob_manifest(name, entrypoint, "env_vars: {A: '1'}\n")]
 
     # -- the Kubernetes API ----------------------------------------------------------------------
-    def _custom_objects(self) -> Any:
-        if self.api is not None:
-            return self.api
-        from kubernetes import client, config
-
-        in_cluster, path, context = self.in_cluster, self.kube_config_path, self.kube_context
-        inline: dict[str, Any] | None = None
-        if self.conn_id:
-            in_cluster, path, context, inline = _from_airflow_connection(self.conn_id, in_cluster, path, context)
-        try:
-            if in_cluster:
-                config.load_incluster_config()
-                return client.CustomObjectsApi()
-            api_client = (config.new_client_from_config_dict(inline, context=context) if inline is not None
-                          else config.new_client_from_config(config_file=path, context=context))
-        except Exception as e:  # ConfigException, missing files …
-            raise ClusterError(f"cannot load the Kubernetes configuration (in_cluster={in_cluster}, "
-                               f"kube_config_path={path}, connection={self.conn_id}): {e}") from e
-        return client.CustomObjectsApi(api_client)
-
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, _request_timeout=self.request_timeout_s, **kwargs)
-        except Exception as e:
-            status = getattr(e, "status", None)
-            if status == 403:
-                raise ClusterError(
-                    f"Kubernetes refused to {what} (403 Forbidden): grant the Airflow identity get/create/delete "
-                    f"on rayclusters.ray.io (and rayjobs.ray.io) in namespace {self.namespace}: {_reason(e)}"
-                ) from e
-            if status == 404 and what.startswith("create"):
-                raise ClusterError(f"cannot {what}: the ray.io/v1 API is not served in namespace {self.namespace} "
-                                   f"(is the KubeRay operator with its CRDs installed?): {_reason(e)}") from e
-            timed_out = type(e).__name__.endswith("TimeoutError") or "timed out" in str(e).lower()
-            if status is None and timed_out:
-                raise ClusterError(f"the Kubernetes API timed out after {self.request_timeout_s:.0f}s while trying "
-                                   f"to {what}: {e}") from e
-            raise
-
-    def _get(self, api: Any, plural: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = self._call(f"get {plural}/{name}", api.get_namespaced_custom_object, GROUP, VERSION,
-                                             self.namespace, plural, name)
-            return obj
-        except Exception as e:
-            if getattr(e, "status", None) == 404:
-                return None
-            raise
+    def _kube(self) -> KubeApi:
+        return KubeApi(self.namespace, self.conn_id, self.in_cluster, self.kube_config_path, self.kube_context,
+                       self.request_timeout_s, self.api)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def provision(self, name: str) -> ClusterHandle:
         if self.mode != "raycluster":
             raise ConfigError("cluster.mode", self.mode, "the pipeline provisions a RayCluster and submits the job "
                               "itself; RayJob manifests come from submit_rayjob()", "mode: raycluster")
-        api = self._custom_objects()
+        kube = self._kube()
+        api = kube.objects()
         manifest = self.raycluster_manifest(name)
         rname = manifest["metadata"]["name"]
         created = True
         try:
-            self._call(f"create RayCluster {rname}", api.create_namespaced_custom_object, GROUP, VERSION,
+            kube.call(f"create RayCluster {rname}", api.create_namespaced_custom_object, GROUP, VERSION,
                        self.namespace, PLURALS["RayCluster"], manifest)
             log.info("Created RayCluster %s/%s (%d worker(s) x %s GPU)", self.namespace, rname,
                      self.workers.replicas, self.workers.gpus)
@@ -368,7 +397,7 @@ class KubeRayBackend(ClusterBackend):
             dashboard_url=self.dashboard_url or f"http://{rname}-head-svc.{self.namespace}.svc.cluster.local:"
                                                 f"{DASHBOARD_PORT}",
             # handle.conn_id names the Ray token's connection; the Kubernetes one goes in extra.
-            owned=True, auth_mode="disabled",
+            owned=True, auth_mode=AUTH_MODE.value,
             expected_nodes=1 + self.workers.replicas,
             expected_cpus=_cpu_count(self.head.cpu) // 1 + self.workers.replicas * (_cpu_count(self.workers.cpu) // 1),
             expected_gpus=self.head.gpus + self.workers.replicas * self.workers.gpus,
@@ -389,7 +418,7 @@ class KubeRayBackend(ClusterBackend):
         deadline = time.monotonic() + self.ready_timeout_s
         status: dict[str, Any] = {}
         while True:
-            obj = self._get(api, PLURALS["RayCluster"], rname)
+            obj = self._kube().get(api, PLURALS["RayCluster"], rname)
             if obj is None:
                 raise ClusterError(f"RayCluster {self.namespace}/{rname} disappeared while starting")
             status = obj.get("status") or {}
@@ -426,10 +455,11 @@ class KubeRayBackend(ClusterBackend):
         rname = str(handle.extra.get("resource", ""))
         if not rname:
             return {"deleted": None}
-        api = b._custom_objects()
+        kube = b._kube()
+        api = kube.objects()
         t0 = time.monotonic()
         try:
-            b._call(f"delete RayCluster {rname}", api.delete_namespaced_custom_object, GROUP, VERSION, b.namespace,
+            kube.call(f"delete RayCluster {rname}", api.delete_namespaced_custom_object, GROUP, VERSION, b.namespace,
                     PLURALS["RayCluster"], rname, propagation_policy="Foreground")
         except Exception as e:
             if getattr(e, "status", None) != 404:
@@ -437,7 +467,7 @@ class KubeRayBackend(ClusterBackend):
             log.info("RayCluster %s/%s was already gone", b.namespace, rname)
             return {"deleted": rname, "already_gone": True, "seconds": 0.0}
         deadline = time.monotonic() + max(60.0, b.request_timeout_s)
-        while b._get(api, PLURALS["RayCluster"], rname) is not None:
+        while kube.get(api, PLURALS["RayCluster"], rname) is not None:
             if time.monotonic() > deadline:
                 raise ClusterError(f"RayCluster {b.namespace}/{rname} still exists {deadline - t0:.0f}s after delete")
             time.sleep(min(b.poll_s, 2.0))
@@ -447,7 +477,8 @@ class KubeRayBackend(ClusterBackend):
     def health(self, handle: ClusterHandle) -> ClusterHealth:
         b = self._for_handle(handle)
         rname = str(handle.extra.get("resource"))
-        obj = b._get(b._custom_objects(), PLURALS["RayCluster"], rname)
+        kube = b._kube()
+        obj = kube.get(kube.objects(), PLURALS["RayCluster"], rname)
         if obj is None:
             return ClusterHealth(False, "GONE", f"RayCluster {b.namespace}/{rname} no longer exists",
                                  infrastructure=True)
@@ -457,11 +488,12 @@ class KubeRayBackend(ClusterBackend):
 
     def submit_rayjob(self, name: str, entrypoint: str, runtime_env_yaml: str | None = None) -> dict[str, Any]:
         """Create a ``RayJob`` (its own cluster, deleted after the job). Returns the created object."""
-        api = self._custom_objects()
+        kube = self._kube()
+        api = kube.objects()
         manifest = self.rayjob_manifest(name, entrypoint, runtime_env_yaml)
         rname = manifest["metadata"]["name"]
         try:
-            obj: dict[str, Any] = self._call(f"create RayJob {rname}", api.create_namespaced_custom_object, GROUP,
+            obj: dict[str, Any] = kube.call(f"create RayJob {rname}", api.create_namespaced_custom_object, GROUP,
                                              VERSION, self.namespace, PLURALS["RayJob"], copy.deepcopy(manifest))
         except Exception as e:
             if getattr(e, "status", None) == 409:

@@ -31,6 +31,7 @@ from verl_pipeline import auth
 from verl_pipeline.cluster import procs
 from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.cluster.settings import Key, read_settings, setting
+from verl_pipeline.constants import DEFAULT_AUTH_MODE
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug, write_json_atomic
 from verl_pipeline.rundir import retire
@@ -178,8 +179,8 @@ class LocalBackend(ClusterBackend):
     ports: dict[str, int] = field(default_factory=dict, metadata=setting(parse=_ports))
     min_worker_port: int = field(default=0, metadata=setting(ge=0, le=65535))
     stop_grace_s: float = field(default=10.0, metadata=setting(ge=0))
-    #: Ray's token auth unless the profile says ``auth_mode: disabled``.
-    auth_mode: auth.AuthMode = field(default=auth.AuthMode.TOKEN, metadata=setting())
+    #: Ray's auth (a fresh token per start, in a 0600 file beside the temp dir, unless the profile says disabled).
+    auth_mode: auth.AuthMode = field(default=DEFAULT_AUTH_MODE, metadata=setting())
     kind: str = "local"
 
     @classmethod
@@ -259,12 +260,38 @@ class LocalBackend(ClusterBackend):
         # A fresh token for every start: one that leaked from an earlier cluster opens nothing.
         token_file = (auth.write_token_file(self.token_dir_for(temp_dir))
                       if self.auth_mode is auth.AuthMode.TOKEN else None)
+        handle, started = self._start_head(name, temp_dir, token_file)
 
+        def still_starting() -> None:
+            for p, path in started:
+                if p.poll() is not None:
+                    tail = path.read_text(errors="replace")[-2000:]
+                    error = _RetryableStart if any(m in tail for m in _RETRYABLE_START_MARKERS) else ClusterError
+                    raise error(
+                        f"`ray start` exited with code {p.returncode} before the cluster was ready:\n{tail}"
+                    )
+
+        try:
+            wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting, poll_s=_READY_POLL_S)
+            if self.nodes > 1:
+                started += self._start_workers(handle, temp_dir, token_file)
+                wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting,
+                           poll_s=_READY_POLL_S)
+        except BaseException:
+            self.teardown(handle)
+            raise
+        handle.extra["pids"] = [r.to_list() for p, _ in started for r in procs.tree(p.pid)]
+        write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
+        return handle
+
+    def _start_head(self, name: str, temp_dir: Path,
+                    token_file: Path | None) -> tuple[ClusterHandle, list[tuple[subprocess.Popen[bytes], Path]]]:
+        """Start the head node (on fresh ports, or the profile's pinned ones) and record the cluster's
+        handle in its state file before anything waits: a teardown after a crash finds what was started."""
         pinned = {key: port for key, port in self.ports.items() if port}
         fresh = iter(free_ports(len(PORT_FLAGS.keys() - pinned.keys()), exclude=set(pinned.values())))
         ports = {key: pinned.get(key) or next(fresh) for key in PORT_FLAGS}
         worker_base = self.min_worker_port or free_port_range(_WORKER_PORT_SPAN)
-        bases = [worker_base]
         cmd = [
             ray_executable(), "start", "--head", "--block",
             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
@@ -272,7 +299,6 @@ class LocalBackend(ClusterBackend):
         ]
         log_path = temp_dir / "ray-start-node0.log"
         proc = self._start(cmd, log_path, token_file)
-        started = [(proc, log_path)]
         root = procs.ProcRef(proc.pid, procs.psutil.Process(proc.pid).create_time())
         handle = ClusterHandle(
             backend=self.kind,
@@ -296,58 +322,43 @@ class LocalBackend(ClusterBackend):
                 "nodes": [{"rank": 0, "root": root.to_list(), "pgid": proc.pid, "log": str(log_path)}],
             },
         )
-        # Written before waiting: a teardown after a crash here still finds what was started.
         write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
+        return handle, [(proc, log_path)]
 
-        def still_starting() -> None:
-            for p, path in started:
-                if p.poll() is not None:
-                    tail = path.read_text(errors="replace")[-2000:]
-                    error = _RetryableStart if any(m in tail for m in _RETRYABLE_START_MARKERS) else ClusterError
-                    raise error(
-                        f"`ray start` exited with code {p.returncode} before the cluster was ready:\n{tail}"
-                    )
-
-        try:
-            status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting,
-                                poll_s=_READY_POLL_S)
-            if self.nodes > 1:
-                head_ip = self._head_ip(handle)
-                taken = set(ports.values())
-                handle.gcs_address = f"{head_ip}:{ports['gcs']}"
-                for rank in range(1, self.nodes):
-                    keys = [key for key in PORT_FLAGS if key not in _HEAD_ONLY_PORTS]
-                    # Earlier nodes may not have bound theirs yet: none of their ports either.
-                    node_ports = dict(zip(keys, free_ports(len(keys), exclude=taken), strict=True))
-                    taken.update(node_ports.values())
-                    # A pinned min_worker_port: the next ranges after it; else a free one anywhere.
-                    base = (self.min_worker_port + rank * _WORKER_PORT_SPAN if self.min_worker_port
-                            else free_port_range(_WORKER_PORT_SPAN, exclude=tuple(bases)))
-                    bases.append(base)
-                    cmd = [
-                        ray_executable(), "start", "--block", f"--address={handle.gcs_address}",
-                        '--resources={"local_worker_node": 1}',
-                        *self._node_args(temp_dir, node_ports, base),
-                    ]
-                    node_log = temp_dir / f"ray-start-node{rank}.log"
-                    p = self._start(cmd, node_log, token_file)
-                    started.append((p, node_log))
-                    ref = procs.ProcRef(p.pid, procs.psutil.Process(p.pid).create_time())
-                    handle.extra["nodes"].append({"rank": rank, "root": ref.to_list(), "pgid": p.pid,
-                                                  "log": str(node_log)})
-                    write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
-                handle.expected_nodes = self.nodes
-                handle.expected_cpus = self.num_cpus * self.nodes
-                handle.expected_gpus = self.num_gpus * self.nodes
-                status = wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting,
-                                poll_s=_READY_POLL_S)
-            del status
-        except BaseException:
-            self.teardown(handle)
-            raise
-        handle.extra["pids"] = [r.to_list() for p, _ in started for r in procs.tree(p.pid)]
-        write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
-        return handle
+    def _start_workers(self, handle: ClusterHandle, temp_dir: Path,
+                       token_file: Path | None) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        """Start nodes 1..n-1 against the ready head (each recorded in the state file as it starts) and raise
+        the handle's expectations to the whole cluster."""
+        head_ip = self._head_ip(handle)
+        ports = handle.extra["ports"]
+        taken = set(ports.values())
+        bases = [handle.extra["worker_ports"][0]]
+        handle.gcs_address = f"{head_ip}:{ports['gcs']}"
+        started = []
+        for rank in range(1, self.nodes):
+            keys = [key for key in PORT_FLAGS if key not in _HEAD_ONLY_PORTS]
+            # Earlier nodes may not have bound theirs yet: none of their ports either.
+            node_ports = dict(zip(keys, free_ports(len(keys), exclude=taken), strict=True))
+            taken.update(node_ports.values())
+            # A pinned min_worker_port: the next ranges after it; else a free one anywhere.
+            base = (self.min_worker_port + rank * _WORKER_PORT_SPAN if self.min_worker_port
+                    else free_port_range(_WORKER_PORT_SPAN, exclude=tuple(bases)))
+            bases.append(base)
+            cmd = [
+                ray_executable(), "start", "--block", f"--address={handle.gcs_address}",
+                '--resources={"local_worker_node": 1}',
+                *self._node_args(temp_dir, node_ports, base),
+            ]
+            node_log = temp_dir / f"ray-start-node{rank}.log"
+            p = self._start(cmd, node_log, token_file)
+            started.append((p, node_log))
+            ref = procs.ProcRef(p.pid, procs.psutil.Process(p.pid).create_time())
+            handle.extra["nodes"].append({"rank": rank, "root": ref.to_list(), "pgid": p.pid, "log": str(node_log)})
+            write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
+        handle.expected_nodes = self.nodes
+        handle.expected_cpus = self.num_cpus * self.nodes
+        handle.expected_gpus = self.num_gpus * self.nodes
+        return started
 
     @staticmethod
     def _head_ip(handle: ClusterHandle) -> str:

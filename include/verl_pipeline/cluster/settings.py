@@ -21,6 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from verl_pipeline import auth
 from verl_pipeline.cluster.base import COMMON_SETTINGS, ClusterBackend
 from verl_pipeline.exceptions import ConfigError
 
@@ -235,8 +236,21 @@ def absolute_path(*, rule: str = "must be an absolute path", example: str = "/sh
     return parse
 
 
-def environment(key: Key, value: Any) -> dict[str, str]:
-    """Environment variables for the Ray nodes: names to values (a value is kept as its text)."""
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) and _ENV_NAME.fullmatch(k) for k in value):
-        raise key.refuse(value, "must map environment variable names to values", "{NCCL_DEBUG: WARN}")
-    return {str(k): str(v) for k, v in value.items()}
+def environment(*, auth_fix: str) -> Parser:
+    """A parser of environment variables for the Ray nodes: names to values (a value is kept as its text).
+
+    Ray's auth variables (``RAY_AUTH_*``) are refused: the backend sets them, and a token there would
+    be written in clear where the nodes' environment is (a script, a manifest). ``auth_fix``: how this
+    backend's profile sets Ray's auth instead (the refusal's fix).
+    """
+
+    def parse(key: Key, value: Any) -> dict[str, str]:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) and _ENV_NAME.fullmatch(k) for k in value):
+            raise key.refuse(value, "must map environment variable names to values", "{NCCL_DEBUG: WARN}")
+        for name in value:
+            if name.startswith(auth.AUTH_VAR_PREFIX):
+                raise ConfigError(f"{key.path}.{name}", "***", "Ray's auth is set by the pipeline, not by env",
+                                  f"remove it; {auth_fix}")
+        return {str(k): str(v) for k, v in value.items()}
+
+    return parse

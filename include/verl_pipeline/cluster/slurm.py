@@ -38,6 +38,7 @@ from verl_pipeline.cluster.base import (
 )
 from verl_pipeline.cluster.settings import Key, absolute_path, environment, read_settings, setting
 from verl_pipeline.cluster.slurm_rest import SlurmRest, slurm_rest_end_time, state_of
+from verl_pipeline.constants import DEFAULT_AUTH_MODE
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import atomic_path, pipeline_home, short_hash, slug, write_json_atomic
 from verl_pipeline.rundir import RunDir, retire
@@ -152,6 +153,93 @@ class Container:
         return flags
 
 
+@dataclass(frozen=True)
+class SlurmControl:
+    """How the pipeline talks to Slurm: its commands (``sbatch``, ``scontrol``, ``squeue``, ``scancel``; from
+    ``slurm_bin`` and with ``slurm_conf`` when set) or, with ``rest``, slurmrestd."""
+
+    slurm_bin: str | None = None
+    slurm_conf: str | None = None
+    rest: SlurmRest | None = None
+
+    def _cmd(self, name: str) -> str:
+        if self.slurm_bin:
+            return str(Path(self.slurm_bin) / name)
+        found = shutil.which(name)
+        if not found:
+            raise ClusterError(f"the Slurm command `{name}` is not installed on this machine (install slurm-client "
+                               "or set cluster.slurm_bin)")
+        return found
+
+    def run(self, args: list[str], *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        proc = subprocess.run([self._cmd(args[0]), *args[1:]], capture_output=True, text=True, env=env,
+                              timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"`{' '.join(args)}` failed (exit {proc.returncode}): "
+                               f"{(proc.stderr or proc.stdout).strip()}")
+        return proc
+
+    def submit(self, script: str, script_path: Path, rest_properties: dict[str, Any]) -> str:
+        """Submit the allocation: ``sbatch`` of the saved script, or the script and its properties to slurmrestd."""
+        if self.rest:
+            return self.rest.submit(script, rest_properties)
+        out = self.run(["sbatch", "--parsable", str(script_path)]).stdout.strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise ClusterError(f"sbatch printed no job id: {out!r}")
+        return job_id
+
+    def job(self, job_id: str) -> SlurmJob:
+        if self.rest:
+            record = self.rest.job(job_id)
+            if record is None:
+                return SlurmJob(job_id, "GONE", "no longer known to Slurm")
+            return SlurmJob(job_id, *state_of(record))
+        proc = self.run(["scontrol", "show", "job", "-o", job_id], check=False)
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:
+                return SlurmJob(job_id, "GONE", "no longer known to Slurm")
+            raise ClusterError(f"`scontrol show job {job_id}` failed: {proc.stderr.strip()}")
+        info = parse_scontrol_job(proc.stdout)
+        return SlurmJob(job_id, info.get("JobState", "UNKNOWN"), info.get("Reason", ""), info.get("ExitCode", ""),
+                        info.get("NodeList", ""))
+
+    def jobs_named(self, job_name: str) -> list[str]:
+        """The ids of the jobs of this name that have not ended."""
+        if self.rest:
+            return [str(j["job_id"]) for j in self.rest.jobs_named(job_name)
+                    if state_of(j)[0] not in TERMINAL_STATES]
+        proc = self.run(["squeue", "-h", f"--name={job_name}", "-o", "%i"])
+        return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+    def cancel(self, job_id: str) -> None:
+        if self.rest:
+            self.rest.cancel(job_id)
+        else:
+            self.run(["scancel", job_id], check=False)
+
+    def released(self, job: SlurmJob) -> bool:
+        """Whether the allocation of ``job`` (one look at it) is gone: ended, and its nodes done with it."""
+        # COMPLETING (CG) is terminal for the scheduler but the nodes still run its processes.
+        if not job.terminal or "COMPLETING" in job.state:
+            return False
+        if self.rest:  # its record says COMPLETING until the nodes are done with it
+            return True
+        in_queue = self.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], check=False).stdout.strip()
+        return not in_queue or in_queue in TERMINAL_STATES
+
+    def end_time(self, job_id: str) -> float | None:
+        """When the allocation ends (epoch seconds: Slurm's EndTime), None without a time limit."""
+        if self.rest:
+            record = self.rest.job(job_id)
+            return slurm_rest_end_time(record) if record else None
+        proc = self.run(["scontrol", "show", "job", "-o", job_id], check=False)
+        return slurm_end_time(parse_scontrol_job(proc.stdout)) if proc.returncode == 0 else None
+
+
 def _time_limit(key: Key, value: Any) -> str:
     # A whole number is minutes. An unquoted 04:00:00 arrives as one too (YAML 1.1 reads it in base 60:
     # 14400), which is why the profiles quote it.
@@ -166,16 +254,6 @@ def _extra_sbatch(key: Key, value: Any) -> tuple[str, ...]:
                                               for a in value):
         raise key.refuse(value, "must be a list of sbatch options starting with --", "['--exclusive']")
     return tuple(value)
-
-
-def _env(key: Key, value: Any) -> dict[str, str]:
-    env = environment(key, value)
-    for name in env:
-        if name.startswith("RAY_AUTH_"):
-            # A token here would be written into the sbatch script in clear.
-            raise ConfigError(f"{key.path}.{name}", "***", "Ray's auth is set by the pipeline, not by env",
-                              "remove it and set cluster.auth_mode: token (a fresh token per allocation) or disabled")
-    return env
 
 
 def _container(key: Key, value: Any) -> Container | None:
@@ -222,7 +300,8 @@ class SlurmBackend(ClusterBackend):
     mem: str | None = field(default=None, metadata=setting(pattern=re.compile(r"\d+[KMGT]?"), example="64G"))
     extra_sbatch: tuple[str, ...] = field(default=(), metadata=setting(parse=_extra_sbatch))
     container: Container | None = field(default=None, metadata=setting(parse=_container))
-    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=_env))
+    env: dict[str, str] = field(default_factory=dict, metadata=setting(parse=environment(
+        auth_fix="set cluster.auth_mode: token (a fresh token per allocation) or disabled")))
     python: str | None = field(default=None, metadata=setting(parse=absolute_path(
         rule="must be an absolute path to the nodes' python",
         example="/opt/verl/.venv/bin/python (null = the submitting environment's)")))
@@ -246,8 +325,8 @@ class SlurmBackend(ClusterBackend):
     #: Submit, watch and cancel through slurmrestd instead of sbatch/scontrol/scancel.
     rest: SlurmRest | None = field(default=None, metadata=setting(
         key="slurmrestd", parse=lambda _key, value: SlurmRest.from_spec(value)))
-    #: Ray's token auth (a fresh token per allocation, in the work dir) unless the profile says disabled.
-    auth_mode: auth.AuthMode = field(default=auth.AuthMode.TOKEN, metadata=setting())
+    #: Ray's auth (a fresh token per allocation, in the work dir, unless the profile says disabled).
+    auth_mode: auth.AuthMode = field(default=DEFAULT_AUTH_MODE, metadata=setting())
     #: Set by :meth:`for_run`: the run directory the script, logs and head address go to.
     run_dir: str | None = None
     kind: str = "slurm"
@@ -336,155 +415,26 @@ class SlurmBackend(ClusterBackend):
 
     # -- the sbatch script -----------------------------------------------------------------------
     def render_script(self, name: str, *, port_base: int | None = None) -> str:
-        """The sbatch script for run ``name`` (pure: no I/O)."""
-        q = shlex.quote
+        """The sbatch script for run ``name`` (pure: no I/O): the allocation (``#SBATCH``), the nodes'
+        environment, the head then the workers (``srun``), the head address published, the allocation held."""
         workdir = self.workdir_for(name)
-        base = self.port_base if port_base is None else port_base
-        py = self.python_for_nodes()
-        ray = str(Path(py).parent / "ray")
-        lines = [
-            "#!/bin/bash",
-            "# Rendered by verl-pipeline: a Ray cluster held for the run until `scancel`.",
-            f"#SBATCH --job-name={self.job_name(name)}",
-            f"#SBATCH --nodes={self.nodes}",
-            "#SBATCH --ntasks-per-node=1",
-            f"#SBATCH --cpus-per-task={self.cpus_per_node}",
-            f"#SBATCH --time={self.time_limit}",
-            f"#SBATCH --output={workdir}/slurm-%j.out",
-            f"#SBATCH --chdir={workdir}",
-        ]
-        if self.gpus_per_node:
-            lines.append(f"#SBATCH --gpus-per-node={self.gpus_per_node}")
-        for flag, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos),
-                            ("mem", self.mem)):
-            if value:
-                lines.append(f"#SBATCH --{flag}={value}")
-        lines += [f"#SBATCH {arg}" for arg in self.extra_sbatch]
-        env = {"RAY_USAGE_STATS_ENABLED": "0", **self.env}
-        lines += ["", "set -uo pipefail", "unset RAY_ADDRESS"]
-        lines += [f"export {k}={q(v)}" for k, v in env.items()]
-        # Every node (and every job driver, which inherits the raylet's environment) reads the token file.
-        token_file = self.token_file_for(name)
-        for k, v in auth.ray_env(self.auth_mode, token_file).items():
-            lines.append(f"export {k}={q(v)}" if v is not None else f"unset {k}")
-        lines += [
-            f"PY={q(py)}",
-            f"RAY={q(ray)}",
-            # Job entrypoints run `python …` through a shell on the head: make it this environment's.
-            'export PATH="$(dirname "$PY"):$PATH"',
-            f"WORKDIR={q(str(workdir))}",
-            f"TEMP_DIR={q(self.temp_dir_for(name))}",
-            f"GCS_PORT={self.gcs_port}",
-            f"DASHBOARD_PORT={self.dashboard_port}",
-            f"PORT_BASE={base}",
-            f"PORT_STRIDE={self.port_stride}",
-            "",
-            'echo "verl-pipeline: Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
-            'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-            'HEAD=${NODES[0]}',
-            "# The head's address, resolved on the head host (never guessed from the node name).",
-            'HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname -I 2>/dev/null | awk \'{print $1}\')',
-            'if [ -z "$HEAD_IP" ]; then',
-            '  HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname --ip-address | awk \'{print $1}\')',
-            "fi",
-            'if [ -z "$HEAD_IP" ]; then echo "verl-pipeline: cannot resolve the IP of $HEAD" >&2; exit 3; fi',
-            'CPUS=${SLURM_CPUS_PER_TASK:-' + str(self.cpus_per_node) + '}',
-            'GPUS=${SLURM_GPUS_PER_NODE:-0}; GPUS=${GPUS##*:}',
-            'node_ports() {  # distinct ports per node when several nodes share a host (port_stride > 0)',
-            '  local b=$((PORT_BASE + PORT_STRIDE * $1))',
-            "  echo " + " ".join(f"{flag}=$((b + {off}))" for flag, off in NODE_PORT_OFFSETS.items())
-            + f" --min-worker-port=$((b + {WORKER_PORT_OFFSET}))"
-            + f" --max-worker-port=$((b + {WORKER_PORT_OFFSET + WORKER_PORT_SPAN - 1}))",
-            "}",
-        ]
-        osm = (f" --object-store-memory={self.object_store_memory_mb * 1024 * 1024}"
-               if self.object_store_memory_mb else "")
-        common = f'--block --disable-usage-stats --num-cpus="$CPUS" --num-gpus="$GPUS"{osm}'
-        srun = "srun --overlap --nodes=1 --ntasks=1 --kill-on-bad-exit=1"
-        if self.container and self.container.runtime == "enroot":
-            srun += " " + " ".join(q(a) for a in self.container.wrap(""))
-        wrap = ""
-        if self.container and self.container.runtime != "enroot":
-            wrap = " ".join(q(a) for a in self.container.wrap(f"vp-ray-{short_hash(name, length=8)}")) + " "
-        lines += [
-            'echo "verl-pipeline: Ray head on $HEAD ($HEAD_IP), workers on ${NODES[*]:1}"',
-            f'{srun} -w "$HEAD" {wrap}"$RAY" start --head --node-ip-address="$HEAD_IP" --port="$GCS_PORT" \\',
-            f'  --dashboard-host={q(self.dashboard_host)} --dashboard-port="$DASHBOARD_PORT" '
-            f'--ray-client-server-port={self.client_server_port} \\',
-            f'  --temp-dir="$TEMP_DIR" {common} $(node_ports 0) &',
-            "PIDS=($!)",
-            "# Workers join once the head's GCS accepts connections.",
-            "for _ in $(seq 1 300); do",
-            '  (exec 3<>"/dev/tcp/$HEAD_IP/$GCS_PORT") 2>/dev/null && break',
-            '  kill -0 "${PIDS[0]}" 2>/dev/null || { echo "verl-pipeline: the Ray head exited" >&2; exit 4; }',
-            "  sleep 1",
-            "done",
-            'for ((i = 1; i < ${#NODES[@]}; i++)); do',
-            f'  {srun} -w "${{NODES[$i]}}" {wrap}"$RAY" start --address="$HEAD_IP:$GCS_PORT" \\',
-            f'    {common} $(node_ports "$i") &',
-            "  PIDS+=($!)",
-            "done",
-        ]
-        url_host = '"$HEAD_IP"' if self.dashboard_host in ("0.0.0.0", "::") else q(self.dashboard_host)
-        lines += [
-            "# Publish the head address on shared storage (atomically) for the pipeline to read.",
-            f"DASH_HOST={url_host}",
-            'HEAD_FILE="$WORKDIR/head-$SLURM_JOB_ID.json"',
-            'printf \'{"job_id": "%s", "head_node": "%s", "head_ip": "%s", "gcs_address": "%s:%s", '
-            '"dashboard_url": "http://%s:%s", "nodes": %s}\\n\' \\',
-            '  "$SLURM_JOB_ID" "$HEAD" "$HEAD_IP" "$HEAD_IP" "$GCS_PORT" "$DASH_HOST" "$DASHBOARD_PORT" '
-            '"${#NODES[@]}" > "$HEAD_FILE.tmp"',
-            'mv "$HEAD_FILE.tmp" "$HEAD_FILE"',
-            "# Hold the allocation until teardown (scancel); if any Ray node exits, release it.",
-            "wait -n",
-            'echo "verl-pipeline: a Ray node exited: releasing the allocation" >&2',
-            "exit 5",
-            "",
-        ]
+        lines = [*_sbatch_options(self, name, workdir), "", "set -uo pipefail", "unset RAY_ADDRESS",
+                 *_node_environment(self, name),
+                 *_script_variables(self, name, workdir, self.port_base if port_base is None else port_base),
+                 *_start_nodes(self, name), *_publish_and_hold(self)]
         return "\n".join(lines)
 
-    # -- Slurm commands --------------------------------------------------------------------------
-    def _cmd(self, name: str) -> str:
-        if self.slurm_bin:
-            return str(Path(self.slurm_bin) / name)
-        found = shutil.which(name)
-        if not found:
-            raise ClusterError(f"the Slurm command `{name}` is not installed on this machine (install slurm-client "
-                               "or set cluster.slurm_bin)")
-        return found
-
-    def _run(self, args: list[str], *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ)
-        if self.slurm_conf:
-            env["SLURM_CONF"] = self.slurm_conf
-        proc = subprocess.run([self._cmd(args[0]), *args[1:]], capture_output=True, text=True, env=env,
-                              timeout=timeout, check=False)
-        if check and proc.returncode != 0:
-            raise ClusterError(f"`{' '.join(args)}` failed (exit {proc.returncode}): "
-                               f"{(proc.stderr or proc.stdout).strip()}")
-        return proc
+    # -- Slurm ---------------------------------------------------------------------------------------
+    @property
+    def control(self) -> SlurmControl:
+        """The way to this profile's Slurm: its commands or slurmrestd."""
+        return SlurmControl(self.slurm_bin, self.slurm_conf, self.rest)
 
     def job(self, job_id: str) -> SlurmJob:
-        if self.rest:
-            record = self.rest.job(job_id)
-            if record is None:
-                return SlurmJob(job_id, "GONE", "no longer known to Slurm")
-            return SlurmJob(job_id, *state_of(record))
-        proc = self._run(["scontrol", "show", "job", "-o", job_id], check=False)
-        if proc.returncode != 0:
-            if "Invalid job id" in proc.stderr:
-                return SlurmJob(job_id, "GONE", "no longer known to Slurm")
-            raise ClusterError(f"`scontrol show job {job_id}` failed: {proc.stderr.strip()}")
-        info = parse_scontrol_job(proc.stdout)
-        return SlurmJob(job_id, info.get("JobState", "UNKNOWN"), info.get("Reason", ""), info.get("ExitCode", ""),
-                        info.get("NodeList", ""))
+        return self.control.job(job_id)
 
     def jobs_named(self, job_name: str) -> list[str]:
-        if self.rest:
-            return [str(j["job_id"]) for j in self.rest.jobs_named(job_name)
-                    if state_of(j)[0] not in TERMINAL_STATES]
-        proc = self._run(["squeue", "-h", f"--name={job_name}", "-o", "%i"])
-        return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+        return self.control.jobs_named(job_name)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def provision(self, name: str) -> ClusterHandle:
@@ -510,13 +460,7 @@ class SlurmBackend(ClusterBackend):
         with atomic_path(script_path) as tmp:
             tmp.write_text(script)
         log.info("sbatch script %s:\n%s", script_path, script)
-        if self.rest:
-            job_id = self.rest.submit(script, self.rest_job_properties(name))
-        else:
-            out = self._run(["sbatch", "--parsable", str(script_path)]).stdout.strip()
-            job_id = out.split(";")[0]
-            if not job_id.isdigit():
-                raise ClusterError(f"sbatch printed no job id: {out!r}")
+        job_id = self.control.submit(script, script_path, self.rest_job_properties(name))
         log.info("Submitted Slurm job %s (%s): %d node(s) x %d CPU / %d GPU", job_id, job_name, self.nodes,
                  self.cpus_per_node, self.gpus_per_node)
         handle = ClusterHandle(
@@ -598,20 +542,13 @@ class SlurmBackend(ClusterBackend):
 
     def _cancel_and_confirm(self, job_id: str, timeout_s: float | None = None) -> SlurmJob:
         timeout_s = self.cancel_timeout_s if timeout_s is None else timeout_s
-        if self.rest:
-            self.rest.cancel(job_id)
-        else:
-            self._run(["scancel", job_id], check=False)
+        control = self.control
+        control.cancel(job_id)
         deadline = time.monotonic() + timeout_s
         while True:
-            job = self.job(job_id)
-            # COMPLETING (CG) is terminal for the scheduler but the nodes still run its processes.
-            if job.terminal and "COMPLETING" not in job.state:
-                if self.rest:  # its record says COMPLETING until the nodes are done with it
-                    return job
-                in_queue = self._run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
-                if not in_queue or in_queue in TERMINAL_STATES:
-                    return job
+            job = control.job(job_id)
+            if control.released(job):
+                return job
             if time.monotonic() > deadline:
                 raise ClusterError(f"{job.describe()}: still in the queue {timeout_s:.0f}s after scancel")
             time.sleep(0.5)
@@ -640,17 +577,131 @@ class SlurmBackend(ClusterBackend):
 
     def end_time(self, handle: ClusterHandle) -> float | None:
         """When the allocation ends (epoch seconds: Slurm's EndTime), None without a time limit."""
-        b = self._for_handle(handle)
-        job_id = str(handle.extra.get("job_id"))
-        if b.rest:
-            record = b.rest.job(job_id)
-            return slurm_rest_end_time(record) if record else None
-        proc = b._run(["scontrol", "show", "job", "-o", job_id], check=False)
-        return slurm_end_time(parse_scontrol_job(proc.stdout)) if proc.returncode == 0 else None
+        return self._for_handle(handle).control.end_time(str(handle.extra.get("job_id")))
 
     def status(self, handle: ClusterHandle) -> ClusterStatus:
         st = probe(handle.client())
         return replace(st, detail=f"{st.detail}; {self.health(handle).detail}")
+
+
+# -- the sbatch script, part by part (SlurmBackend.render_script) --------------------------------------------
+def _sbatch_options(b: SlurmBackend, name: str, workdir: Path) -> list[str]:
+    lines = [
+        "#!/bin/bash",
+        "# Rendered by verl-pipeline: a Ray cluster held for the run until `scancel`.",
+        f"#SBATCH --job-name={b.job_name(name)}",
+        f"#SBATCH --nodes={b.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --cpus-per-task={b.cpus_per_node}",
+        f"#SBATCH --time={b.time_limit}",
+        f"#SBATCH --output={workdir}/slurm-%j.out",
+        f"#SBATCH --chdir={workdir}",
+    ]
+    if b.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={b.gpus_per_node}")
+    for flag, value in (("partition", b.partition), ("account", b.account), ("qos", b.qos), ("mem", b.mem)):
+        if value:
+            lines.append(f"#SBATCH --{flag}={value}")
+    return lines + [f"#SBATCH {arg}" for arg in b.extra_sbatch]
+
+
+def _node_environment(b: SlurmBackend, name: str) -> list[str]:
+    q = shlex.quote
+    env = {"RAY_USAGE_STATS_ENABLED": "0", **b.env}
+    lines = [f"export {k}={q(v)}" for k, v in env.items()]
+    # Every node (and every job driver, which inherits the raylet's environment) reads the token file.
+    for k, v in auth.ray_env(b.auth_mode, b.token_file_for(name)).items():
+        lines.append(f"export {k}={q(v)}" if v is not None else f"unset {k}")
+    return lines
+
+
+def _script_variables(b: SlurmBackend, name: str, workdir: Path, port_base: int) -> list[str]:
+    """The script's variables: Ray and its Python, the ports, the node list, the head's IP, each node's ports."""
+    q = shlex.quote
+    py = b.python_for_nodes()
+    return [
+        f"PY={q(py)}",
+        f"RAY={q(str(Path(py).parent / 'ray'))}",
+        # Job entrypoints run `python …` through a shell on the head: make it this environment's.
+        'export PATH="$(dirname "$PY"):$PATH"',
+        f"WORKDIR={q(str(workdir))}",
+        f"TEMP_DIR={q(b.temp_dir_for(name))}",
+        f"GCS_PORT={b.gcs_port}",
+        f"DASHBOARD_PORT={b.dashboard_port}",
+        f"PORT_BASE={port_base}",
+        f"PORT_STRIDE={b.port_stride}",
+        "",
+        'echo "verl-pipeline: Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
+        'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        'HEAD=${NODES[0]}',
+        "# The head's address, resolved on the head host (never guessed from the node name).",
+        'HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname -I 2>/dev/null | awk \'{print $1}\')',
+        'if [ -z "$HEAD_IP" ]; then',
+        '  HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname --ip-address | awk \'{print $1}\')',
+        "fi",
+        'if [ -z "$HEAD_IP" ]; then echo "verl-pipeline: cannot resolve the IP of $HEAD" >&2; exit 3; fi',
+        'CPUS=${SLURM_CPUS_PER_TASK:-' + str(b.cpus_per_node) + '}',
+        'GPUS=${SLURM_GPUS_PER_NODE:-0}; GPUS=${GPUS##*:}',
+        'node_ports() {  # distinct ports per node when several nodes share a host (port_stride > 0)',
+        '  local b=$((PORT_BASE + PORT_STRIDE * $1))',
+        "  echo " + " ".join(f"{flag}=$((b + {off}))" for flag, off in NODE_PORT_OFFSETS.items())
+        + f" --min-worker-port=$((b + {WORKER_PORT_OFFSET}))"
+        + f" --max-worker-port=$((b + {WORKER_PORT_OFFSET + WORKER_PORT_SPAN - 1}))",
+        "}",
+    ]
+
+
+def _start_nodes(b: SlurmBackend, name: str) -> list[str]:
+    """The head (``srun`` on the first host, in the container when there is one), then each worker once the
+    head's GCS accepts connections."""
+    q = shlex.quote
+    osm = f" --object-store-memory={b.object_store_memory_mb * 1024 * 1024}" if b.object_store_memory_mb else ""
+    common = f'--block --disable-usage-stats --num-cpus="$CPUS" --num-gpus="$GPUS"{osm}'
+    srun = "srun --overlap --nodes=1 --ntasks=1 --kill-on-bad-exit=1"
+    if b.container and b.container.runtime == "enroot":
+        srun += " " + " ".join(q(a) for a in b.container.wrap(""))
+    wrap = ""
+    if b.container and b.container.runtime != "enroot":
+        wrap = " ".join(q(a) for a in b.container.wrap(f"vp-ray-{short_hash(name, length=8)}")) + " "
+    return [
+        'echo "verl-pipeline: Ray head on $HEAD ($HEAD_IP), workers on ${NODES[*]:1}"',
+        f'{srun} -w "$HEAD" {wrap}"$RAY" start --head --node-ip-address="$HEAD_IP" --port="$GCS_PORT" \\',
+        f'  --dashboard-host={q(b.dashboard_host)} --dashboard-port="$DASHBOARD_PORT" '
+        f'--ray-client-server-port={b.client_server_port} \\',
+        f'  --temp-dir="$TEMP_DIR" {common} $(node_ports 0) &',
+        "PIDS=($!)",
+        "# Workers join once the head's GCS accepts connections.",
+        "for _ in $(seq 1 300); do",
+        '  (exec 3<>"/dev/tcp/$HEAD_IP/$GCS_PORT") 2>/dev/null && break',
+        '  kill -0 "${PIDS[0]}" 2>/dev/null || { echo "verl-pipeline: the Ray head exited" >&2; exit 4; }',
+        "  sleep 1",
+        "done",
+        'for ((i = 1; i < ${#NODES[@]}; i++)); do',
+        f'  {srun} -w "${{NODES[$i]}}" {wrap}"$RAY" start --address="$HEAD_IP:$GCS_PORT" \\',
+        f'    {common} $(node_ports "$i") &',
+        "  PIDS+=($!)",
+        "done",
+    ]
+
+
+def _publish_and_hold(b: SlurmBackend) -> list[str]:
+    """The head address published on shared storage for the pipeline; the allocation held until scancel."""
+    url_host = '"$HEAD_IP"' if b.dashboard_host in ("0.0.0.0", "::") else shlex.quote(b.dashboard_host)
+    return [
+        "# Publish the head address on shared storage (atomically) for the pipeline to read.",
+        f"DASH_HOST={url_host}",
+        'HEAD_FILE="$WORKDIR/head-$SLURM_JOB_ID.json"',
+        'printf \'{"job_id": "%s", "head_node": "%s", "head_ip": "%s", "gcs_address": "%s:%s", '
+        '"dashboard_url": "http://%s:%s", "nodes": %s}\\n\' \\',
+        '  "$SLURM_JOB_ID" "$HEAD" "$HEAD_IP" "$HEAD_IP" "$GCS_PORT" "$DASH_HOST" "$DASHBOARD_PORT" '
+        '"${#NODES[@]}" > "$HEAD_FILE.tmp"',
+        'mv "$HEAD_FILE.tmp" "$HEAD_FILE"',
+        "# Hold the allocation until teardown (scancel); if any Ray node exits, release it.",
+        "wait -n",
+        'echo "verl-pipeline: a Ray node exited: releasing the allocation" >&2',
+        "exit 5",
+        "",
+    ]
 
 
 def slurm_end_time(fields: dict[str, str]) -> float | None:

@@ -16,7 +16,7 @@ import getpass
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from verl_pipeline.exceptions import ClusterError, ConfigError
@@ -30,8 +30,10 @@ API_VERSIONS = ("v0.0.38",)
 
 @dataclass(frozen=True)
 class SlurmRest:
+    """The profile's ``slurmrestd`` section; a key it leaves out keeps the field's default."""
+
     url: str
-    api_version: str = "v0.0.38"
+    api_version: str = API_VERSIONS[0]
     user: str | None = None
     token_env: str = "SLURM_JWT"
     timeout_s: float = 30.0
@@ -41,23 +43,25 @@ class SlurmRest:
         if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
             raise ConfigError("cluster.slurmrestd", spec, "needs url (unix:/path/to/socket or http://host:port)",
                               "slurmrestd: {url: 'unix:/run/slurmrestd/slurmrestd.socket'}")
-        unknown = sorted(set(spec) - {"url", "api_version", "user", "token_env", "timeout_s"})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(spec) - set(known))
         if unknown:
             raise ConfigError(f"cluster.slurmrestd.{unknown[0]}", spec[unknown[0]], "unknown slurmrestd setting",
-                              "use url, api_version, user, token_env, timeout_s")
+                              f"use {', '.join(known)}")
         url = spec["url"]
         if not (url.startswith("unix:/") or re.match(r"^https?://[^/\s]+/?$", url)):
             raise ConfigError("cluster.slurmrestd.url", url, "must be unix:/absolute/socket or http(s)://host:port",
                               "url: 'unix:/run/slurmrestd/slurmrestd.socket'")
-        version = str(spec.get("api_version", "v0.0.38"))
+        version = str(spec.get("api_version", cls.api_version))
         if version not in API_VERSIONS:
             raise ConfigError("cluster.slurmrestd.api_version", version, "is not a slurmrestd API this backend speaks",
                               f"one of {list(API_VERSIONS)} (`slurmrestd -s list` shows yours)")
-        timeout = spec.get("timeout_s", 30)
+        timeout = spec.get("timeout_s", cls.timeout_s)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ConfigError("cluster.slurmrestd.timeout_s", timeout, "must be a positive number", "timeout_s: 30")
-        return cls(url=url.rstrip("/"), api_version=version, user=spec.get("user"),
-                   token_env=str(spec.get("token_env", "SLURM_JWT")), timeout_s=float(timeout))
+            raise ConfigError("cluster.slurmrestd.timeout_s", timeout, "must be a positive number",
+                              f"timeout_s: {cls.timeout_s:g}")
+        return cls(url=url.rstrip("/"), api_version=version, user=spec.get("user", cls.user),
+                   token_env=str(spec.get("token_env", cls.token_env)), timeout_s=float(timeout))
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "api_version": self.api_version, "user": self.user, "token_env": self.token_env,

@@ -135,6 +135,7 @@ class _Run:
         # transformers from two threads at once fails ("cannot import name 'PreTrainedTokenizer'").
         self.lengths = PromptLengths(tokenizer, recipe.system_prompt) if tokenizer and max_len else None
         self.reward = RewardCheck(recipe)
+        self.tokenizer = tokenizer
         self.max_len = max_len
         self.dedup = bool(options.get("dedup", True))
         self.seen = SeenHashes()
@@ -164,39 +165,43 @@ class _Run:
         self.rej.close()
         self.filt.close()
 
+    def stats(self, *, source_text: str, max_frac: float, tokenizer_digest: str, t0: float) -> dict[str, Any]:
+        """What the run read, kept, rejected and filtered (``stats.json``, the task's counts)."""
+        n_rej = sum(self.rejected.values())
+        return {
+            "records_in": self.read, "train_rows": self.rows["train"], "val_rows": self.rows["val"],
+            "written": self.rows["train"] + self.rows["val"], "rejected": dict(self.rejected),
+            "reject_fraction": round(n_rej / self.read, 6), "max_reject_fraction": max_frac,
+            "deduplicated": self.filtered.get("duplicate_prompt", 0),
+            "too_long": self.filtered.get("prompt_too_long", 0),
+            "length_filter": ({"tokenizer": self.tokenizer, "tokenizer_digest": tokenizer_digest,
+                               "max_prompt_length": self.max_len, "longest_prompt": self.longest,
+                               "longest_kept_tokens": self.longest_kept, "tokenized_rows": self.measured,
+                               "byte_bound": bool(self.lengths.byte_level)}
+                              if self.lengths else "off (no tokenizer or max_prompt_length)"),
+            "data_source": self.recipe.data_source, "recipe": self.recipe.name, "source": source_text,
+            "scorer": self.reward.scorer, "scorer_samples": self.reward.samples,
+            "seconds": round(time.monotonic() - t0, 3),
+        }
+
     def _log(self, f: IO[str], label: str, split: str, lines: np.ndarray, reasons: list[str]) -> None:
         f.writelines(json.dumps({"source": label, "split": split, "line": int(n), "reason": r}) + "\n"
                      for n, r in zip(lines, reasons, strict=True))
 
     def batch(self, b: Batch, part: Part, split: str) -> None:
+        """Check one batch (rejects logged with their reason), filter it (duplicates, overlong prompts) and
+        queue what is left for the split's parquet file (``split == "all"``: divided into train and val)."""
         r = self.recipe
         t = b.table
         n = t.num_rows
         self.read += n
         self.reward.poll()  # a scorer that failed to load stops the run here
         reasons = np.full(n, None, dtype=object)
-
-        # ground truth
-        answer = t.column(r.answer_column)
-        if r.answer_extraction == "gsm8k":
-            truth = pc.struct_field(pc.extract_regex(pc.utf8_trim_whitespace(answer), GSM8K_PATTERN), [0])
-            truth = pc.replace_substring(truth, ",", "")
-        elif r.answer_extraction == "regex":
-            truth = pc.utf8_trim_whitespace(pc.struct_field(pc.extract_regex(answer, r.answer_regex), ["answer"]))
-        elif r.answer_extraction == "boxed":
-            truth = pa.array([None if a is None else last_boxed(a) for a in answer.to_pylist()], pa.string())
-        else:
-            truth = pc.utf8_trim_whitespace(answer)
-        truth = _chunk(truth)
+        truth = self._ground_truth(t)
         truth_missing = pc.or_kleene(pc.is_null(truth), pc.equal(pc.utf8_length(truth), 0))
         reasons[_np(pc.fill_null(truth_missing, True))] = "no_ground_truth"
-
-        # prompt
-        if r.prompt_template is not None:
-            question = _render(r.prompt_template, t)
-        else:
-            question = t.column(str(r.prompt_column))
-        question = _chunk(question)
+        question = _chunk(_render(r.prompt_template, t) if r.prompt_template is not None
+                          else t.column(str(r.prompt_column)))
         trimmed = _chunk(pc.utf8_trim_whitespace(question))
         reasons[_np(pc.fill_null(pc.equal(pc.utf8_length(trimmed), 0), False))] = "empty_prompt"
         for c in reversed(self.columns.all):
@@ -223,36 +228,9 @@ class _Run:
         truth_k = truth.take(idx)
         self.reward.sample(truth_k[0].as_py(), part.label, int(rows[0]))
 
-        sel = np.arange(len(keep))
-        if self.dedup:
-            # Python's string hash (64-bit SipHash): consistent within this run, which is all dedup needs.
-            hashes = np.fromiter(map(hash, content.to_numpy(zero_copy_only=False)), dtype=np.int64,
-                                 count=len(content))
-            uniq, first = np.unique(hashes, return_index=True)
-            is_first = np.zeros(len(hashes), dtype=bool)
-            is_first[first] = True
-            is_first &= ~self.seen.contains(hashes)
-            self.seen.add(uniq)
-            dup = ~is_first
-            if dup.any():
-                self.filtered["duplicate_prompt"] += int(dup.sum())
-                self._log(self.filt, part.label, split, rows[dup], ["duplicate_prompt"] * int(dup.sum()))
-            sel = np.flatnonzero(is_first)
+        sel = self._first_seen(content, rows, part, split) if self.dedup else np.arange(len(keep))
         if self.lengths is not None and len(sel):
-            assert self.max_len is not None
-            lens = self.lengths.lengths(content.take(pa.array(sel)), self.max_len)
-            i = int(lens.argmax())
-            if lens[i] > self.longest["tokens"]:
-                self.longest = {"tokens": int(lens[i]), "source": part.label, "line": int(rows[sel[i]])}
-            self.measured += int((lens >= 0).sum())
-            over = lens > self.max_len
-            if over.any():
-                self.filtered["prompt_too_long"] += int(over.sum())
-                self._log(self.filt, part.label, split, rows[sel[over]], ["prompt_too_long"] * int(over.sum()))
-                sel = sel[~over]
-                lens = lens[~over]
-            if len(lens):
-                self.longest_kept = max(self.longest_kept, int(lens.max()))
+            sel = self._short_enough(content, sel, rows, part, split)
         if not len(sel):
             return
         if split == "all":
@@ -261,6 +239,55 @@ class _Run:
             self._write("val", sel[is_val], keep, content, truth_k, question, t)
         else:
             self._write(split, sel, keep, content, truth_k, question, t)
+
+    def _ground_truth(self, t: pa.Table) -> pa.ChunkedArray:
+        """Each row's ground truth, as the recipe extracts it from its answer column."""
+        r = self.recipe
+        answer = t.column(r.answer_column)
+        if r.answer_extraction == "gsm8k":
+            truth = pc.struct_field(pc.extract_regex(pc.utf8_trim_whitespace(answer), GSM8K_PATTERN), [0])
+            truth = pc.replace_substring(truth, ",", "")
+        elif r.answer_extraction == "regex":
+            truth = pc.utf8_trim_whitespace(pc.struct_field(pc.extract_regex(answer, r.answer_regex), ["answer"]))
+        elif r.answer_extraction == "boxed":
+            truth = pa.array([None if a is None else last_boxed(a) for a in answer.to_pylist()], pa.string())
+        else:
+            truth = pc.utf8_trim_whitespace(answer)
+        return _chunk(truth)
+
+    def _first_seen(self, content: pa.Array, rows: np.ndarray, part: Part, split: str) -> np.ndarray:
+        """The positions of ``content`` whose prompt this run has not seen before (the rest logged as duplicates)."""
+        # Python's string hash (64-bit SipHash): consistent within this run, which is all dedup needs.
+        hashes = np.fromiter(map(hash, content.to_numpy(zero_copy_only=False)), dtype=np.int64, count=len(content))
+        uniq, first = np.unique(hashes, return_index=True)
+        is_first = np.zeros(len(hashes), dtype=bool)
+        is_first[first] = True
+        is_first &= ~self.seen.contains(hashes)
+        self.seen.add(uniq)
+        dup = ~is_first
+        if dup.any():
+            self.filtered["duplicate_prompt"] += int(dup.sum())
+            self._log(self.filt, part.label, split, rows[dup], ["duplicate_prompt"] * int(dup.sum()))
+        return np.flatnonzero(is_first)
+
+    def _short_enough(self, content: pa.Array, sel: np.ndarray, rows: np.ndarray, part: Part,
+                      split: str) -> np.ndarray:
+        """``sel`` without the prompts longer than ``max_prompt_length`` tokens (logged as filtered)."""
+        assert self.lengths is not None and self.max_len is not None
+        lens = self.lengths.lengths(content.take(pa.array(sel)), self.max_len)
+        i = int(lens.argmax())
+        if lens[i] > self.longest["tokens"]:
+            self.longest = {"tokens": int(lens[i]), "source": part.label, "line": int(rows[sel[i]])}
+        self.measured += int((lens >= 0).sum())
+        over = lens > self.max_len
+        if over.any():
+            self.filtered["prompt_too_long"] += int(over.sum())
+            self._log(self.filt, part.label, split, rows[sel[over]], ["prompt_too_long"] * int(over.sum()))
+            sel = sel[~over]
+            lens = lens[~over]
+        if len(lens):
+            self.longest_kept = max(self.longest_kept, int(lens.max()))
+        return sel
 
     def _write(self, split: str, sel: np.ndarray, keep: np.ndarray, content: pa.Array, truth: pa.Array,
                question: pa.Array, t: pa.Table) -> None:
@@ -373,6 +400,51 @@ def preprocess(
         for split, ps in resolve_parts(src, options).items():
             parts.setdefault(split, []).extend(ps)
     out_root.mkdir(parents=True, exist_ok=True)
+    key, tok_hash = _output_key(out_root, parts, recipe, options, tokenizer, max_len)
+    out_dir = out_root / f"{recipe.name}-{CODE_VERSION}-{key}"
+    stats_path = out_dir / "stats.json"
+    if stats_path.is_file():
+        counts = json.loads(stats_path.read_text())
+        log.info("Preprocessed data already present (key %s) in %s: nothing to do", key, out_dir)
+        return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
+                                True, counts, round(time.monotonic() - t0, 3))
+
+    tmp_dir = out_root / f".{out_dir.name}.{os.getpid()}.partial"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir(parents=True)
+    source_text = ", ".join(str(s) for s in srcs)
+    try:
+        run = _Run(recipe, options, tmp_dir, str(tokenizer) if tokenizer else None, int(max_len) if max_len else None)
+        try:
+            _read_all(run, parts, int(options.get("batch_rows", 65536)), t0)
+        finally:
+            run.close()
+        run.reward.wait()
+        max_frac = float(options.get("max_reject_fraction", 0.0))
+        _check_kept(run, max_frac, source_text, kept_rejects=out_root / f"rejects-{key}.jsonl")
+        counts = run.stats(source_text=source_text, max_frac=max_frac, tokenizer_digest=tok_hash, t0=t0)
+        write_json_atomic(tmp_dir / "stats.json", counts)
+        try:
+            os.rename(tmp_dir, out_dir)
+        except OSError:
+            if not stats_path.is_file():
+                raise
+            shutil.rmtree(tmp_dir, ignore_errors=True)  # a concurrent run wrote the same outputs first
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    log.info("Preprocessed %s with recipe %s: %d rows read, %d train / %d val written, rejected %s, "
+             "filtered %s, longest prompt %s, into %s", source_text, recipe.name, run.read, counts["train_rows"],
+             counts["val_rows"], dict(run.rejected), dict(run.filtered), run.longest, out_dir)
+    return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
+                            False, counts, round(time.monotonic() - t0, 3))
+
+
+def _output_key(out_root: Path, parts: dict[str, list[Part]], recipe: Recipe, options: dict[str, Any],
+                tokenizer: Any, max_len: Any) -> tuple[str, str]:
+    """The output's content key (code, recipe, options, the data's fingerprints, the tokenizer when the
+    length filter is on) and the tokenizer's digest (empty without the filter). The data's fingerprints
+    are kept in ``out_root`` so a file unchanged since is not read again."""
     fp_path = out_root / FINGERPRINTS
     try:
         fp_cache = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
@@ -391,77 +463,36 @@ def preprocess(
     for piece in (CODE_VERSION, json.dumps(recipe.to_dict(), sort_keys=True), json.dumps(keyed, sort_keys=True,
                   default=str), data_hash, tok_hash, str(max_len if tok_hash else None)):
         h.update(piece.encode() + b"\0")
-    key = h.hexdigest()[:16]
-    out_dir = out_root / f"{recipe.name}-{CODE_VERSION}-{key}"
-    stats_path = out_dir / "stats.json"
-    if stats_path.is_file():
-        counts = json.loads(stats_path.read_text())
-        log.info("Preprocessed data already present (key %s) in %s: nothing to do", key, out_dir)
-        return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
-                                True, counts, round(time.monotonic() - t0, 3))
+    return h.hexdigest()[:16], tok_hash
 
-    tmp_dir = out_root / f".{out_dir.name}.{os.getpid()}.partial"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    tmp_dir.mkdir(parents=True)
-    source_text = ", ".join(str(s) for s in srcs)
-    try:
-        run = _Run(recipe, options, tmp_dir, str(tokenizer) if tokenizer else None, int(max_len) if max_len else None)
-        batch_rows = int(options.get("batch_rows", 65536))
-        last_log = time.monotonic()
-        try:
-            for split in ("train", "val", "all"):
-                for part in parts.get(split, []):
-                    log.info("Reading %s (%s) for split %s", part.label, part.kind, split)
-                    for b in read_part(part, run.columns, batch_rows):
-                        run.batch(b, part, split)
-                        if time.monotonic() - last_log > 10:
-                            last_log = time.monotonic()
-                            log.info("... %d rows read, %d written, %d rejected, %d filtered (%.0f rows/s)",
-                                     run.read, sum(run.rows.values()), sum(run.rejected.values()),
-                                     sum(run.filtered.values()), run.read / (last_log - t0))
-        finally:
-            run.close()
-        run.reward.wait()
-        n_rej = sum(run.rejected.values())
-        max_frac = float(options.get("max_reject_fraction", 0.0))
-        if run.read == 0:
-            raise DataError(f"data source {source_text} has no records")
-        if n_rej / run.read > max_frac:
-            kept = out_root / f"rejects-{key}.jsonl"
-            shutil.copyfile(tmp_dir / "rejects.jsonl", kept)
-            raise DataError(
-                f"{n_rej} of {run.read} records rejected ({dict(run.rejected)}), more than max_reject_fraction="
-                f"{max_frac}; see {kept}")
-        if not run.rows["train"] or not run.rows["val"]:
-            raise DataError(f"data source {source_text} gave {run.rows['train']} train / {run.rows['val']} val rows "
-                            f"after checks ({dict(run.rejected)} rejected, {dict(run.filtered)} filtered); "
-                            "both splits need rows")
-        counts = {
-            "records_in": run.read, "train_rows": run.rows["train"], "val_rows": run.rows["val"],
-            "written": run.rows["train"] + run.rows["val"], "rejected": dict(run.rejected),
-            "reject_fraction": round(n_rej / run.read, 6), "max_reject_fraction": max_frac,
-            "deduplicated": run.filtered.get("duplicate_prompt", 0),
-            "too_long": run.filtered.get("prompt_too_long", 0),
-            "length_filter": ({"tokenizer": str(tokenizer), "tokenizer_digest": tok_hash, "max_prompt_length": max_len,
-                               "longest_prompt": run.longest, "longest_kept_tokens": run.longest_kept,
-                               "tokenized_rows": run.measured, "byte_bound": bool(run.lengths.byte_level)}
-                              if run.lengths else "off (no tokenizer or max_prompt_length)"),
-            "data_source": recipe.data_source, "recipe": recipe.name, "source": source_text,
-            "scorer": run.reward.scorer, "scorer_samples": run.reward.samples,
-            "seconds": round(time.monotonic() - t0, 3),
-        }
-        write_json_atomic(tmp_dir / "stats.json", counts)
-        try:
-            os.rename(tmp_dir, out_dir)
-        except OSError:
-            if not stats_path.is_file():
-                raise
-            shutil.rmtree(tmp_dir, ignore_errors=True)  # a concurrent run wrote the same outputs first
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    log.info("Preprocessed %s with recipe %s: %d rows read, %d train / %d val written, rejected %s, "
-             "filtered %s, longest prompt %s, into %s", source_text, recipe.name, run.read, counts["train_rows"],
-             counts["val_rows"], dict(run.rejected), dict(run.filtered), run.longest, out_dir)
-    return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
-                            False, counts, round(time.monotonic() - t0, 3))
+
+def _read_all(run: _Run, parts: dict[str, list[Part]], batch_rows: int, t0: float) -> None:
+    """Every part through ``run`` batch by batch (train, val, then the parts split here), progress every 10 s."""
+    last_log = time.monotonic()
+    for split in ("train", "val", "all"):
+        for part in parts.get(split, []):
+            log.info("Reading %s (%s) for split %s", part.label, part.kind, split)
+            for b in read_part(part, run.columns, batch_rows):
+                run.batch(b, part, split)
+                if time.monotonic() - last_log > 10:
+                    last_log = time.monotonic()
+                    log.info("... %d rows read, %d written, %d rejected, %d filtered (%.0f rows/s)",
+                             run.read, sum(run.rows.values()), sum(run.rejected.values()),
+                             sum(run.filtered.values()), run.read / (last_log - t0))
+
+
+def _check_kept(run: _Run, max_frac: float, source_text: str, *, kept_rejects: Path) -> None:
+    """DataError when the source had no records, more were rejected than ``max_frac`` allows (the rejects
+    kept in ``kept_rejects``), or a split is left empty."""
+    n_rej = sum(run.rejected.values())
+    if run.read == 0:
+        raise DataError(f"data source {source_text} has no records")
+    if n_rej / run.read > max_frac:
+        shutil.copyfile(run.tmp_dir / "rejects.jsonl", kept_rejects)
+        raise DataError(
+            f"{n_rej} of {run.read} records rejected ({dict(run.rejected)}), more than max_reject_fraction="
+            f"{max_frac}; see {kept_rejects}")
+    if not run.rows["train"] or not run.rows["val"]:
+        raise DataError(f"data source {source_text} gave {run.rows['train']} train / {run.rows['val']} val rows "
+                        f"after checks ({dict(run.rejected)} rejected, {dict(run.filtered)} filtered); "
+                        "both splits need rows")

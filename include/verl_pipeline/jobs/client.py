@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 JOB_LOG_FILE = "job-driver-{submission_id}.log"
 _CONTENT_RANGE = re.compile(r"bytes (?:(\d+)-\d+|\*)/(\d+)")
 _CHUNK = 64 * 1024
-#: Bytes one ranged read of :meth:`RayJobsClient.afollow_log` asks for (it reads again until caught up).
+#: Bytes one ranged read of :func:`follow_log` asks for (it reads again until caught up).
 FOLLOW_READ_BYTES = 1024 * 1024
 #: Ray's node summary: every node, alive or dead, with its resources and each GPU's utilisation and memory.
 _NODE_SUMMARY = "/nodes?view=summary"
@@ -495,7 +495,7 @@ class RayJobsClient:
                 if r.status == 404:  # the driver has not written anything yet
                     yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.AGENT)
                     return
-                first, size = self._range_of(r, url)
+                first, size = _range_of(r, url)
                 if r.status == 416 or size - start <= max_bytes or not jump_to_tail:
                     body = r.content if r.status != 416 else None
                     yield LogStream(start=start, size=size, skipped_bytes=0, source=LogSource.AGENT, body=body,
@@ -506,20 +506,9 @@ class RayJobsClient:
             jump = size - max_bytes
             async with session.get(url, headers={**self.headers, "Range": f"bytes={jump}-{size - 1}"},
                                    timeout=timeout) as r:
-                first, _ = self._range_of(r, url)
+                first, _ = _range_of(r, url)
                 yield LogStream(start=jump, size=size, skipped_bytes=jump - start, source=LogSource.AGENT,
                                 body=r.content, discard=max(0, jump - first), limit=max_bytes)
-
-    def _range_of(self, r: Any, url: str) -> tuple[int, int]:
-        """``(first byte, file size)`` of a ranged response."""
-        if r.status in (401, 403):
-            raise ClusterError(f"The Ray dashboard agent refused {url} ({r.status}): set the cluster's token")
-        if r.status == 200:  # Range ignored: the whole file
-            return 0, int(r.headers.get("Content-Length", 0))
-        m = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
-        if r.status not in (206, 416) or m is None:
-            raise ClusterError(f"GET {url} failed ({r.status}, Content-Range {r.headers.get('Content-Range')!r})")
-        return int(m.group(1) or 0), int(m.group(2))
 
     @asynccontextmanager
     async def _state_api_file(self, info: JobInfo, start: int, max_bytes: int) -> AsyncIterator[LogStream]:
@@ -536,47 +525,61 @@ class RayJobsClient:
                 yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.STATE_API, body=r.content,
                                 discard=start, limit=max_bytes)
 
-    async def afollow_log(self, submission_id: str, write: Callable[[bytes], None], *, follow: bool,
-                          poll_s: float = 2.0, max_bytes: int = FOLLOW_READ_BYTES) -> JobInfo:
-        """Hand ``write`` the job's driver log from its first byte, each byte once; with ``follow``,
-        then its new bytes every ``poll_s`` seconds until the job is terminal. Returns the job's last info.
-
-        Each poll reads the job's status first and then every byte after the cursor, ``max_bytes``
-        per ranged read (:meth:`alog_stream` without jumping), so the poll that sees the job
-        terminal also writes the end of its log.
-        """
-        cursor = 0
-        while True:
-            info = await self.aget_job(submission_id)
-            if info is None:
-                raise JobError(f"no Ray job {submission_id!r} on {self.dashboard_url}: check the job id "
-                               "(`verl-pipeline status`) or the run's cluster")
-            terminal = info.status.is_terminal()
-            if info.driver_agent_http_address:
-                cursor = await self._write_new_bytes(info, cursor, write, max_bytes=max_bytes)
-            elif terminal:  # ended before a driver ran (no agent to range-read): Ray's whole-log endpoint
-                data = (await self.alogs(submission_id)).encode()
-                if data[cursor:]:
-                    write(data[cursor:])
-            if not follow or terminal:
-                return info
-            await asyncio.sleep(poll_s)
-
-    async def _write_new_bytes(self, info: JobInfo, cursor: int, write: Callable[[bytes], None], *,
-                               max_bytes: int) -> int:
-        """Every byte of the driver log after ``cursor`` to ``write``; the new cursor."""
-        while True:
-            read = 0
-            async with self.alog_stream(info, cursor, max_bytes=max_bytes, jump_to_tail=False) as stream:
-                async for chunk in stream.chunks():
-                    write(chunk)
-                    read += len(chunk)
-            log.info("Ray job %s: %d new log bytes from byte %d (%s)", info.submission_id, read, cursor,
-                     stream.source.value)
-            cursor += read
-            if read < max_bytes:
-                return cursor
-
     async def anodes(self) -> list[NodeInfo]:
         """Every node the cluster knows, alive or dead, with its total resources and its GPUs' readings."""
         return _parse_nodes(await self._aget_bytes(_NODE_SUMMARY) or b"")
+
+
+async def follow_log(client: RayJobsClient, submission_id: str, write: Callable[[bytes], None], *, follow: bool,
+                     poll_s: float = 2.0, max_bytes: int = FOLLOW_READ_BYTES) -> JobInfo:
+    """Hand ``write`` the job's driver log from its first byte, each byte once; with ``follow``,
+    then its new bytes every ``poll_s`` seconds until the job is terminal. Returns the job's last info.
+
+    Each poll reads the job's status first and then every byte after the cursor, ``max_bytes``
+    per ranged read (:meth:`RayJobsClient.alog_stream` without jumping), so the poll that sees the job
+    terminal also writes the end of its log.
+    """
+    cursor = 0
+    while True:
+        info = await client.aget_job(submission_id)
+        if info is None:
+            raise JobError(f"no Ray job {submission_id!r} on {client.dashboard_url}: check the job id "
+                           "(`verl-pipeline status`) or the run's cluster")
+        terminal = info.status.is_terminal()
+        if info.driver_agent_http_address:
+            cursor = await _write_new_bytes(client, info, cursor, write, max_bytes=max_bytes)
+        elif terminal:  # ended before a driver ran (no agent to range-read): Ray's whole-log endpoint
+            data = (await client.alogs(submission_id)).encode()
+            if data[cursor:]:
+                write(data[cursor:])
+        if not follow or terminal:
+            return info
+        await asyncio.sleep(poll_s)
+
+
+async def _write_new_bytes(client: RayJobsClient, info: JobInfo, cursor: int, write: Callable[[bytes], None], *,
+                           max_bytes: int) -> int:
+    """Every byte of the driver log after ``cursor`` to ``write``; the new cursor."""
+    while True:
+        read = 0
+        async with client.alog_stream(info, cursor, max_bytes=max_bytes, jump_to_tail=False) as stream:
+            async for chunk in stream.chunks():
+                write(chunk)
+                read += len(chunk)
+        log.info("Ray job %s: %d new log bytes from byte %d (%s)", info.submission_id, read, cursor,
+                 stream.source.value)
+        cursor += read
+        if read < max_bytes:
+            return cursor
+
+
+def _range_of(r: Any, url: str) -> tuple[int, int]:
+    """``(first byte, file size)`` of a ranged response."""
+    if r.status in (401, 403):
+        raise ClusterError(f"The Ray dashboard agent refused {url} ({r.status}): set the cluster's token")
+    if r.status == 200:  # Range ignored: the whole file
+        return 0, int(r.headers.get("Content-Length", 0))
+    m = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
+    if r.status not in (206, 416) or m is None:
+        raise ClusterError(f"GET {url} failed ({r.status}, Content-Range {r.headers.get('Content-Range')!r})")
+    return int(m.group(1) or 0), int(m.group(2))

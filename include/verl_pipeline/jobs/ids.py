@@ -6,7 +6,9 @@ import re
 
 from verl_pipeline.paths import short_hash, slug
 
-_ATTEMPT = re.compile(r"-a(\d+)$")
+#: What stands between a submission id's prefix and its attempt number (``<prefix>-a3``).
+_ATTEMPT_SEP = "-a"
+_ATTEMPT = re.compile(re.escape(_ATTEMPT_SEP) + r"(\d+)$")
 
 
 def submission_prefix(dag_id: str, run_id: str, task_id: str) -> str:
@@ -17,12 +19,12 @@ def submission_prefix(dag_id: str, run_id: str, task_id: str) -> str:
 def submission_id(dag_id: str, run_id: str, task_id: str, attempt: int = 1) -> str:
     if attempt < 1:
         raise ValueError("attempt starts at 1")
-    return f"{submission_prefix(dag_id, run_id, task_id)}-a{attempt}"
+    return f"{submission_prefix(dag_id, run_id, task_id)}{_ATTEMPT_SEP}{attempt}"
 
 
 def attempt_of(sub_id: str, prefix: str) -> int | None:
     """The attempt number of ``sub_id`` when it belongs to ``prefix``, else None."""
-    if not sub_id.startswith(prefix + "-a"):
+    if not sub_id.startswith(prefix + _ATTEMPT_SEP):
         return None
     m = _ATTEMPT.search(sub_id)
     return int(m.group(1)) if m else None

@@ -12,7 +12,7 @@ from typing import Any
 from verl_pipeline.constants import JobState, Mode, SubmitAction
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.jobs.deadlines import Deadline, with_deadline
-from verl_pipeline.jobs.ids import attempt_of, submission_id
+from verl_pipeline.jobs.ids import attempt_of, submission_id, submission_prefix
 from verl_pipeline.rundir import Attempt, RunDir, now, tracker_step
 from verl_pipeline.trainer.render import RenderedJob
 
@@ -48,7 +48,7 @@ def submit_or_reattach(
 
     With ``run_dir``, attempts are numbered after every attempt ever recorded there (also those
     of a cluster that has since been replaced), each attempt's verl file-logger output goes to its
-    own :func:`~verl_pipeline.jobs.attempts.metrics_file` (verl truncates its file on start), and the
+    own :meth:`~verl_pipeline.rundir.RunDir.metrics_file` (verl truncates its file on start), and the
     attempt is recorded with the checkpoint step it will resume from.
 
     A training job resumes from the run's newest complete checkpoint (:mod:`verl_pipeline.jobs.checkpoints`;
@@ -60,7 +60,7 @@ def submit_or_reattach(
     through a 0600 file in ``run_dir/secrets`` (:func:`~verl_pipeline.trackers.with_secret_env`): neither
     ``job`` (written to the run files) nor the submitted ``runtime_env`` holds the values.
     """
-    mine = _jobs_of(client, dag_id=dag_id, run_id=run_id, task_id=task_id)
+    mine = jobs_of(client, dag_id=dag_id, run_id=run_id, task_id=task_id)
     found = _live_or_succeeded(mine)
     if found is not None:
         return found
@@ -99,12 +99,12 @@ def submit_or_reattach(
 
 def existing_job(client: RayJobsClient, *, dag_id: str, run_id: str, task_id: str) -> Submission | None:
     """This run's live job (reattach to it) or its last job when that one succeeded; None: submit."""
-    return _live_or_succeeded(_jobs_of(client, dag_id=dag_id, run_id=run_id, task_id=task_id))
+    return _live_or_succeeded(jobs_of(client, dag_id=dag_id, run_id=run_id, task_id=task_id))
 
 
-def _jobs_of(client: RayJobsClient, *, dag_id: str, run_id: str, task_id: str) -> list[tuple[int, Any]]:
-    """The cluster's jobs of this run, by attempt number."""
-    prefix = submission_id(dag_id, run_id, task_id, 1)[: -len("-a1")]
+def jobs_of(client: RayJobsClient, *, dag_id: str, run_id: str, task_id: str) -> list[tuple[int, Any]]:
+    """The cluster's jobs of this run's task, as ``(attempt, JobInfo)`` sorted by attempt."""
+    prefix = submission_prefix(dag_id, run_id, task_id)
     mine = []
     for info in client.list_jobs():
         n = attempt_of(info.submission_id, prefix)

@@ -1,7 +1,7 @@
 """Build a run's report from its run directory: the one path the report task and the CLI call.
 
 Reads ``run_spec.json``, ``job.json``, ``attempts.jsonl``, every attempt's metrics file
-(:func:`verl_pipeline.jobs.attempts.metrics_files`), ``preflight.json`` and the GPU readings
+(:meth:`verl_pipeline.rundir.RunDir.metrics_files`), ``preflight.json`` and the GPU readings
 (``RunDir.gpu_usage_file``); writes
 ``report/report.json``, the plots and ``report/report.html``, each atomically.
 """

@@ -98,6 +98,12 @@ def spelled(settings: Mapping[str, Any], key: str) -> Spelled | None:
     return None
 
 
+def spellings(key: str) -> tuple[str, ...]:
+    """The ways a plain key may be written among a run's settings (:data:`SPELLINGS`): as is, as Hydra's
+    append (``+key``) and as its add-or-override (``++key``)."""
+    return tuple(plus + key for plus in SPELLINGS)
+
+
 def _hoist_append(key: str) -> str:
     parts = key.split(".")
     plus = max((len(p) - len(p.lstrip("+")) for p in parts), default=0)
@@ -106,7 +112,12 @@ def _hoist_append(key: str) -> str:
 
 def parse_overrides(items: Iterable[str], *, field: str = "--set") -> dict[str, Any]:
     """``["a.b=8", "+c.d=[x,y]"]`` → ``{"a.b": 8, "+c.d": ["x", "y"]}``: values read as YAML
-    scalars/lists, as Hydra reads them. The CLI's ``--set`` and the DAG's ``verl_overrides`` param."""
+    scalars/lists, as Hydra reads them. The CLI's ``--set`` and the DAG's ``verl_overrides`` param.
+
+    A whole section given as one override (``trainer={logger:[wandb]}``) is read key by key
+    (``{"trainer.logger": ["wandb"]}``), as Hydra merges it into verl's section: each key then meets the
+    same key of the profiles and the pipeline, and the user's wins over theirs, as for ``trainer.logger=``.
+    Later items win over earlier ones, key by key."""
     import yaml
 
     out: dict[str, Any] = {}
@@ -124,13 +135,34 @@ def parse_overrides(items: Iterable[str], *, field: str = "--set") -> dict[str, 
         if not _KEY.match(key):
             raise ConfigError(field, item, f"{key!r} is not a verl config key (dotted identifiers, + to append)",
                               "actor_rollout_ref.actor.optim.lr=1e-6")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
-        # YAML 1.1 reads 1e-6 as a string; Hydra (and so verl) reads it as a float.
-        out[key] = float(value) if isinstance(value, str) and _FLOAT.fullmatch(value.strip()) else value
+        if raw.lstrip().startswith("{"):
+            value = _hydra_mapping(key, raw, field=field, item=item)
+        else:
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else None
+            except yaml.YAMLError:
+                value = raw
+            # YAML 1.1 reads 1e-6 as a string; Hydra (and so verl) reads it as a float.
+            value = float(value) if isinstance(value, str) and _FLOAT.fullmatch(value.strip()) else value
+        for flat, leaf in flatten({key: value}).items():
+            if not _KEY.match(flat):
+                raise ConfigError(field, item, f"{flat!r} is not a verl config key (dotted identifiers)",
+                                  "trainer={logger:[console,wandb],val_before_train:false}")
+            out[flat] = leaf
     return out
+
+
+def _hydra_mapping(key: str, raw: str, *, field: str, item: str) -> Any:
+    """A ``{k:v,...}`` value read by Hydra's own grammar, as verl will read it (YAML would take ``{a:b}``
+    for a key ``"a:b"`` without a value)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(f"{key.lstrip('+')}={raw}").value()
+    except HydraException as e:
+        raise ConfigError(field, item, f"Hydra cannot read the value: {e}",
+                          "trainer={logger:[console,wandb],val_before_train:false}") from None
 
 
 def render_overrides(settings: Mapping[str, Any]) -> list[str]:

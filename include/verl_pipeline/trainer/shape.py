@@ -14,12 +14,21 @@ from verl_pipeline.trainer import scaling
 
 def check_shape(spec: RunSpec) -> None:
     """The batch/parallelism/memory rules verl enforces only once GPUs are up (or never), for the target shape."""
+    tbs, n = _check_batch(spec)
+    _check_mini_and_micro_batches(spec, tbs, n)
+    _check_rollout(spec)
+    _check_cpus(spec)
+
+
+def _check_batch(spec: RunSpec) -> tuple[int, int]:
+    """The global batch and the responses per prompt (returned: ``(train_batch_size, rollout.n)``), and the
+    estimator's needs (a group for GRPO-like ones, a critic for GAE)."""
     s = spec.verl
-    g, gpus = spec.train_gpus_per_node, spec.train_gpus  # the GPUs that train (all, unless rollout has a pool)
+    gpus = spec.train_gpus  # the GPUs that train (all, unless rollout has a pool)
     tbs = int(s.get("data.train_batch_size", 0) or 0)
     n = int(s.get("actor_rollout_ref.rollout.n", 1) or 1)
-    step = scaling.batch_step(g, n)
     if tbs <= 0:
+        step = scaling.batch_step(spec.train_gpus_per_node, n)
         raise ConfigError("data.train_batch_size", tbs, "must be a positive number of prompts",
                           f"data.train_batch_size={step * spec.train_nnodes}")
     if n < 1:
@@ -39,6 +48,14 @@ def check_shape(spec: RunSpec) -> None:
     if estimator == "gae" and s.get("critic.enable") is False:
         raise ConfigError("critic.enable", False, "gae advantages need a critic", "critic.enable=true "
                           "(or algorithm.adv_estimator=grpo with rollout.n >= 2)")
+    return tbs, n
+
+
+def _check_mini_and_micro_batches(spec: RunSpec, tbs: int, n: int) -> None:
+    """The actor's (and the critic's) mini-batch within the batch and split evenly over the training GPUs,
+    and its micro batch dividing the per-GPU share."""
+    s = spec.verl
+    gpus = spec.train_gpus
     roles = ["actor_rollout_ref.actor"] + (["critic"] if scaling.uses_critic(s) else [])
     for prefix in roles:
         mini_key = f"{prefix}.ppo_mini_batch_size"
@@ -62,6 +79,13 @@ def check_shape(spec: RunSpec) -> None:
                 raise ConfigError(micro_key, micro,
                                   f"must divide the per-GPU mini-batch ({mini} x rollout.n {n} / {gpus} GPU(s) = "
                                   f"{per_gpu} samples)", f"{micro_key}={good}")
+
+
+def _check_rollout(spec: RunSpec) -> None:
+    """Rollout tensor parallelism (dividing the node's GPUs and the model's heads, small enough shards for
+    vLLM's share of a GPU) and vLLM's memory utilisation."""
+    s = spec.verl
+    g = spec.train_gpus_per_node
     tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     tp = int(s.get(tp_key, 1) or 1)
     divisors = [d for d in range(1, g + 1) if g % d == 0]
@@ -88,18 +112,24 @@ def check_shape(spec: RunSpec) -> None:
         util_ok = scaling.memory_utilization(hw.gpu_memory_gb)[0] if hw else 0.85
         raise ConfigError(util_key, util, "must be between 0.1 and 0.95 (vLLM needs headroom for CUDA graphs)",
                           f"{util_key}={util_ok}")
-    if hw is not None and hw.cpus_per_node is not None and spec.mode is not Mode.PREFLIGHT:
-        per_node = scaling.CPUS_PER_GPU_BUNDLE * spec.n_gpus_per_node  # both pools' GPUs hold a bundle
-        if hw.cpus_per_node < per_node:
-            raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
-                              f"verl reserves {scaling.CPUS_PER_GPU_BUNDLE} CPUs per GPU: {spec.n_gpus_per_node} "
-                              "GPU(s) per node need "
-                              f"{per_node}", f"n_gpus_per_node <= {max(1, hw.cpus_per_node // 3)} or more CPUs")
-        need, why = scaling.required_cpus(spec.n_gpus, s)
-        if hw.cpus_per_node * spec.nnodes < need:
-            raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
-                              f"{spec.nnodes} node(s) give {hw.cpus_per_node * spec.nnodes} CPUs; verl needs {why}",
-                              f"cpus_per_node >= {-(-need // spec.nnodes)}")
+
+
+def _check_cpus(spec: RunSpec) -> None:
+    """The CPUs verl reserves per GPU, and in all, against the cluster profile's ``cpus_per_node`` (training only)."""
+    hw = spec.hardware
+    if hw is None or hw.cpus_per_node is None or spec.mode is Mode.PREFLIGHT:
+        return
+    per_node = scaling.CPUS_PER_GPU_BUNDLE * spec.n_gpus_per_node  # both pools' GPUs hold a bundle
+    if hw.cpus_per_node < per_node:
+        raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
+                          f"verl reserves {scaling.CPUS_PER_GPU_BUNDLE} CPUs per GPU: {spec.n_gpus_per_node} "
+                          "GPU(s) per node need "
+                          f"{per_node}", f"n_gpus_per_node <= {max(1, hw.cpus_per_node // 3)} or more CPUs")
+    need, why = scaling.required_cpus(spec.n_gpus, spec.verl)
+    if hw.cpus_per_node * spec.nnodes < need:
+        raise ConfigError(f"clusters/{spec.cluster_profile}.hardware.cpus_per_node", hw.cpus_per_node,
+                          f"{spec.nnodes} node(s) give {hw.cpus_per_node * spec.nnodes} CPUs; verl needs {why}",
+                          f"cpus_per_node >= {-(-need // spec.nnodes)}")
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -22,7 +22,7 @@ from verl_pipeline.airflow.task_ids import (
 )
 from verl_pipeline.exceptions import ConfigError, DataError, EnvironmentCheckError
 from verl_pipeline.jobs.deadlines import Deadline, task_deadline
-from verl_pipeline.profiles import build_run_spec
+from verl_pipeline.profiles import Asked, build_run_spec
 from verl_pipeline.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,15 @@ def run_name(context: Any) -> str:
 def spec_from_params(context: Any) -> RunSpec:
     """The run's spec built from the DAG run's params and the profiles under ``configs/`` as they are now:
     only provision does this (it freezes the result); every later task reads :func:`spec_from_context`."""
-    params = {k: v for k, v in dict(context["params"]).items()}
-    return build_run_spec(params, run_name=run_name(context))
+    return build_run_spec(dict(context["params"]), run_name=run_name(context))
+
+
+def provisioned_spec(context: Any) -> RunSpec:
+    """The spec provision uses: the run's frozen one when it has one (a retry of the task), else the one
+    its params make now. A param whose value the frozen run does not have (a DAG run id used again with
+    other params) is refused; a retry's params are the run's own, so they always agree."""
+    spec = spec_from_params(context)
+    return steps.frozen_or(spec, Asked.of(dict(context["params"])), starts="when triggering the DAG run")
 
 
 def freeze_run(context: Any, spec: RunSpec) -> None:

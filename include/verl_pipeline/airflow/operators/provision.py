@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_pipeline.airflow.operators.base import PipelineOperator, connection, freeze_run, spec_from_params, task_error
+from verl_pipeline.airflow.operators.base import (
+    PipelineOperator,
+    connection,
+    freeze_run,
+    provisioned_spec,
+    task_error,
+)
 from verl_pipeline.airflow.tracker_links import check_tracker_connections
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.rundir import RunDir
@@ -28,7 +34,7 @@ class ProvisionRayClusterOperator(PipelineOperator):
         from verl_pipeline import steps
 
         try:
-            spec = steps.frozen_or(spec_from_params(context))
+            spec = provisioned_spec(context)
             self.log.info("Run %s: profile %s (model %s, cluster %s), target %d x %d GPU(s), mode %s",
                           spec.run_name, spec.profile, spec.model_profile, spec.cluster_profile, spec.nnodes,
                           spec.n_gpus_per_node, spec.mode.value)
