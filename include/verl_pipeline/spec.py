@@ -17,6 +17,7 @@ from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, Wo
 from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
+from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.trackers import TrackerSettings
 
@@ -350,6 +351,8 @@ class RunSpec:
     pools: PoolSplit | None = None
     #: The hang watchdog of the wait step (the run profile's ``watch:`` section).
     watch: WatchSettings = field(default_factory=WatchSettings)
+    #: What the run affords in restarts after infrastructure failures (the run profile's ``restarts:``).
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
     #: The Airflow connection of each tracker in ``trainer.logger`` (the run profile's ``trackers:`` section).
     trackers: TrackerSettings = field(default_factory=TrackerSettings)
     #: What a retry does on a cluster of another world size (the run profile's ``on_world_size_change``).
@@ -442,6 +445,7 @@ class RunSpec:
             "placement": self.placement.value,
             "pools": asdict(self.pools) if self.pools else None,
             "watch": self.watch.to_dict(),
+            "restarts": self.restarts.to_dict(),
             "trackers": self.trackers.to_dict(),
             "on_world_size_change": self.on_world_size_change.value,
             "export_model": self.export_model,
@@ -485,6 +489,8 @@ class RunSpec:
             nccl_debug=bool(d["nccl_debug"]), placement=Placement(d["placement"]),
             pools=PoolSplit(**d["pools"]) if d.get("pools") else None,
             watch=WatchSettings.from_dict(d["watch"]),
+            # A run frozen before the restart budget existed restarts by the defaults.
+            restarts=RestartPolicy.from_dict(d.get("restarts")),
             trackers=TrackerSettings({name: entry["conn_id"] for name, entry in d["trackers"].items()}),
             on_world_size_change=WorldSizeChange(d["on_world_size_change"]), export_model=bool(d["export_model"]),
             admission=Admission(**d["admission"]) if d.get("admission") else None,
