@@ -67,6 +67,15 @@ def _profile(name: str, verl: dict[str, Any], total: int = TOTAL_STEPS) -> dict[
 @pytest.fixture
 def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path) -> Path:
     """A configs dir with the fault profiles and a fresh pipeline home; returns the home."""
+    cfg = write_fault_configs(tmp_path)
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def write_fault_configs(tmp_path: Path) -> Path:
+    """``tmp_path/configs``: the shipped configs plus the fault clusters (``local-2node``, ``local-1node``)
+    and profiles, their storage in ``tmp_path/home`` (also what ``bench/restart_budget.py`` runs on)."""
     cfg = tmp_path / "configs"
     shutil.copytree(configs_dir(), cfg)
     (cfg / "clusters" / "local-2node.yaml").write_text(yaml.safe_dump({
@@ -103,9 +112,7 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
     }
     for name, prof in profiles.items():
         (cfg / "profiles" / f"{name}.yaml").write_text(yaml.safe_dump(prof))
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
-    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+    return cfg
 
 
 def load_dag(retry_delay_s: float = 1.0) -> Any:

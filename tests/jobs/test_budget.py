@@ -89,7 +89,8 @@ def test_a_person_who_clears_the_task_after_the_budget_ran_out_renews_it() -> No
 def test_the_record_of_a_decision_holds_what_the_report_shows() -> None:
     b = budget(progress(1, 0, 4, 5), progress(2, 4, 4, None))
     row = b.record(outcome=RestartOutcome.RESTART, reason="node died")
-    assert {k: row[k] for k in row if k != "at"} == {
+    assert row["account"] == b.account()
+    assert {k: row[k] for k in row if k not in ("at", "account")} == {
         "attempt": 2, "submission_id": "job-a2", "reason": "node died", "outcome": "restart", "progressed": False,
         "resumed_from": 4, "checkpoint_after": 4, "last_step": None, "no_progress": 1, "no_progress_limit": 2,
         "left": 1, "delay_s": 40.0, "renewed_after": 0}

@@ -132,7 +132,8 @@ class RestartBudget:
                 "checkpoint_after": latest.checkpoint_after if latest else 0,
                 "last_step": latest.last_step if latest else None, "no_progress": self.no_progress,
                 "no_progress_limit": self.policy.no_progress_limit, "left": self.left,
-                "delay_s": 0.0 if self.exhausted else self.delay_s, "renewed_after": self.renewed_after, "at": now()}
+                "delay_s": 0.0 if self.exhausted else self.delay_s, "renewed_after": self.renewed_after,
+                "account": self.account(), "at": now()}
 
 
 def attempt_progress(run_dir: RunDir, checkpoint_now: int) -> list[AttemptProgress]:

@@ -33,7 +33,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from verl_pipeline.airflow.links import RayJobLink
 from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error, wait_deadline
-from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, PROVISION_TASK, SUBMIT_TASK
+from verl_pipeline.airflow.task_ids import (
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    PROVISION_TASK,
+    RESTART_BUDGET_KEY,
+    SUBMIT_TASK,
+)
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
@@ -51,8 +57,6 @@ def run_mode(sub: dict[str, Any]) -> Mode | None:
 
 #: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
 STOP_WAIT_S = 60.0
-#: The wait task's XCom key of its latest restart decision (``RestartBudget.record``).
-RESTART_BUDGET_XCOM = "restart_budget"
 
 
 class WaitForVerlJobOperator(PipelineOperator):
@@ -198,6 +202,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         if decision.action is Action.FINISH:
             return self._result(spec, hook, obs.job_id, sub, training)
         if decision.action is Action.RESTART:
+            self.log.warning("%s", decision.message)
             return self._restart(context, spec, handle, hook, sub, decision)
         raise AirflowFailException(decision.message)
 
@@ -224,7 +229,7 @@ class WaitForVerlJobOperator(PipelineOperator):
             RunDir(spec.run_dir).record_restart(row)
         except OSError as e:
             self.log.warning("Could not record the restart decision in %s: %s", spec.run_dir, e)
-        context["ti"].xcom_push(key=RESTART_BUDGET_XCOM, value=row)
+        context["ti"].xcom_push(key=RESTART_BUDGET_KEY, value=row)
 
     def _restart(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any],
                  decision: Decision) -> Any:
@@ -235,7 +240,6 @@ class WaitForVerlJobOperator(PipelineOperator):
 
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
-        self.log.warning("%s", decision.message)
         self.defer(trigger=DateTimeTrigger(moment=datetime.now(timezone.utc) + timedelta(seconds=decision.delay_s)),
                    method_name="restart_after_delay", kwargs={"reason": decision.reason}, timeout=None)
 
