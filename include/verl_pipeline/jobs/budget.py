@@ -28,9 +28,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.constants import Mode
 from verl_pipeline.jobs.attempts import run_steps
 from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import RunDir, now
+from verl_pipeline.spec import RunSpec
 
 
 class RestartOutcome(str, Enum):
@@ -170,4 +172,14 @@ def run_budget(run_dir: Path, policy: RestartPolicy, *, checkpoint_dir: Path | N
     return RestartBudget(policy, tuple(attempt_progress(rd, now_step)), renewed_after(rd.restart_records()))
 
 
-__all__ = ["AttemptProgress", "RestartBudget", "RestartOutcome", "attempt_progress", "renewed_after", "run_budget"]
+def spec_budget(spec: RunSpec) -> RestartBudget:
+    """:func:`run_budget` of a run, its latest attempt the one that just ended: the checkpoints are read
+    when its job (``job.json``) trains."""
+    job = RunDir(spec.run_dir).job() or {}
+    trains = job.get("mode") == Mode.TRAIN.value
+    return run_budget(spec.run_dir, spec.restarts, checkpoint_dir=spec.checkpoint_dir if trains else None,
+                      settings=dict(job.get("settings") or {}) if trains else None)
+
+
+__all__ = ["AttemptProgress", "RestartBudget", "RestartOutcome", "attempt_progress", "renewed_after", "run_budget",
+           "spec_budget"]

@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from verl_pipeline.airflow.links import RayJobLink
 from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error, wait_deadline
+from verl_pipeline.airflow.operators.wait_result import run_mode, training_record, wait_result
 from verl_pipeline.airflow.task_ids import (
     PREFETCH_TASK,
     PREPROCESS_TASK,
@@ -43,17 +44,11 @@ from verl_pipeline.airflow.task_ids import (
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.jobs.budget import RestartBudget
-from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
+from verl_pipeline.jobs.budget import spec_budget
+from verl_pipeline.jobs.outcome import Action, Decision, Observation, WaitEvent
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
-
-
-def run_mode(sub: dict[str, Any]) -> Mode | None:
-    """The mode the run's job was submitted in (the submit task's result), None before it was decided."""
-    return Mode(sub["mode"]) if sub.get("mode") else None
-
 
 #: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
 STOP_WAIT_S = 60.0
@@ -178,7 +173,7 @@ class WaitForVerlJobOperator(PipelineOperator):
     def _act(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any], obs: Observation) -> Any:
         from verl_pipeline.jobs.outcome import decide
 
-        training = (self._training_record(spec, obs.job_id)
+        training = (training_record(spec, obs.job_id)
                     if obs.kind is WaitEvent.SUCCEEDED and run_mode(sub) is Mode.TRAIN else None)
         decision = decide(
             obs,
@@ -186,7 +181,7 @@ class WaitForVerlJobOperator(PipelineOperator):
             infrastructure_gone=self._gone(handle) if obs.kind is WaitEvent.UNREACHABLE else None,
             stopped_by_pipeline=RunDir(spec.run_dir).stop_reason(obs.job_id) if obs.kind is WaitEvent.STOPPED else None,
             training=training,
-            budget=self._budget(spec) if obs.may_restart else None,
+            budget=spec_budget(spec) if obs.may_restart else None,
         )
         self.log.log(logging.INFO if decision.action in (Action.WAIT, Action.FINISH) else logging.WARNING,
                      "Ray job %s: %s -> %s (%s)", obs.job_id, obs.kind.value, decision.action.value, decision.reason)
@@ -200,20 +195,12 @@ class WaitForVerlJobOperator(PipelineOperator):
         if decision.action is Action.WAIT:
             return self._defer(context, spec, handle, obs.job_id, run_mode(sub))
         if decision.action is Action.FINISH:
-            return self._result(spec, hook, obs.job_id, sub, training)
+            return wait_result(spec, obs.job_id, sub, training, job_log=lambda: self._log_text(hook, obs.job_id),
+                               log=self.log)
         if decision.action is Action.RESTART:
             self.log.warning("%s", decision.message)
             return self._restart(context, spec, handle, hook, sub, decision)
         raise AirflowFailException(decision.message)
-
-    def _budget(self, spec: RunSpec) -> RestartBudget:
-        """The run's restart budget as its records stand, its latest attempt the one that just ended."""
-        from verl_pipeline.jobs.budget import run_budget
-
-        job = RunDir(spec.run_dir).job() or {}
-        trains = job.get("mode") == Mode.TRAIN.value
-        return run_budget(spec.run_dir, spec.restarts, checkpoint_dir=spec.checkpoint_dir if trains else None,
-                          settings=dict(job.get("settings") or {}) if trains else None)
 
     def _record_budget(self, context: Any, spec: RunSpec, decision: Decision) -> None:
         """A restart decision into the run's ``restarts.jsonl`` (the report's and the next decision's
@@ -356,61 +343,6 @@ class WaitForVerlJobOperator(PipelineOperator):
         health = steps.cluster_health(handle)
         self.log.warning("Cluster %s: %s (%s)", handle.name, health.state, health.detail)
         return health.detail if health.infrastructure else None
-
-    def _training_record(self, spec: RunSpec, job_id: str) -> TrainingRecord:
-        from verl_pipeline.jobs.attempts import run_steps
-
-        mine = RunDir(spec.run_dir).attempt_of(job_id)
-        if mine is None or not mine.metrics_path:
-            raise AirflowException(f"no attempt record for {job_id} in {spec.run_dir}: cannot check its progress")
-        # Run steps: a segment trained from merged weights (another world size) counts verl's from 1.
-        return TrainingRecord(spec.total_training_steps, run_steps(mine), mine.resume_from_step, mine.metrics_path)
-
-    # -- the result ---------------------------------------------------------------------------------
-    def _result(self, spec: RunSpec, hook: Any, job_id: str, sub: dict[str, Any],
-                training: TrainingRecord | None) -> dict[str, Any]:
-        from verl_pipeline.jobs.logstream import WaitCursor
-
-        result: dict[str, Any] = {"job_id": job_id, "status": "SUCCEEDED", "mode": sub.get("mode"),
-                                  "run_dir": sub.get("run_dir"),
-                                  "progress": WaitCursor.load(spec.run_dir, job_id).progress}
-        if run_mode(sub) is Mode.PREFLIGHT:
-            result["preflight"] = self._preflight(hook, job_id)
-        else:
-            result["training"] = self._training(spec, job_id, training)
-        return result
-
-    def _preflight(self, hook: Any, job_id: str) -> dict[str, Any]:
-        from verl_pipeline.jobs.submit import preflight_summary
-
-        summary = preflight_summary(self._log_text(hook, job_id))
-        if summary is None:
-            raise AirflowException(f"preflight job {job_id} succeeded but printed no summary")
-        reward = summary["checks"].get("reward", {})
-        out = {
-            "ok": summary.get("ok"),
-            "checks": {name: bool(c.get("ok")) for name, c in summary["checks"].items()},
-            "all_ground_truths_score_1": reward.get("all_ground_truths_score_1"),
-            "scored": {s: reward.get(s, {}).get("scored") for s in ("train", "val")},
-            "cluster": summary.get("cluster"),
-            "seconds": summary.get("seconds"),
-        }
-        self.log.info("Preflight summary for %s: %s", job_id, out)
-        return out
-
-    def _training(self, spec: RunSpec, job_id: str, record: TrainingRecord | None) -> dict[str, Any]:
-        """How the run's attempts went (the steps of this one were read, and checked, for the decision)."""
-        from verl_pipeline.jobs.attempts import run_steps
-
-        attempts = RunDir(spec.run_dir).attempts()
-        mine = next(a for a in attempts if a.submission_id == job_id)
-        logged = list(record.steps_logged) if record else run_steps(mine)
-        previous = [s for a in attempts if a.attempt < mine.attempt for s in run_steps(a)]
-        out = {"attempts": len(attempts), "attempt": mine.attempt, "resumed_from_step": mine.resume_from_step,
-               "first_step": min(logged), "last_step": max(logged),
-               "steps_redone": max(0, max(previous, default=0) - mine.resume_from_step)}
-        self.log.info("Training of %s: %s", job_id, out)
-        return out
 
     def on_kill(self) -> None:
         """The task is killed while it runs on a worker (not deferred: then the trigger's on_kill acts)."""
