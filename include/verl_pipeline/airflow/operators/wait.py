@@ -69,7 +69,7 @@ class WaitForVerlJobOperator(PipelineOperator):
     The job's new log lines are forwarded (at most ``max_lines_per_poll`` per poll) and verl's
     progress is logged at most every ``progress_interval`` seconds; the log cursor and the last
     progress travel through every deferral (``wait-cursor.json`` in the run directory), so a
-    reattach or retry forwards no line twice. The result carries the last ``progress``.
+    reattach or restart forwards no line twice. The result carries the last ``progress``.
 
     On a shared cluster (a cluster profile with ``pool:``) this task also submits the job: it runs
     in the cluster's Airflow pool with a slot per GPU of the run (:mod:`verl_pipeline.airflow.policy`),
