@@ -117,6 +117,10 @@ def test_attempts_without_progress_use_the_budget_up_and_then_the_run_fails_in_o
             "(checkpoint still at step 6); 3 attempts in a row made no progress and restarts.no_progress_limit "
             "is 2") in third.message
     assert "clear the wait task" in third.message and "raise restarts.no_progress_limit" in third.message
+    assert "Evidence" not in third.message  # the exit code that decided is Ray's first line, said once
+    log = "Traceback (most recent call last):\nray.exceptions.ActorDiedError: its node was terminated"
+    lost = decide(obs(WaitEvent.FAILED, EXIT, "FAILED"), log_tail=log, budget=crashed(3))
+    assert lost.action is Action.FAIL and lost.message.count("Evidence: ray.exceptions.ActorDiedError") == 1
     # A limit of 0: the first attempt without progress fails the run; progress before it does not count.
     assert decide(failed, budget=crashed(1, limit=0)).action is Action.FAIL
 

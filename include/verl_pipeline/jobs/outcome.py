@@ -159,7 +159,8 @@ def _infrastructure(obs: Observation, reason: str, *, budget: RestartBudget | No
     if budget.exhausted:
         return Decision(Action.FAIL, reason,
                         f"{text} — not restarted, the restart budget is used up: {budget.account()}"
-                        + (f". Evidence: {evidence}" if evidence else "")
+                        # The evidence, unless it is Ray's message the detail already says.
+                        + (f". Evidence: {evidence}" if evidence and evidence[:60] not in detail else "")
                         + ". Fix: remove the cause, then clear the wait task (it resumes from the checkpoint "
                           "with a renewed budget), or raise restarts.no_progress_limit in the run profile",
                         FailureKind.INFRASTRUCTURE, evidence, stop_job, budget=budget)
