@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,7 @@ import pytest
 from verl_pipeline.constants import Mode, Placement, WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.rundir import RunDir
-from verl_pipeline.spec import DataSource, ModelSource, RunSpec
+from verl_pipeline.spec import DataSource, ModelSource, RunSpec, _encode
 
 #: run_spec.json files written by the release at 626f96e (the first that froze a run's spec): the
 #: embedded default, and a run using every kind of field (critic and reward models with file patterns,
@@ -27,7 +27,8 @@ def test_a_spec_an_earlier_release_froze_loads_and_writes_back_unchanged(name: s
     spec = RunSpec.load(run_dir)
     again = spec.to_dict()
     # Every field the file held is read and written back as it was; fields added since take their defaults.
-    added = {f.name: f.default for f in fields(RunSpec) if f.name not in written}
+    added = {f.name: _encode(f.default_factory() if f.default is MISSING else f.default)  # type: ignore[misc]
+             for f in fields(RunSpec) if f.name not in written}
     assert {k: v for k, v in again.items() if k in written} == {**written, "model_facts": again["model_facts"]}
     assert {k: again[k] for k in added} == added
     if written.get("model_facts"):  # facts a model profile has had to give since are None in an older file

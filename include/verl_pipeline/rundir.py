@@ -5,9 +5,9 @@ provision and read back by every later task, retry and CLI command), verl's vali
 (done once, at provision, and trusted by the preflight job), the job as submitted
 (``job.json``), what the probe found and what was decided for each attempt's nodes
 (``environment.json``, ``decisions.jsonl``), the cluster it runs on (``cluster.json``), the record
-of submitted attempts and of the jobs the pipeline stopped, the waiter's cursor, verl's metrics per
-attempt, the report and the exported model. It is the record that outlives a re-provisioned cluster
-(whose Ray job table is gone), so "the run's latest job" is read from here.
+of submitted attempts, of the jobs the pipeline stopped and of its restart decisions, the waiter's
+cursor, verl's metrics per attempt, the report and the exported model. It is the record that
+outlives a re-provisioned cluster (whose Ray job table is gone), so "the run's latest job" is read from here.
 
 verl's checkpoint tracker (``latest_checkpointed_iteration.txt``) lives with the checkpoints, which
 may be on other storage; :func:`tracker_step` is its one reader.
@@ -111,6 +111,13 @@ class RunDir:
     def stops_file(self) -> Path:
         """Jobs the pipeline stopped itself (a hang, a lost node), with why: their retry resumes them."""
         return self.path / "stops.jsonl"
+
+    @property
+    def restarts_file(self) -> Path:
+        """The restart decisions after infrastructure failures, one JSON line each: the attempt that
+        failed, its progress, the budget left, the delay, ``restart`` or ``exhausted``
+        (``jobs.budget.RestartBudget.record``)."""
+        return self.path / "restarts.jsonl"
 
     @property
     def cursor_file(self) -> Path:
@@ -282,6 +289,26 @@ class RunDir:
         reasons = [row["reason"] for line in self.stops_file.read_text().splitlines() if line.strip()
                    for row in [json.loads(line)] if row.get("submission_id") == submission_id]
         return reasons[-1] if reasons else None
+
+    def record_restart(self, row: dict[str, Any]) -> None:
+        """Append one restart decision (see :attr:`restarts_file`)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.restarts_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def restart_records(self) -> list[dict[str, Any]]:
+        """Every restart decision recorded, oldest first (a line cut by a kill is skipped)."""
+        if not self.restarts_file.is_file():
+            return []
+        rows = []
+        for line in self.restarts_file.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, Wo
 from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
+from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.trackers import TrackerSettings
 
@@ -349,6 +350,8 @@ class RunSpec:
     pools: PoolSplit | None = None
     #: The hang watchdog of the wait step (the run profile's ``watch:`` section).
     watch: WatchSettings = field(default_factory=WatchSettings)
+    #: What the run affords in restarts after infrastructure failures (the run profile's ``restarts:``).
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
     #: The Airflow connection of each tracker in ``trainer.logger`` (the run profile's ``trackers:`` section).
     trackers: TrackerSettings = field(default_factory=TrackerSettings)
     #: What a retry does on a cluster of another world size (the run profile's ``on_world_size_change``).

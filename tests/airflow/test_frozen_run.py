@@ -1,9 +1,9 @@
-"""A run is frozen at provision: a retry days later resubmits what the run started with, on whatever
+"""A run is frozen at provision: a restart days later resubmits what the run started with, on whatever
 cluster it has by then, probed again.
 
 The provision, submit and wait operators run for real against real local Ray heads: attempt 1 is
 submitted, the pipeline stops it (as after a lost node) and its cluster goes away; someone edits the
-run profile under ``configs/`` for the next experiment; the wait task's retry re-provisions a
+run profile under ``configs/`` for the next experiment; the wait task's restart re-provisions a
 cluster, probes it and submits attempt 2 — the same job.
 """
 
@@ -30,7 +30,7 @@ from verl_pipeline.rundir import RunDir
 pytestmark = pytest.mark.integration
 
 
-def test_a_retry_resubmits_the_frozen_run_on_a_reprovisioned_cluster_it_probed_again(
+def test_a_restart_resubmits_the_frozen_run_on_a_reprovisioned_cluster_it_probed_again(
     own_configs: Path, tiny_model_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
@@ -63,11 +63,15 @@ def test_a_retry_resubmits_the_frozen_run_on_a_reprovisioned_cluster_it_probed_a
         profile.write_text(yaml.safe_dump(edited))
         assert build_run_spec({"profile": "smoke"}, run_name="x/y").total_training_steps == 7
 
-        # The wait task's retry: the cluster is gone, so it provisions one, probes it and resubmits.
+        # The wait task restarts the run: after the restart's delay (a timer) the cluster is gone, so it
+        # provisions one, probes it and resubmits.
         caplog.clear()
         ctx["ti"].try_number = 2
-        with pytest.raises(TaskDeferred):
+        with pytest.raises(TaskDeferred) as timer:
             WaitForVerlJobOperator(task_id=WAIT_TASK).execute(ctx)
+        assert timer.value.method_name == "restart_after_delay"
+        with pytest.raises(TaskDeferred):
+            WaitForVerlJobOperator(task_id=WAIT_TASK).restart_after_delay(ctx, None, **(timer.value.kwargs or {}))
         second = steps.find_handle(spec)
         assert second is not None and second.dashboard_url != first.dashboard_url
         handles.append(second)

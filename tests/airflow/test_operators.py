@@ -5,6 +5,7 @@ import time
 from typing import Any
 
 import pytest
+from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from tests.airflow.context import provisioned, task_context
@@ -56,28 +57,37 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
         metrics.write_text(json.dumps({"step": 1, "data": {"training/global_step": 1}}) + "\n")
         with pytest.raises(AirflowFailException, match=r"reached step 1 of trainer\.total_training_steps=2"):
             fresh.execute_complete(ctx, {"status": "success", "job_id": job_id, "job_status": "SUCCEEDED"})
-        # The user's failures fail without retry; infrastructure failures are retried.
+        # The user's failures fail without retry; infrastructure failures restart the run after a delay
+        # (the task defers to a timer), within the budget: the attempt made no progress, 1 of 2 left.
         with pytest.raises(AirflowFailException, match=r"ended FAILED \[user failure"):
             fresh.execute_complete(ctx, {"status": "failed", "job_id": job_id, "job_status": "FAILED",
                                          "message": "boom"})
-        with pytest.raises(AirflowException, match=r"infrastructure failure: node died") as err:
+        with pytest.raises(TaskDeferred) as restart:
             fresh.execute_complete(ctx, {"status": "failed", "job_id": job_id, "job_status": "FAILED",
                                          "message": "ray.exceptions.NodeDiedError: the node died"})
-        assert not isinstance(err.value, AirflowFailException)
-        # A hang: the job is stopped, the stop noted as the pipeline's, and the try fails to be retried ...
+        assert isinstance(restart.value.trigger, DateTimeTrigger)
+        assert (restart.value.method_name, restart.value.kwargs) == ("restart_after_delay", {"reason": "node died"})
+        row = ctx["ti"].xcoms["pushed:restart_budget"]
+        assert (row["attempt"], row["outcome"], row["no_progress"], row["left"], row["delay_s"]) == \
+            (1, "restart", 1, 1, 40.0)
+        assert RunDir(spec.run_dir).restart_records()[-1] == row
+        # A hang: the job is stopped, the stop noted as the pipeline's, and the run restarted ...
         hang = "hang: no training step for 42m, last step 1"
-        with pytest.raises(AirflowException, match=rf"\[infrastructure failure: {hang}\]") as err:
+        with pytest.raises(TaskDeferred) as restart:
             fresh.execute_complete(ctx, {"status": "hung", "job_id": job_id, "job_status": "RUNNING",
                                          "message": f"{hang} (stall limit 30m)",
                                          "hang": {"last_step": 1, "waited_s": 42 * 60.0, "limit_s": 30 * 60.0}})
-        assert not isinstance(err.value, AirflowFailException)
+        assert restart.value.kwargs == {"reason": hang}
         assert RunDir(spec.run_dir).stop_reason(job_id) == hang
         assert steps.wait_job_ended(client, job_id, 60)
-        # ... whose look at the STOPPED job resubmits it (here without the upstream results it needs),
-        # where a job stopped by anyone else fails.
-        ctx["ti"].try_number = 2
+        # ... once its delay is over, the next attempt is submitted (here without the upstream results it
+        # needs); a try that starts meanwhile (a lost worker) looks at the STOPPED job and decides the same.
         with pytest.raises(AirflowException, match="cannot submit: data or model results"):
+            WaitForVerlJobOperator(task_id="wait_for_verl_job").restart_after_delay(ctx, None, reason=hang)
+        ctx["ti"].try_number = 2
+        with pytest.raises(TaskDeferred) as restart:
             WaitForVerlJobOperator(task_id="wait_for_verl_job").execute(ctx)
+        assert restart.value.method_name == "restart_after_delay"
     finally:
         client.stop(job_id)
 
@@ -101,14 +111,15 @@ def test_the_log_cursor_and_progress_travel_through_a_retry_that_reattaches(ray_
         assert first.log_offset_bytes == 0 and first.request.metrics_path == str(metrics)
         assert first.request.total_steps == spec.total_training_steps and first.request.progress_interval == 5.0
         progress = {"step": 1, "total": 2, "seconds_per_step": 3.0, "metrics": {}, "line": "step 1/2 (50%)"}
-        # The waiter gave up (API unreachable): this try fails and is retried ...
-        with pytest.raises(AirflowException, match="the retry provisions a healthy cluster"):
+        # The waiter gave up (API unreachable): the run is to restart after a delay ...
+        with pytest.raises(TaskDeferred) as restart:
             op.execute_complete(ctx, {"status": "error", "job_id": job_id, "message": "Ray Jobs API unreachable",
                                       "log_offset_bytes": 4321, "metrics_offset_bytes": 99, "progress": progress})
+        assert restart.value.method_name == "restart_after_delay"
         assert ctx["ti"].xcoms["pushed:progress"] == progress
-        # ... and the retry reattaches to the running job from where the last waiter stopped.
+        # ... and when the delay is over, the job is alive after all: reattached from where the last waiter stopped.
         with pytest.raises(TaskDeferred) as deferred:
-            WaitForVerlJobOperator(task_id="wait_for_verl_job").execute(ctx)
+            WaitForVerlJobOperator(task_id="wait_for_verl_job").restart_after_delay(ctx, None, reason="unreachable")
         again = deferred.value.trigger
         assert isinstance(again, RayJobTrigger)
         assert (again.log_offset_bytes, again.metrics_offset_bytes, again.progress) == (4321, 99, progress)

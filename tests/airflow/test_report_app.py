@@ -129,7 +129,7 @@ def api(repo_plugins: None, report_run: Any) -> Iterator[Any]:
         yield client
 
 
-def test_reports_are_served_only_to_users_who_may_read_the_runs(api: Any, report_run: Any) -> None:
+def test_reports_are_served_only_to_users_who_may_read_the_runs(api: Any, report_run: Any, tmp_path: Path) -> None:
     run_id, _ = report_run
     page = report_path(DAG_ID, run_id)
     viewer = {"Authorization": f"Bearer {jwt('viewer')}"}
@@ -169,7 +169,20 @@ def test_reports_are_served_only_to_users_who_may_read_the_runs(api: Any, report
 
     # A run without a report: 404 with the reason, for the UI's view.
     r = api.get(report_path(DAG_ID, "no_such_run"), headers=viewer)
+    assert r.status_code == 404 and "has no report" in r.text and "Restart budget" not in r.text
+    # A run still training, restarted after a lost node: its page shows the restart budget so far.
+    from verl_pipeline.airflow.task_ids import RESTART_BUDGET_KEY, WAIT_TASK
+    from verl_pipeline.jobs.budget import AttemptProgress, RestartBudget, RestartOutcome
+    from verl_pipeline.restarts import RestartPolicy
+
+    running = api_server.dag_run(tmp_path, "vp_report_app_running", WAIT_TASK)
+    decided = RestartBudget(RestartPolicy(), (AttemptProgress(1, "j-a1", 0, 4, 5),))
+    api_server.set_xcom("vp_report_app_running", running, WAIT_TASK, RESTART_BUDGET_KEY,
+                        decided.record(outcome=RestartOutcome.RESTART, reason="node died"))
+    r = api.get(report_path("vp_report_app_running", running), headers=viewer)
     assert r.status_code == 404 and "has no report" in r.text
+    assert ("Restart budget, as last decided after attempt 1 (node died): attempt 1 moved the checkpoint from step "
+            "0 to 4; 2 of 2 restarts without progress left") in r.text
 
 
 def test_run_report_button_points_at_the_page_once_there_is_a_report(report_run: Any) -> None:

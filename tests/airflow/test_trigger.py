@@ -13,6 +13,7 @@ import pytest
 from verl_pipeline.airflow.triggers import CLASSPATH, RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
+from verl_pipeline.jobs.budget import AttemptProgress, RestartBudget
 from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream, NodeInfo
 from verl_pipeline.jobs.gpu_usage import read_samples, readings_from_summary
 from verl_pipeline.jobs.logstream import WaitCursor
@@ -20,7 +21,11 @@ from verl_pipeline.jobs.outcome import Action, Observation, decide
 from verl_pipeline.jobs.progress import first_step_seen_at
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import Hang
+from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import RunDir
+
+#: A restart budget with room left (the decision on a hang event needs one): one attempt that saved step 2.
+RESTARTABLE = RestartBudget(RestartPolicy(), (AttemptProgress(1, "j-a1", 0, 2, 2),))
 
 CLUSTER = ClusterHandle(backend="local", name="n", dashboard_url="http://127.0.0.1:1", owned=True).to_dict()
 
@@ -624,7 +629,7 @@ async def test_a_hang_says_what_the_gpus_were_doing_when_it_was_found(util: int,
     assert hang is not None and hang.gpu is not None and hang.gpu.mean_pct == util and hang.message == events[0][
         "message"]
     assert hook.node_reads[-1] == hook.status_calls  # read again on the poll that found the hang
-    assert said in decide(Observation.from_event(events[0])).message
+    assert said in decide(Observation.from_event(events[0]), budget=RESTARTABLE).message
 
 
 def _step(n: int) -> str:
@@ -643,8 +648,8 @@ async def test_a_job_running_without_a_new_step_is_reported_hung() -> None:
     hang = Hang.from_dict(json.loads(json.dumps(events[0]["hang"])))
     assert hang is not None and hang.last_step == 2 and hang.limit_s == 0.3 and hang.waited_s > 0.3
     assert events[0]["message"] == hang.message
-    d = decide(Observation.from_event(events[0]))
-    assert d.action is Action.RETRY and d.stop_job and d.reason == hang.reason
+    d = decide(Observation.from_event(events[0]), budget=RESTARTABLE)
+    assert d.action is Action.RESTART and d.stop_job and d.reason == hang.reason
 
 
 async def test_steps_that_keep_coming_are_no_hang_and_a_startup_window_applies_before_the_first() -> None:

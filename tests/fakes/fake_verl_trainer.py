@@ -34,6 +34,9 @@ the driver waits on its workers' next call, which never returns — a hang with 
 ``+fake.die_in_save_at_step`` + ``+fake.die_after_files``: the save of that step is killed (SIGKILL
 to the trainer itself) after writing that many of its files, as a node lost mid-save; a count past
 the last file kills it inside the tracker's write (the tracker is left empty).
+``+fake.die_before_first_step=true``: every attempt SIGKILLs its own driver once its workers are up,
+before its first step (as the kernel's OOM killer ends a trainer loading more than the host holds):
+an infrastructure failure that never makes progress.
 ``+fake.real_fsdp=true``: each save's ``actor/`` is a real FSDP checkpoint of
 ``actor_rollout_ref.model.path`` (torch FSDP2 on CPU, ``trainer.nnodes`` x ``trainer.n_gpus_per_node``
 ranks, saved by verl's ``FSDPCheckpointManager``, see ``tests/fakes/fsdp_checkpoint.py``), trained
@@ -65,8 +68,8 @@ def parse(argv: list[str]) -> dict[str, Any]:
     return out
 
 
-def _killed() -> None:
-    print("killed mid-save", flush=True)
+def _killed(when: str = "mid-save") -> None:
+    print(f"killed {when}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -229,6 +232,9 @@ def main(argv: list[str]) -> int:
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     tracking = TrackingRunner.options(num_cpus=0, scheduling_strategy=here).remote(cfg)
     console = "console" in _backends(cfg)
+    if cfg.get("fake.die_before_first_step"):
+        ray.get([w.step.remote(0, 0.0) for w in group])  # the workers are up, as verl's are before step 1
+        _killed("before the first step")
     try:
         for step in range(start, total + 1):
             t0 = time.time()

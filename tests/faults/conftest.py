@@ -29,6 +29,9 @@ SAVE_FREQ = 2
 KILL_AT_STEP = 5
 
 
+#: The delay before a restart after progress in the fault profiles (a duration).
+RESTART_DELAY = "1s"
+
 #: The hang scenario: the trainer hangs after this step; the watchdog's stall timeout (a profile duration).
 HANG_AFTER_STEP = 5
 HANG_STALL_TIMEOUT = "15s"
@@ -56,17 +59,36 @@ def _profile(name: str, verl: dict[str, Any], total: int = TOTAL_STEPS) -> dict[
         # The stand-in's cheap checkpoint files are no FSDP state verl's merger could read.
         "export": False,
         "verl": verl,
+        # Short restart delays (the budget's default limit): a restart waits 1 s, 2 s at most.
+        "restarts": {"delay": RESTART_DELAY, "max_delay": "2s"},
     }
 
 
 @pytest.fixture
 def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path) -> Path:
     """A configs dir with the fault profiles and a fresh pipeline home; returns the home."""
+    cfg = write_fault_configs(tmp_path)
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def write_fault_configs(tmp_path: Path) -> Path:
+    """``tmp_path/configs``: the shipped configs plus the fault clusters (``local-2node``, ``local-1node``)
+    and profiles, their storage in ``tmp_path/home`` (also what ``bench/restart_budget.py`` runs on)."""
     cfg = tmp_path / "configs"
     shutil.copytree(configs_dir(), cfg)
     (cfg / "clusters" / "local-2node.yaml").write_text(yaml.safe_dump({
         "description": "two Ray nodes on this machine (head + worker)",
         "cluster": {"backend": "local", "nodes": 2, "num_cpus": 1, "num_gpus": 0, "object_store_memory_mb": 200,
+                    "ready_timeout_s": 180, "stop_grace_s": 2},
+        "hardware": {"gpu_memory_gb": 24},
+        "storage": {"root": str(tmp_path / "home")},
+        "runtime": {"ship_package": False, "env": {}},
+    }))
+    (cfg / "clusters" / "local-1node.yaml").write_text(yaml.safe_dump({
+        "description": "one Ray node on this machine (the head)",
+        "cluster": {"backend": "local", "num_cpus": 2, "num_gpus": 0, "object_store_memory_mb": 200,
                     "ready_timeout_s": 180, "stop_grace_s": 2},
         "hardware": {"gpu_memory_gb": 24},
         "storage": {"root": str(tmp_path / "home")},
@@ -79,6 +101,10 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
         "faults-config-error": _profile("config error", {**base, "+fake": {"step_seconds": 0.2, "bad_key": 1}}),
         "faults-user-exception": _profile("user exception", {**base, "+fake": {"step_seconds": 0.2,
                                                                                 "fail_at_step": 2}}),
+        # Every attempt's trainer is SIGKILLed before its first step, on a one-node cluster (no node is lost).
+        "faults-crash-before-first-step": {
+            **_profile("crash before the first step", {**base, "+fake": {"die_before_first_step": True}}),
+            "cluster_profile": "local-1node"},
         # Hangs once after HANG_AFTER_STEP with every node alive; the watchdog must end it.
         "faults-hang": {**_profile("hang", {**base, "+fake": {"step_seconds": 0.5, "hang_after_step": HANG_AFTER_STEP,
                                                                  "hang_once_file": str(tmp_path / "hung-once")}}),
@@ -86,9 +112,7 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
     }
     for name, prof in profiles.items():
         (cfg / "profiles" / f"{name}.yaml").write_text(yaml.safe_dump(prof))
-    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(cfg))
-    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+    return cfg
 
 
 def load_dag(retry_delay_s: float = 1.0) -> Any:

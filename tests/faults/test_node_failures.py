@@ -86,12 +86,15 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
     assert killer.killed_at is not None, "the job finished before the kill"
     states = _states(dr)
     assert str(dr.state) == "success", states
-    assert _tries(dr, "wait_for_verl_job") == 2  # failed once (infrastructure), retried once
+    assert _tries(dr, "wait_for_verl_job") == 1  # restarted within its try: Airflow's retries untouched
 
     rd = run_dir(fault_env)
     assert rd is not None
     attempts = RunDir(rd).attempts()
     assert [a.attempt for a in attempts] == [1, 2]
+    # The lost attempt had moved the checkpoint on: a restart after progress, the whole budget left.
+    (restart,) = RunDir(rd).restart_records()
+    assert (restart["attempt"], restart["outcome"], restart["progressed"], restart["left"]) == (1, "restart", True, 2)
     first = [m["step"] for m in metric_lines(rd / "metrics-a1.jsonl")]
     second = [m["step"] for m in metric_lines(rd / "metrics-a2.jsonl")]
     resumed = attempts[1].resume_from_step
@@ -127,7 +130,7 @@ def test_a_hang_with_every_node_alive_is_stopped_and_resumed(fault_env: Path, re
     out = capfd.readouterr()
     states = _states(dr)
     assert str(dr.state) == "success", states
-    assert _tries(dr, "wait_for_verl_job") == 2
+    assert _tries(dr, "wait_for_verl_job") == 1
     rd = run_dir(fault_env)
     assert rd is not None
     attempts = RunDir(rd).attempts()
@@ -150,6 +153,45 @@ def test_a_hang_with_every_node_alive_is_stopped_and_resumed(fault_env: Path, re
     record_result(results_file, "hang with every node alive", {
         "stall_timeout_s": parse_duration(HANG_STALL_TIMEOUT), "attempt_gap_s": round(hung_s, 1),
         "hung_after_step": HANG_AFTER_STEP, "resumed_from_step": resumed, "steps_redone": redone})
+
+
+def test_a_run_that_crashes_before_its_first_step_three_times_fails_with_one_clear_line(
+        fault_env: Path, results_file: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Every attempt's trainer is SIGKILLed before its first step (an infrastructure failure that makes
+    no progress): the budget's default of 2 restarts in a row without progress restarts attempts 1 and
+    2, and attempt 3 fails the run without retries, its one line naming the budget."""
+    started = time.monotonic()
+    dr = load_dag().test(run_conf={"profile": "faults-crash-before-first-step"})
+    took = round(time.monotonic() - started, 1)
+    out = capfd.readouterr()
+    states = _states(dr)
+    assert str(dr.state) == "failed", states
+    assert states["wait_for_verl_job"] == "failed" and _tries(dr, "wait_for_verl_job") == 1
+    assert states["teardown_ray_cluster"] == "success" and states["report_run"] == "success"
+    rd = run_dir(fault_env)
+    assert rd is not None
+    attempts = RunDir(rd).attempts()
+    assert [a.attempt for a in attempts] == [1, 2, 3]
+    assert all(metric_lines(rd / f"metrics-a{a.attempt}.jsonl") == [] for a in attempts)
+    decided = [(r["attempt"], r["outcome"], r["no_progress"], r["left"], r["delay_s"])
+               for r in RunDir(rd).restart_records()]
+    assert decided == [(1, "restart", 1, 1, 2.0), (2, "restart", 2, 0, 2.0), (3, "exhausted", 3, 0, 0.0)]
+    # The task's error: one line, the failure, what the budget says, and what to do.
+    lines = {line[line.index("Ray job "):] for line in (out.out + out.err).splitlines()
+             if "the restart budget is used up" in line and "Ray job " in line}
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert f"Ray job {attempts[2].submission_id} ended FAILED [infrastructure failure: worker killed (OOM or " \
+           "signal)]" in line
+    assert ("not restarted, the restart budget is used up: attempt 3 ended before its first training step "
+            "(checkpoint still at step 0); 3 attempts in a row made no progress and restarts.no_progress_limit "
+            "is 2") in line
+    report = json.loads((rd / "report" / "report.json").read_text())
+    assert report["status"] == "failed" and report["restarts"]["exhausted"] is True
+    _no_leftovers(rd)
+    record_result(results_file, "trainer killed before its first step, every attempt", {
+        "attempts": len(attempts), "restarts": 2, "dag_run_s": took,
+        "note": f"failed after attempt 3: {line[line.index('not restarted'):][:120]}…"})
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,11 @@ def max_active_runs() -> int:
 
 
 def default_args() -> dict[str, Any]:
-    """Task defaults of the pipeline's DAGs: retries with exponential backoff (infrastructure
-    failures are retried with resume; the user's errors fail at once whatever this says)."""
+    """Task defaults of the pipeline's DAGs: retries with exponential backoff, for a task's own try
+    failing (its worker lost, a cluster that cannot be provisioned just now). The run's restarts
+    after infrastructure failures of its job are not these: the wait task restarts the job within
+    its try while the run's restart budget lasts (the run profile's ``restarts:``,
+    :mod:`verl_pipeline.jobs.budget`); the user's errors fail at once whatever this says."""
     from datetime import timedelta
 
     return {

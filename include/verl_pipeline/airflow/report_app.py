@@ -12,7 +12,9 @@ read access to the DAG's runs through the configured auth manager):
 
 The report of a run is found through the XCom return value of its report task,
 ``{"report_dir": ..., "html": ...}``. Only a plain file name directly inside that directory, with a
-suffix the report uses, is ever served.
+suffix the report uses, is ever served. Until the run has a report, its page says why, and shows the
+run's restart budget as the wait task last decided it (its ``restart_budget`` XCom): a run that
+trains for a week shows what it has survived, and what it can still afford, on its "Run report" tab.
 
 Every Airflow process that loads plugins imports this module; only the API server serves it. So
 nothing here imports FastAPI or Airflow's API modules (seconds of imports) before the first request.
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from verl_pipeline.airflow.task_ids import REPORT_TASK
+from verl_pipeline.airflow.task_ids import REPORT_TASK, RESTART_BUDGET_KEY, WAIT_TASK
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -139,11 +141,34 @@ def find_report(dag_id: str, run_id: str, *, session: Session) -> RunReport:
     return RunReport.from_xcom(row.value)
 
 
-def _not_found_page(message: str) -> str:
+def restart_budget(dag_id: str, run_id: str, *, session: Session) -> str | None:
+    """The run's restart budget as the wait task last decided it (its ``restart_budget`` XCom), in words;
+    None when it decided none (no infrastructure failure yet) or the value is not the wait task's."""
+    from airflow.models.xcom import XComModel
+
+    row = session.execute(
+        XComModel.get_many(key=RESTART_BUDGET_KEY, run_id=run_id, dag_ids=dag_id, task_ids=WAIT_TASK,
+                           map_indexes=-1).with_only_columns(XComModel.value)
+    ).first()
+    value = row.value if row is not None else None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dict) or not value.get("account"):
+        return None
+    outcome = "the budget is used up: the run failed" if value.get("outcome") == "exhausted" else "restarted"
+    return f"after attempt {value.get('attempt')} ({value.get('reason')}): {value['account']}; {outcome}"
+
+
+def _not_found_page(message: str, budget: str | None = None) -> str:
     from html import escape
 
+    restarts = (f"<p style='font-family:sans-serif'>Restart budget, as last decided {escape(budget)}.</p>"
+                if budget else "")
     return (f"<!doctype html><meta charset='utf-8'><title>No run report</title>"
-            f"<p style='font-family:sans-serif'>No run report: {escape(message)}</p>")
+            f"<p style='font-family:sans-serif'>No run report: {escape(message)}</p>{restarts}")
 
 
 def create_app() -> FastAPI:
@@ -176,7 +201,11 @@ def create_app() -> FastAPI:
             path = report_file(report, report.html.name if name is None else name)
         except ReportNotFound as e:
             log.info("run report %s/%s: %s", dag_id, run_id, e)
-            return HTMLResponse(_not_found_page(str(e)), status_code=404, headers=headers)
+            budget = None
+            if name is None:  # the page itself: what the run has survived so far
+                with create_session() as session:
+                    budget = restart_budget(dag_id, run_id, session=session)
+            return HTMLResponse(_not_found_page(str(e), budget), status_code=404, headers=headers)
         return FileResponse(path, media_type=MEDIA_TYPES[path.suffix.lower()], headers=headers)
 
     @app.get(route + "/", dependencies=may_read_runs, response_model=None)

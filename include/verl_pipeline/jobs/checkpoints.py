@@ -230,6 +230,20 @@ def plan_for_job(checkpoint_dir: Path, settings: dict[str, Any],
                        on_world_size_change=on_world_size_change)
 
 
+def newest_run_step(checkpoint_dir: Path, settings: dict[str, Any]) -> int:
+    """The run step of the run's newest complete checkpoint, whatever its world size (0: none yet): what
+    the next attempt resumes from. In a segment after a merge, counted from the run's start; checkpoints
+    this module does not inspect (Megatron), the step verl's tracker names."""
+    from verl_pipeline.trainer.scaling import uses_critic
+
+    ckpt, start, _ = current_segment(checkpoint_dir)
+    if str(settings.get("actor_rollout_ref.actor.strategy", "fsdp")) not in FSDP_STRATEGIES:
+        return start + (tracker_step(ckpt) or 0)
+    complete = [c for c in list_checkpoints(ckpt, contents=save_contents(settings), critic=uses_critic(settings))
+                if c.complete]
+    return start + (complete[-1].step if complete else 0)
+
+
 @dataclass(frozen=True)
 class Segment:
     """A part of the run trained from merged weights after the world size changed (index 2, 3, …)."""
@@ -294,5 +308,5 @@ def new_segment(checkpoint_dir: Path, plan: ResumePlan, *, world_size: int, job_
 
 
 __all__ = ["Checkpoint", "ResumeMode", "ResumePlan", "Segment", "current_segment", "inspect_checkpoint", "intact",
-           "list_checkpoints", "new_segment", "plan_for_job", "plan_resume", "read_segments", "record_segment",
-           "train_world_size"]
+           "list_checkpoints", "new_segment", "newest_run_step", "plan_for_job", "plan_resume", "read_segments",
+           "record_segment", "train_world_size"]

@@ -17,6 +17,7 @@ from verl_pipeline.jobs.gpu_usage import NodeGpuSample
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.critic import CriticSummary
 from verl_pipeline.report.critic import summarise as summarise_critic
+from verl_pipeline.report.restarts import RestartSummary
 from verl_pipeline.trainer import metrics as m
 
 REPORT_VERSION = 1
@@ -165,6 +166,8 @@ class Report:
     flags: list[scaling.Flag] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plots: dict[str, str] = field(default_factory=dict)
+    #: The restart budget and the restart decisions (the run's ``restarts.jsonl``); None: not known.
+    restarts: RestartSummary | None = None
 
     @property
     def steps_redone(self) -> int:
@@ -182,6 +185,7 @@ class Report:
         for attempt, a in zip(out["attempts"], self.attempts, strict=True):
             attempt["time_to_first_step_s"] = a.time_to_first_step_s
         out["flags"] = [f.to_dict() for f in self.flags]
+        out["restarts"] = self.restarts.to_dict() if self.restarts else None
         for node, n in zip(out["gpu_nodes"], self.gpu_nodes, strict=True):
             node["peak_memory_pct"] = n.peak_memory_pct
         # Flat facts first, so a later run (the scaling check) or a UI reads them without nesting.
@@ -325,13 +329,13 @@ def _notes(facts: RunFacts, status: RunOutcome, rows: list[StepRow], attempts: l
 def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptInfo], rows: list[StepRow],
                  generated_at: float, ended_at: float | None = None, preflight: dict[str, Any] | None = None,
                  earlier: list[scaling.ScalingPoint] | None = None,
-                 gpu_samples: list[NodeGpuSample] | None = None) -> Report:
+                 gpu_samples: list[NodeGpuSample] | None = None, restarts: RestartSummary | None = None) -> Report:
     """The report of one run (pure: every input is passed in).
 
     ``rows``: every attempt's metric rows (unmerged); ``ended_at``: when the run's last file was
     written (wall time runs from the first submit to it); ``earlier``: the profile's earlier
     successful runs for the scaling check; ``gpu_samples``: the run's GPU readings (none: no GPUs
-    were read, as on a CPU cluster).
+    were read, as on a CPU cluster); ``restarts``: its restart budget and decisions.
     """
     attempts = with_steps(attempts, rows)
     merged = merge_rows(rows)
@@ -339,7 +343,8 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     steps = training_rows(merged)
     checks = preflight_checks(preflight) if preflight else []
     report = Report(run=facts, status=status, steps_done=steps[-1].step if steps else 0, attempts=attempts,
-                    generated_at=generated_at, checks=checks, notes=_notes(facts, status, steps, attempts, checks))
+                    generated_at=generated_at, checks=checks, notes=_notes(facts, status, steps, attempts, checks),
+                    restarts=restarts)
     report.score = series(steps, m.SCORE)
     report.validation = {k: s for k in sorted({k for r in merged for k in r.metrics if k.startswith(m.VAL_CORE_PREFIX)})
                          if (s := series(merged, k)) is not None}

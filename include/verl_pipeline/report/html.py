@@ -11,6 +11,7 @@ from typing import Any
 
 from verl_pipeline.report.build import Report, Series
 from verl_pipeline.report.gpu import MIB_PER_GIB, NodeGpuSummary
+from verl_pipeline.report.restarts import restarts_html
 from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT, under_used
 from verl_pipeline.trainer import metrics as m
 
@@ -197,5 +198,6 @@ def render_html(r: Report) -> str:
     plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
-            f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_critic(r)}{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
+            f"<h2>Attempts</h2>{_attempts(r)}{restarts_html(r.restarts)}{_checks(r)}{_critic(r)}{_timing(r)}"
+            f"{_gpus(r)}{_scaling(r)}{_flags(r)}"
             + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

@@ -1,8 +1,8 @@
 """Build a run's report from its run directory: the one path the report task and the CLI call.
 
 Reads ``run_spec.json``, ``job.json``, ``attempts.jsonl``, every attempt's metrics file
-(:meth:`verl_pipeline.rundir.RunDir.metrics_files`), ``preflight.json`` and the GPU readings
-(``RunDir.gpu_usage_file``); writes
+(:meth:`verl_pipeline.rundir.RunDir.metrics_files`), ``preflight.json``, the GPU readings
+(``RunDir.gpu_usage_file``) and the restart decisions (``restarts.jsonl``); writes
 ``report/report.json``, the plots and ``report/report.html``, each atomically.
 """
 
@@ -27,6 +27,7 @@ from verl_pipeline.report.build import (
     merge_rows,
     training_windows,
 )
+from verl_pipeline.report.restarts import RestartSummary, summarise
 from verl_pipeline.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,14 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
+def _restarts(run_dir: Path, spec: dict[str, Any]) -> RestartSummary:
+    """The run's restart decisions and its budget (the frozen spec's, else the defaults)."""
+    from verl_pipeline.restarts import RestartPolicy
+
+    policy = RestartPolicy.from_dict(spec.get("restarts"))
+    return summarise(RunDir(run_dir).restart_records(), policy.no_progress_limit)
+
+
 def infer_status(run_dir: Path, facts: RunFacts, rows: list[StepRow], preflight: dict[str, Any] | None) -> RunOutcome:
     """How the run ended when no one says (a CLI rebuild): its last report's word, else its files'."""
     earlier = _read_json(report_dir(run_dir) / REPORT_JSON) or _read_json(RunDir(run_dir).manifest_file) or {}
@@ -128,7 +137,7 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     earlier = scaling.earlier_points(storage_root, facts.profile, report_file=in_run, exclude_run_key=facts.run_key)
     report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
                           ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
-                          earlier=earlier, gpu_samples=gpu_samples)
+                          earlier=earlier, gpu_samples=gpu_samples, restarts=_restarts(run_dir, spec))
     out = report_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plots:

@@ -1,17 +1,26 @@
 """Wait for the verl job: defer to the trigger, then act on the one decision of :mod:`verl_pipeline.jobs.outcome`.
 
-The path from "Ray says the job failed" to "retry with resume", in reading order:
+The path from "Ray says the job failed" to "restart with resume", in reading order:
 
 1. :class:`~verl_pipeline.airflow.triggers.RayJobTrigger` polls the job and yields one event, a
    :class:`~verl_pipeline.jobs.outcome.WaitEvent` (``failed``, ``node_lost``, ``hung`` …);
 2. :meth:`WaitForVerlJobOperator.execute_complete` turns it into an
    :class:`~verl_pipeline.jobs.outcome.Observation` — as :meth:`~WaitForVerlJobOperator.execute`
    does with its own look at the job when a try starts;
-3. :func:`~verl_pipeline.jobs.outcome.decide` decides (classifying a failure once);
-4. :meth:`WaitForVerlJobOperator._act` carries the decision out: ``RETRY`` fails this try, and
-   Airflow's retry (``default_args``: exponential backoff) comes back to ``execute``, whose look at
-   the failed job decides ``RESUBMIT``: a healthy cluster (re-provisioned when the old one is gone)
-   and the next attempt, resumed from the last checkpoint (:func:`~WaitForVerlJobOperator._resubmit`).
+3. the run's restart budget is read from its records (:func:`verl_pipeline.jobs.budget.run_budget`:
+   which attempts moved the checkpoint on) and :func:`~verl_pipeline.jobs.outcome.decide` decides
+   (classifying a failure once);
+4. :meth:`WaitForVerlJobOperator._act` carries the decision out and records a restart decision
+   (``restarts.jsonl``, the ``restart_budget`` XCom): ``RESTART`` defers to a timer for the
+   decision's delay (no worker slot held), then :meth:`~WaitForVerlJobOperator.restart_after_delay`
+   provisions a healthy cluster (re-provisioned when the old one is gone) and submits the next
+   attempt, resumed from the last checkpoint (:meth:`~WaitForVerlJobOperator._resubmit`), and waits
+   on it — all within the task's try. ``FAIL`` fails the task without retries.
+
+Restarts are counted by the run's budget, not by Airflow's retries: a week-long run that keeps
+training is restarted as often as it loses a node. Airflow's retries (``default_args``) are left
+for the try itself failing (its worker lost, a cluster that cannot be provisioned just now); the
+next try looks at the job afresh and decides again from the same records.
 """
 
 from __future__ import annotations
@@ -24,20 +33,22 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from verl_pipeline.airflow.links import RayJobLink
 from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error, wait_deadline
-from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, PROVISION_TASK, SUBMIT_TASK
+from verl_pipeline.airflow.operators.wait_result import run_mode, training_record, wait_result
+from verl_pipeline.airflow.task_ids import (
+    PREFETCH_TASK,
+    PREPROCESS_TASK,
+    PROVISION_TASK,
+    RESTART_BUDGET_KEY,
+    SUBMIT_TASK,
+)
 from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
 from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.jobs.outcome import Action, Decision, Observation, TrainingRecord, WaitEvent
+from verl_pipeline.jobs.budget import spec_budget
+from verl_pipeline.jobs.outcome import Action, Decision, Observation, WaitEvent
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
-
-
-def run_mode(sub: dict[str, Any]) -> Mode | None:
-    """The mode the run's job was submitted in (the submit task's result), None before it was decided."""
-    return Mode(sub["mode"]) if sub.get("mode") else None
-
 
 #: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
 STOP_WAIT_S = 60.0
@@ -48,15 +59,17 @@ class WaitForVerlJobOperator(PipelineOperator):
 
     What happens when the job ends is decided by :func:`verl_pipeline.jobs.outcome.decide`: the
     user's failures fail at once without retries; infrastructure failures (a lost node, a hang, a
-    cluster taken away) fail this try, and the retry re-provisions the cluster when it is unhealthy
-    and submits the next attempt with ``trainer.resume_mode=auto`` from the last checkpoint. A retry
-    that finds the run's job still alive reattaches to it. No timeout by default: RL runs last days;
+    cluster taken away) restart the run while its restart budget lasts (the run profile's
+    ``restarts:``: any number of restarts after attempts that moved the checkpoint on, a few in a
+    row after attempts that did not): after a delay, the cluster is re-provisioned when it is
+    unhealthy and the next attempt submitted from the last complete checkpoint, within this try. A
+    try that finds the run's job still alive reattaches to it. No timeout by default: RL runs last days;
     the hang watchdog (the run profile's ``watch:``) ends a training job that stops making steps.
 
     The job's new log lines are forwarded (at most ``max_lines_per_poll`` per poll) and verl's
     progress is logged at most every ``progress_interval`` seconds; the log cursor and the last
     progress travel through every deferral (``wait-cursor.json`` in the run directory), so a
-    reattach or retry forwards no line twice. The result carries the last ``progress``.
+    reattach or restart forwards no line twice. The result carries the last ``progress``.
 
     On a shared cluster (a cluster profile with ``pool:``) this task also submits the job: it runs
     in the cluster's Airflow pool with a slot per GPU of the run (:mod:`verl_pipeline.airflow.policy`),
@@ -93,9 +106,8 @@ class WaitForVerlJobOperator(PipelineOperator):
 
     # -- the two ways in ----------------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
-        """A try starts (the first, a retry, or a waiter whose process died): look at the job afresh."""
-        from verl_pipeline.exceptions import ClusterError
-
+        """A try starts (the first, Airflow's retry, a person's clear, or a waiter whose process died): look
+        at the job afresh."""
         sub = self._pull(context, self.submit_task_id)
         if not sub:
             raise AirflowException("no submitted job to wait for: did the submit task fail?")
@@ -110,14 +122,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         if not sub.get("submission_id") and not run_dir.attempts():
             return self._submit_admitted(context, spec, handle, hook, sub)
         job_id = str(run_dir.latest_job_id(sub.get("submission_id")))
-        try:
-            info, reachable = hook.get_job(job_id), True
-        except ClusterError as e:
-            self.log.warning("Cluster %s is unreachable while looking at Ray job %s: %s", handle.name, job_id, e)
-            info, reachable = None, False
-        retry_try = int(getattr(context["ti"], "try_number", 1) or 1) > 1
-        return self._act(context, spec, handle, hook, sub,
-                         Observation.from_job(job_id, info, reachable=reachable), retry_try=retry_try)
+        return self._act(context, spec, handle, hook, sub, self._look(hook, handle, job_id))
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         """The trigger's one event."""
@@ -128,7 +133,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         from verl_pipeline.jobs.logstream import WaitCursor
 
         spec = spec_from_context(context)
-        # Saved first: whatever is decided (retry, reattach), the next waiter continues here.
+        # Saved first: whatever is decided (restart, reattach), the next waiter continues here.
         try:
             WaitCursor.from_event(event).save(spec.run_dir)
         except (OSError, PipelineError) as e:
@@ -137,43 +142,96 @@ class WaitForVerlJobOperator(PipelineOperator):
             context["ti"].xcom_push(key="progress", value=event["progress"])
         sub = self._pull(context, self.submit_task_id) or {}
         handle = self._handle(context, spec)
-        return self._act(context, spec, handle, self.hook(handle), sub, Observation.from_event(event),
-                         retry_try=False)
+        return self._act(context, spec, handle, self.hook(handle), sub, Observation.from_event(event))
+
+    def restart_after_delay(self, context: Any, event: Any = None, reason: str = "") -> Any:
+        """The restart's delay is over (the timer's event): the next attempt, on a healthy cluster — unless
+        the job is alive after all (the Jobs API was out of reach for a while) or has succeeded."""
+        spec = spec_from_context(context)
+        sub = self._pull(context, self.submit_task_id) or {}
+        handle = self._handle(context, spec)
+        hook = self.hook(handle)
+        job_id = str(RunDir(spec.run_dir).latest_job_id(sub.get("submission_id")))
+        obs = self._look(hook, handle, job_id)
+        if obs.kind in (WaitEvent.RUNNING, WaitEvent.SUCCEEDED):
+            self.log.warning("Ray job %s is %s after %s: not restarting it", job_id, obs.job_status, reason)
+            return self._act(context, spec, handle, hook, sub, obs)
+        return self._resubmit(context, spec, handle, hook, sub, reason or "an infrastructure failure")
+
+    def _look(self, hook: Any, handle: Any, job_id: str) -> Observation:
+        """The job as the Jobs API reports it now (unreachable: said so, to be decided like a trigger's event)."""
+        from verl_pipeline.exceptions import ClusterError
+
+        try:
+            info, reachable = hook.get_job(job_id), True
+        except ClusterError as e:
+            self.log.warning("Cluster %s is unreachable while looking at Ray job %s: %s", handle.name, job_id, e)
+            info, reachable = None, False
+        return Observation.from_job(job_id, info, reachable=reachable)
 
     # -- the decision, and carrying it out ----------------------------------------------------------
-    def _act(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any], obs: Observation, *,
-             retry_try: bool) -> Any:
+    def _act(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any], obs: Observation) -> Any:
         from verl_pipeline.jobs.outcome import decide
 
-        training = (self._training_record(spec, obs.job_id)
+        training = (training_record(spec, obs.job_id)
                     if obs.kind is WaitEvent.SUCCEEDED and run_mode(sub) is Mode.TRAIN else None)
         decision = decide(
             obs,
-            retry_try=retry_try,
             log_tail=self._log_text(hook, obs.job_id) if obs.needs_log else "",
             infrastructure_gone=self._gone(handle) if obs.kind is WaitEvent.UNREACHABLE else None,
             stopped_by_pipeline=RunDir(spec.run_dir).stop_reason(obs.job_id) if obs.kind is WaitEvent.STOPPED else None,
             training=training,
+            budget=spec_budget(spec) if obs.may_restart else None,
         )
         self.log.log(logging.INFO if decision.action in (Action.WAIT, Action.FINISH) else logging.WARNING,
                      "Ray job %s: %s -> %s (%s)", obs.job_id, obs.kind.value, decision.action.value, decision.reason)
         if decision.stop_job:
-            # It may hang on (a dead node, a stuck collective): stop it so a retry never runs two at once,
-            # and note why, so the retry knows the stop was the pipeline's and resumes the run.
+            # It may hang on (a dead node, a stuck collective): stop it so a restart never runs two at once,
+            # and note why, so a later look knows the stop was the pipeline's and resumes the run.
             RunDir(spec.run_dir).record_stop(obs.job_id, decision.reason)
             self._stop(hook, obs.job_id)
+        if decision.infrastructure and decision.budget is not None:
+            self._record_budget(context, spec, decision)
         if decision.action is Action.WAIT:
             return self._defer(context, spec, handle, obs.job_id, run_mode(sub))
         if decision.action is Action.FINISH:
-            return self._result(spec, hook, obs.job_id, sub, training)
-        if decision.action is Action.RESUBMIT:
-            return self._resubmit(context, spec, handle, hook, sub, decision)
-        if decision.action is Action.RETRY:
-            raise AirflowException(decision.message)
+            return wait_result(spec, obs.job_id, sub, training, job_log=lambda: self._log_text(hook, obs.job_id),
+                               log=self.log)
+        if decision.action is Action.RESTART:
+            self.log.warning("%s", decision.message)
+            return self._restart(context, spec, handle, hook, sub, decision)
         raise AirflowFailException(decision.message)
 
+    def _record_budget(self, context: Any, spec: RunSpec, decision: Decision) -> None:
+        """A restart decision into the run's ``restarts.jsonl`` (the report's and the next decision's
+        record) and this task's ``restart_budget`` XCom (the UI shows it while the run goes on)."""
+        from verl_pipeline.jobs.budget import RestartOutcome
+
+        assert decision.budget is not None  # an infrastructure decision carries the budget it was made with
+        outcome = RestartOutcome.RESTART if decision.action is Action.RESTART else RestartOutcome.EXHAUSTED
+        row = decision.budget.record(outcome=outcome, reason=decision.reason)
+        self.log.warning("Restart budget of run %s (%s): %s", spec.run_key, spec.restarts.describe(),
+                         decision.budget.account())
+        try:
+            RunDir(spec.run_dir).record_restart(row)
+        except OSError as e:
+            self.log.warning("Could not record the restart decision in %s: %s", spec.run_dir, e)
+        context["ti"].xcom_push(key=RESTART_BUDGET_KEY, value=row)
+
+    def _restart(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any],
+                 decision: Decision) -> Any:
+        """The next attempt now, or after the decision's delay (deferred to a timer: no worker slot held)."""
+        if decision.delay_s <= 0:
+            return self._resubmit(context, spec, handle, hook, sub, decision.reason)
+        from datetime import datetime, timedelta, timezone
+
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        self.defer(trigger=DateTimeTrigger(moment=datetime.now(timezone.utc) + timedelta(seconds=decision.delay_s)),
+                   method_name="restart_after_delay", kwargs={"reason": decision.reason}, timeout=None)
+
     def _resubmit(self, context: Any, spec: RunSpec, handle: Any, hook: Any, sub: dict[str, Any],
-                  why: Decision) -> Any:
+                  reason: str) -> Any:
         """After an infrastructure failure: a healthy cluster, then the next attempt, resumed."""
         from verl_pipeline import steps
 
@@ -184,7 +242,7 @@ class WaitForVerlJobOperator(PipelineOperator):
             new = self._submit_next(context, spec, handle, hook)
         except PipelineError as e:
             raise task_error(e) from e
-        self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", why.reason,
+        self.log.warning("Recovered from %s: Ray job %s (%s, attempt %d) on cluster %s", reason,
                          new.submission_id, new.action.value, new.attempt, handle.dashboard_url)
         return self._follow(context, spec, handle, hook, sub, new)
 
@@ -220,8 +278,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         """Wait for a job just submitted (or found): defer, or finish when it had already succeeded."""
         if new.action is SubmitAction.ALREADY_SUCCEEDED:
             return self._act(context, spec, handle, hook, sub,
-                             Observation(WaitEvent.SUCCEEDED, new.submission_id, job_status=new.status),
-                             retry_try=True)
+                             Observation(WaitEvent.SUCCEEDED, new.submission_id, job_status=new.status))
         return self._defer(context, spec, handle, new.submission_id, run_mode(sub))
 
     def _defer(self, context: Any, spec: RunSpec, handle: Any, job_id: str, mode: Mode | None) -> None:
@@ -255,7 +312,7 @@ class WaitForVerlJobOperator(PipelineOperator):
         )
 
     def _stop(self, hook: Any, job_id: str) -> None:
-        """Stop the job and wait (bounded) until Ray says it ended, so the retry sees it ended."""
+        """Stop the job and wait (bounded) until Ray says it ended, so a restart or a later look sees it ended."""
         from verl_pipeline import steps
 
         try:
@@ -286,61 +343,6 @@ class WaitForVerlJobOperator(PipelineOperator):
         health = steps.cluster_health(handle)
         self.log.warning("Cluster %s: %s (%s)", handle.name, health.state, health.detail)
         return health.detail if health.infrastructure else None
-
-    def _training_record(self, spec: RunSpec, job_id: str) -> TrainingRecord:
-        from verl_pipeline.jobs.attempts import run_steps
-
-        mine = RunDir(spec.run_dir).attempt_of(job_id)
-        if mine is None or not mine.metrics_path:
-            raise AirflowException(f"no attempt record for {job_id} in {spec.run_dir}: cannot check its progress")
-        # Run steps: a segment trained from merged weights (another world size) counts verl's from 1.
-        return TrainingRecord(spec.total_training_steps, run_steps(mine), mine.resume_from_step, mine.metrics_path)
-
-    # -- the result ---------------------------------------------------------------------------------
-    def _result(self, spec: RunSpec, hook: Any, job_id: str, sub: dict[str, Any],
-                training: TrainingRecord | None) -> dict[str, Any]:
-        from verl_pipeline.jobs.logstream import WaitCursor
-
-        result: dict[str, Any] = {"job_id": job_id, "status": "SUCCEEDED", "mode": sub.get("mode"),
-                                  "run_dir": sub.get("run_dir"),
-                                  "progress": WaitCursor.load(spec.run_dir, job_id).progress}
-        if run_mode(sub) is Mode.PREFLIGHT:
-            result["preflight"] = self._preflight(hook, job_id)
-        else:
-            result["training"] = self._training(spec, job_id, training)
-        return result
-
-    def _preflight(self, hook: Any, job_id: str) -> dict[str, Any]:
-        from verl_pipeline.jobs.submit import preflight_summary
-
-        summary = preflight_summary(self._log_text(hook, job_id))
-        if summary is None:
-            raise AirflowException(f"preflight job {job_id} succeeded but printed no summary")
-        reward = summary["checks"].get("reward", {})
-        out = {
-            "ok": summary.get("ok"),
-            "checks": {name: bool(c.get("ok")) for name, c in summary["checks"].items()},
-            "all_ground_truths_score_1": reward.get("all_ground_truths_score_1"),
-            "scored": {s: reward.get(s, {}).get("scored") for s in ("train", "val")},
-            "cluster": summary.get("cluster"),
-            "seconds": summary.get("seconds"),
-        }
-        self.log.info("Preflight summary for %s: %s", job_id, out)
-        return out
-
-    def _training(self, spec: RunSpec, job_id: str, record: TrainingRecord | None) -> dict[str, Any]:
-        """How the run's attempts went (the steps of this one were read, and checked, for the decision)."""
-        from verl_pipeline.jobs.attempts import run_steps
-
-        attempts = RunDir(spec.run_dir).attempts()
-        mine = next(a for a in attempts if a.submission_id == job_id)
-        logged = list(record.steps_logged) if record else run_steps(mine)
-        previous = [s for a in attempts if a.attempt < mine.attempt for s in run_steps(a)]
-        out = {"attempts": len(attempts), "attempt": mine.attempt, "resumed_from_step": mine.resume_from_step,
-               "first_step": min(logged), "last_step": max(logged),
-               "steps_redone": max(0, max(previous, default=0) - mine.resume_from_step)}
-        self.log.info("Training of %s: %s", job_id, out)
-        return out
 
     def on_kill(self) -> None:
         """The task is killed while it runs on a worker (not deferred: then the trigger's on_kill acts)."""

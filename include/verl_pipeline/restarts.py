@@ -1,0 +1,93 @@
+"""The run profile's ``restarts:`` section: what a run affords in restarts after infrastructure failures.
+
+A restart that follows an attempt which made progress (its checkpoint moved on) is always granted;
+only attempts *in a row* that made none (the same checkpoint, a crash before the first step) use up
+``no_progress_limit``. The delay before a restart grows with those attempts only, so a run that
+keeps training pays ``delay`` for each failure, however many it has had. The budget itself is kept
+from the run's records by :mod:`verl_pipeline.jobs.budget`; ``jobs.outcome.decide`` decides with it.
+
+.. code-block:: yaml
+
+    restarts:
+      no_progress_limit: 2   # attempts in a row without progress that are restarted; one more fails the run
+      delay: 20s             # before a restart after progress; x2 per attempt in a row without progress
+      max_delay: 10m         # the most a restart waits
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
+from verl_pipeline.exceptions import ConfigError
+
+#: The run profile's section and its keys.
+SECTION = "restarts"
+_KEYS = ("no_progress_limit", "delay", "max_delay")
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How many restarts without progress a run affords, and how long it waits before each restart."""
+
+    #: Attempts in a row without progress that are still restarted; the next one fails the run.
+    no_progress_limit: int = 2
+    #: Seconds before a restart after an attempt that made progress.
+    delay_s: float = 20.0
+    #: The longest wait before a restart.
+    max_delay_s: float = 600.0
+
+    def delay(self, no_progress: int) -> float:
+        """Seconds to wait before the restart after ``no_progress`` attempts in a row without progress
+        (0: the attempt that failed made progress): ``delay`` doubled per such attempt, at most ``max_delay``."""
+        return float(min(self.max_delay_s, self.delay_s * 2 ** max(0, no_progress)))
+
+    def describe(self) -> str:
+        return (f"{self.no_progress_limit} restart(s) in a row without progress, any number after progress; "
+                f"delay {format_duration(self.delay_s)} doubled per attempt without progress, "
+                f"at most {format_duration(self.max_delay_s)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RestartPolicy:
+        return cls(**(data or {}))
+
+    @classmethod
+    def from_profile(cls, section: Any, profile: str) -> RestartPolicy:
+        """The policy of a run profile's ``restarts:`` section (absent: the defaults)."""
+        where = f"profiles/{profile}.{SECTION}"
+        if section is None:
+            return cls()
+        if not isinstance(section, dict):
+            raise ConfigError(where, section, "must be a mapping", "restarts: {no_progress_limit: 2}")
+        unknown = sorted(set(section) - set(_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", section[unknown[0]], "is not a restarts setting",
+                              f"one of {list(_KEYS)}")
+        out: dict[str, Any] = {}
+        limit = section.get("no_progress_limit")
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise ConfigError(f"{where}.no_progress_limit", limit, "must be a whole number of at least 0",
+                                  "no_progress_limit: 2 (0: fail at the first attempt that makes no progress)")
+            out["no_progress_limit"] = limit
+        for key in ("delay", "max_delay"):
+            value = section.get(key)
+            if value is None:
+                continue
+            seconds = parse_duration(value) if isinstance(value, str) else None
+            if seconds is None:
+                raise ConfigError(f"{where}.{key}", value, "is not a duration", f"{key}: one of {EXAMPLES}, or 0s")
+            out[f"{key}_s"] = float(seconds)
+        policy = cls(**out)
+        if policy.max_delay_s < policy.delay_s:
+            raise ConfigError(f"{where}.max_delay", format_duration(policy.max_delay_s),
+                              f"is shorter than delay ({format_duration(policy.delay_s)})",
+                              f"max_delay: {format_duration(max(policy.delay_s, 600))}")
+        return policy
+
+
+__all__ = ["SECTION", "RestartPolicy"]
