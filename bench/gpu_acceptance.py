@@ -390,8 +390,10 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
     model = write_real_size_model(args.workdir / "models" / "qwen2.5-0.5b-arch-random")
     conf = {**base_conf(args, args.steps), "model_profile": REAL_SIZE_MODEL_PROFILE, "model_source": str(model)}
     conf["verl_overrides"] = [o for o in conf["verl_overrides"] if "gpu_memory_utilization" not in o]
-    run = run_dag(args.workdir, configs, "real-size", conf,
-                  extra_env=cold_caches(args.workdir / "real-size-caches"))
+    # A repeated run keeps the earlier one's log and run directory beside its own.
+    args.real_size_runs = getattr(args, "real_size_runs", 0) + 1
+    name = "real-size" if args.real_size_runs == 1 else f"real-size-{args.real_size_runs}"
+    run = run_dag(args.workdir, configs, name, conf, extra_env=cold_caches(args.workdir / f"{name}-caches"))
     run_dir = check_trained_run(result, run, configs, args.steps)
     if run_dir is None:
         return result

@@ -7,18 +7,22 @@
 # the GPU while the 0.5B weights are written. Results: $1/*.json, logs beside them.
 # Usage: bash bench/gpu_all.sh OUTDIR [WORKDIR]
 # ONLY="resume-raylet real-size" runs those scenarios alone (a device session too short for all);
-# logprob-kernels runs only when ONLY names it.
+# logprob-kernels runs only when ONLY names it. ppo and resume-ppo (PPO with a critic) join the tiny
+# runs side by side. SHARED_CACHES=1: every run keeps its warm caches in $WORKDIR/caches (a later run
+# starts as a repeated run on one cluster does); REAL_SIZE_RUNS=N runs the 0.5B scenario N times (the
+# second on warm caches); NO_BARE=1 skips its bare-verl twin.
 set -uo pipefail
 out=${1:?usage: bench/gpu_all.sh OUTDIR [WORKDIR]}
 work=${2:-/tmp/verl-gpu-acceptance}
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 mkdir -p "$out" "$work"
+shared=(); [ "${SHARED_CACHES:-0}" = 1 ] && shared=(--shared-caches "$work/caches")
 wanted() { [ -z "${ONLY:-}" ] && [ "$1" != logprob-kernels ] || [[ " ${ONLY:-} " == *" $1 "* ]]; }
 tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
-    --gpu-memory-utilization "$2" > "$out/$1.out" 2>&1
+    --gpu-memory-utilization "$2" "${shared[@]}" > "$out/$1.out" 2>&1
   echo "$(date -u +%T) $1 rc=$?" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
@@ -29,12 +33,14 @@ if wanted logprob-kernels; then
   "$py" "$here/logprob_kernels.py" --out "$out/logprob-kernels.json" > "$out/logprob-kernels.out" 2>&1
   echo "$(date -u +%T) logprob-kernels rc=$?" >> "$out/progress"
 fi
-tiny acceptance 0.2 & tiny resume-worker 0.2 &
+tiny acceptance 0.2 & tiny resume-worker 0.2 & tiny ppo 0.2 & tiny resume-ppo 0.2 &
 wait
 tiny resume-raylet 0.4
 wanted real-size || exit 0
 # REAL_SIZE_OVERRIDES="k=v k2=v2": verl overrides for the 0.5B run and its twin (a setting tried against a run without it).
 extra=(); for o in ${REAL_SIZE_OVERRIDES:-}; do extra+=(--verl-override "$o"); done
-"$py" "$here/gpu_acceptance.py" --scenario real-size --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
-  --out "$out/real-size.json" "${extra[@]}" > "$out/real-size.out" 2>&1
+[ "${NO_BARE:-0}" = 1 ] && extra+=(--no-bare)
+for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
+"$py" "$here/gpu_acceptance.py" --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
+  --out "$out/real-size.json" "${shared[@]}" "${extra[@]}" > "$out/real-size.out" 2>&1
 echo "$(date -u +%T) real-size rc=$?" >> "$out/progress"
