@@ -8,8 +8,8 @@
 # Usage: bash bench/gpu_all.sh OUTDIR [WORKDIR]
 # ONLY="resume-raylet real-size" runs those scenarios alone (a device session too short for all);
 # logprob-kernels runs only when ONLY names it. ppo and resume-ppo (PPO with a critic) join the tiny
-# runs side by side. SHARED_CACHES=1: every run keeps its warm caches in $WORKDIR/caches (a later run
-# starts as a repeated run on one cluster does); REAL_SIZE_RUNS=N runs the 0.5B scenario N times (the
+# runs side by side. SHARED_CACHES=1: each scenario keeps its runs' warm caches in $WORKDIR/caches/<it>
+# (its later run starts as a repeated run on one cluster does); REAL_SIZE_RUNS=N runs the 0.5B scenario N times (the
 # second on warm caches); NO_BARE=1 skips its bare-verl twin.
 set -uo pipefail
 out=${1:?usage: bench/gpu_all.sh OUTDIR [WORKDIR]}
@@ -17,12 +17,13 @@ work=${2:-/tmp/verl-gpu-acceptance}
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 mkdir -p "$out" "$work"
-shared=(); [ "${SHARED_CACHES:-0}" = 1 ] && shared=(--shared-caches "$work/caches")
+# Each scenario's own warm caches (its first run starts cold whatever ran before it).
+caches() { [ "${SHARED_CACHES:-0}" = 1 ] && echo "--shared-caches=$work/caches/$1"; }
 wanted() { [ -z "${ONLY:-}" ] && [ "$1" != logprob-kernels ] || [[ " ${ONLY:-} " == *" $1 "* ]]; }
 tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
-    --gpu-memory-utilization "$2" "${shared[@]}" > "$out/$1.out" 2>&1
+    --gpu-memory-utilization "$2" $(caches "$1") > "$out/$1.out" 2>&1
   echo "$(date -u +%T) $1 rc=$?" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
@@ -42,5 +43,5 @@ extra=(); for o in ${REAL_SIZE_OVERRIDES:-}; do extra+=(--verl-override "$o"); d
 [ "${NO_BARE:-0}" = 1 ] && extra+=(--no-bare)
 for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
 "$py" "$here/gpu_acceptance.py" --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
-  --out "$out/real-size.json" "${shared[@]}" "${extra[@]}" > "$out/real-size.out" 2>&1
+  --out "$out/real-size.json" $(caches real-size) "${extra[@]}" > "$out/real-size.out" 2>&1
 echo "$(date -u +%T) real-size rc=$?" >> "$out/progress"
