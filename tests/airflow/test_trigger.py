@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from verl_pipeline.airflow import triggers
 from verl_pipeline.airflow.triggers import CLASSPATH, RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
@@ -17,7 +18,7 @@ from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream, NodeInfo
 from verl_pipeline.jobs.gpu_usage import read_samples, readings_from_summary
 from verl_pipeline.jobs.logstream import WaitCursor
 from verl_pipeline.jobs.outcome import Action, Observation, decide
-from verl_pipeline.jobs.progress import first_step_seen_at
+from verl_pipeline.jobs.progress import ProgressWatch, first_step_seen_at
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import Hang
 from verl_pipeline.rundir import RunDir
@@ -39,8 +40,6 @@ class Body:
 @pytest.fixture(autouse=True)
 def _fresh_shared_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """What one process's waiters share starts empty for each test."""
-    from verl_pipeline.airflow import triggers
-
     monkeypatch.setattr(triggers, "WAITERS", triggers.ClusterWaiters())
     monkeypatch.setattr(triggers, "JOB_LIST_READS", triggers.SharedClusterReads())
     monkeypatch.setattr(triggers, "NODE_READS", triggers.SharedClusterReads())
@@ -384,17 +383,17 @@ async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(t
 
 
 async def test_once_the_log_shows_steps_the_metrics_file_is_read_only_for_steps_it_has_not_given(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """verl prints each step's metrics to the log too: the file is read on the reads where the log
     has shown a step the file has not given yet (and on every read before the log shows any)."""
     metrics = tmp_path / "metrics-a1.jsonl"
     metrics.write_text("")
     reads: list[int] = []
 
-    class Counted(RayJobTrigger):
-        def _read_metrics(self) -> list[str]:
+    class Counted(ProgressWatch):
+        def read_metrics(self) -> list[str]:
             reads.append(hook.status_calls)
-            return super()._read_metrics()
+            return super().read_metrics()
 
     def row(step: int) -> str:
         return json.dumps({"step": step, "data": {"training/global_step": step, "perf/throughput": 100.0 + step}})
@@ -402,8 +401,9 @@ async def test_once_the_log_shows_steps_the_metrics_file_is_read_only_for_steps_
     start = "starting\n"
     hook = ScriptedHook(["RUNNING"] * 8 + ["SUCCEEDED"],
                         [start] * 2 + [start + _step(1)] * 4 + [start + _step(1) + _step(2)])
-    trigger = Counted(cluster=CLUSTER, job_id="job-1", poll_interval=0.01, total_steps=4, progress_interval=0,
-                      metrics_path=str(metrics))
+    monkeypatch.setattr(triggers, "ProgressWatch", Counted)
+    trigger = RayJobTrigger(cluster=CLUSTER, job_id="job-1", poll_interval=0.01, total_steps=4, progress_interval=0,
+                            metrics_path=str(metrics))
     lines = capture(trigger)
     original = hook.alog_stream
 
