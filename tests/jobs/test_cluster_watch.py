@@ -92,3 +92,15 @@ def test_a_usage_file_that_cannot_be_written_is_not_tried_again(tmp_path: Path) 
     assert watch.usage_file is None
     _looks(watch, Summary([3]), 2)
     assert watch.writes() == []
+
+
+def test_a_sample_due_between_two_counts_reads_the_gpus_alone(tmp_path: Path) -> None:
+    """Polls as long as the sample interval: the counts (every other poll) would sample every two
+    intervals; the polls between read the summary for the GPUs."""
+    hook = Summary([3])
+    watch = _watch(usage=tmp_path / "gpu-usage.jsonl", interval=1e-9)
+    _looks(watch, hook, 4)
+    assert hook.reads == 3  # polls 2 and 4 count, poll 3 samples (poll 1 leaves the first sample to the first count)
+    hourly = Summary([3])
+    _looks(_watch(usage=tmp_path / "other.jsonl", interval=3600.0), hourly, 4)
+    assert hourly.reads == 2  # the counts alone

@@ -4,9 +4,10 @@ Both come from one request, Ray's node summary, which the waiters of one cluster
 (:class:`~verl_pipeline.jobs.shared_reads.SharedClusterReads`: a read at most half a poll old serves
 them all). On a cluster the pipeline owns the nodes are counted (:class:`~verl_pipeline.jobs.watchdog.NodeWatch`:
 every other poll, every poll once one is missing, at once when the job's log speaks of a death) and
-each count brings the GPUs' readings; on another cluster the summary is read only when a GPU sample
-is due. The latest readings go into the progress line and a hang's evidence; one sample per GPU
-node every ``sample_interval`` seconds goes to the run's GPU usage file.
+each count brings the GPUs' readings; the summary is also read when a GPU sample is due and no count
+read it (on a cluster whose nodes are not counted, or with polls longer than half the sample
+interval). The latest readings go into the progress line and a hang's evidence; one sample per GPU
+node every ``sample_interval`` seconds (at most one per poll) goes to the run's GPU usage file.
 """
 
 from __future__ import annotations
@@ -72,8 +73,11 @@ class ClusterWatch:
         node is lost (None: none lost, or not counted on this poll)."""
         count = self.nodes is not None and self.nodes.due(reason=self._death_in_log)
         self._death_in_log = False
-        # On a cluster the waiter counts, the counts read the GPUs; on another, a read for them alone.
-        sample = (self.nodes is None and self.usage_file is not None
+        # The counts read the GPUs too; a sample due between two counts (polls longer than half the
+        # sample interval), or on a cluster whose nodes are not counted, is a read for the GPUs alone.
+        # On a counted cluster the first count (at most two polls in) is also the first sample.
+        first = self.nodes is not None and self._read_at == float("-inf")
+        sample = (self.usage_file is not None and not first
                   and time.monotonic() - self._read_at >= self.sample_interval)
         if not (count or sample):
             return None
