@@ -104,3 +104,15 @@ def test_a_sample_due_between_two_counts_reads_the_gpus_alone(tmp_path: Path) ->
     hourly = Summary([3])
     _looks(_watch(usage=tmp_path / "other.jsonl", interval=3600.0), hourly, 4)
     assert hourly.reads == 2  # the counts alone
+
+
+def test_samples_are_appended_once_a_minute_and_when_the_wait_ends(tmp_path: Path) -> None:
+    usage = tmp_path / "gpu-usage.jsonl"
+    watch = _watch(usage=usage, interval=1e-9)
+    _looks(watch, Summary([3]), 2)  # the first count: its sample goes out at once
+    assert len(watch.writes()) == 1 and watch.writes() == []
+    _looks(watch, Summary([3]), 6)
+    assert watch.writes() == []  # within GPU_WRITE_INTERVAL_S of the last append: kept for the next
+    (last,) = watch.writes(final=True)
+    last.write()
+    assert len(list(read_samples(usage))) == 2 * 6  # every sample since the first append, two GPU nodes each

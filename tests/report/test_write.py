@@ -145,7 +145,8 @@ def _trained_between(run_dir: Path, first_seen: float, last_row: float) -> None:
     os.utime(RunDir(run_dir).metrics_file(1), (last_row, last_row))
 
 
-def test_gpu_readings_of_two_nodes_give_a_summary_a_plot_each_and_the_flag_for_the_idle_one(tmp_path: Path) -> None:
+def test_gpu_readings_of_two_nodes_give_a_row_per_gpu_a_plot_per_host_and_the_flag_for_the_idle_ones(
+        tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, "gpus", nnodes=2)
     _trained_between(run_dir, 1100.0, 1400.0)
     times = range(1010, 1500, 10)
@@ -162,13 +163,14 @@ def test_gpu_readings_of_two_nodes_give_a_summary_a_plot_each_and_the_flag_for_t
         width, height = _png_size(run_dir / "report" / name)
         assert width > 100 and height > 100 and (run_dir / "report" / name).stat().st_size > 1000
     data = json.loads(files.json.read_text())
-    assert [(n["node_ip"], n["n_gpus"], n["samples_in_window"], n["mean_utilization_pct"]) for n in data["gpu_nodes"]] \
-        == [("10.0.0.1", 8, 31, 92.0), ("10.0.0.2", 8, 31, 35.0)]
-    assert data["gpu_plots"] == {"aaaa1111": gpu_png(1), "bbbb2222": gpu_png(2)}
+    assert [(g["label"], g["samples_in_window"], g["mean_utilization_pct"]) for g in data["gpus"]] \
+        == [(f"10.0.0.1 GPU {i}", 31, 92.0) for i in range(8)] + [(f"10.0.0.2 GPU {i}", 31, 35.0) for i in range(8)]
+    assert data["gpu_plots"] == {"10.0.0.1": gpu_png(1), "10.0.0.2": gpu_png(2)}
     (flag,) = data["flags"]
-    assert "node 10.0.0.2 (bbbb2222): 35% on average" in flag["evidence"] and "10.0.0.1" not in flag["evidence"]
+    assert "8 of 16 GPU(s)" in flag["evidence"] and "10.0.0.2 GPU 0: 35% on average" in flag["evidence"]
+    assert "10.0.0.1" not in flag["evidence"]
     html = files.html.read_text()
-    assert "GPU utilisation per node" in html and "35% (low)" in html and "92%" in html
+    assert "GPU utilisation per GPU" in html and "35% (low)" in html and "92%" in html and "GPU-10.0.0.2-7" in html
     assert "58.6 / 80.0 GiB (73%)" in html  # the busiest GPU: 60,007 of 81,920 MiB
     assert set(re.findall(r'<img src="(gpu_node_[^"]+)"', html)) == {gpu_png(1), gpu_png(2)}
     assert "gpu_utilization_low" in html and "use_remove_padding" in html
@@ -179,7 +181,7 @@ def test_a_run_without_gpu_readings_says_so_with_no_gpu_plot_or_flag(tmp_path: P
     _trained_between(run_dir, 1100.0, 1400.0)
     files = write_report(run_dir, status=RunOutcome.SUCCEEDED)
     assert files.to_dict()["flags"] == [] and not list((run_dir / "report").glob("gpu_node_*"))
-    assert json.loads(files.json.read_text())["gpu_nodes"] == []
+    assert json.loads(files.json.read_text())["gpus"] == []
     html = files.html.read_text()
     assert "No GPU readings" in html and "gpu_node_" not in html and "No flag" in html
 

@@ -246,14 +246,14 @@ class RayJobTrigger(BaseTrigger):
                                   driver_exit_code=info.driver_exit_code)
                 return
             alive = await self._nodes.look(hook)
-            await self._write_run_files(moved)
+            hang = await self._hang(hook, read) if alive is None else None
+            await self._write_run_files(moved, final=alive is not None or hang is not None)  # the last, if it ends
             if alive is not None:
                 assert self._nodes.nodes is not None
                 yield self._event(WaitEvent.NODE_LOST, f"Ray node died: {alive} of {self._nodes.nodes.expected} nodes "
                                   f"alive while job {self.job_id} was {info.status.value}",
                                   job_status=info.status.value)
                 return
-            hang = await self._hang(hook, read)
             if hang is not None:
                 yield self._event(WaitEvent.HUNG, hang.message, job_status=info.status.value, hang=hang.to_dict())
                 return
@@ -345,10 +345,11 @@ class RayJobTrigger(BaseTrigger):
                                   max(self.metrics_offset_bytes, saved.metrics_offset_bytes))
         self._keeper.started_at(self._cursor())
 
-    async def _write_run_files(self, moved: bool | None, *, final: bool = False) -> None:
+    async def _write_run_files(self, moved: bool | None, *, final: bool) -> None:
         """The parts' writes of this poll (the cursor, GPU samples, the first step), in one trip off the loop."""
         cursor = self._keeper.write(self._cursor(), moved=moved, final=final)
-        writes: list[FileWrite] = [*([cursor] if cursor else []), *self._nodes.writes(), *self._first_step.writes()]
+        writes: list[FileWrite] = [*([cursor] if cursor else []), *self._nodes.writes(final=final),
+                                   *self._first_step.writes()]
         if not writes:
             return
         for write, error in await asyncio.to_thread(write_all, writes):

@@ -7,7 +7,8 @@ every other poll, every poll once one is missing, at once when the job's log spe
 each count brings the GPUs' readings; the summary is also read when a GPU sample is due and no count
 read it (on a cluster whose nodes are not counted, or with polls longer than half the sample
 interval). The latest readings go into the progress line and a hang's evidence; one sample per GPU
-node every ``sample_interval`` seconds (at most one per poll) goes to the run's GPU usage file.
+node every ``sample_interval`` seconds (at most one per poll) goes to the run's GPU usage file, in
+one append a minute (:data:`GPU_WRITE_INTERVAL_S`) and one when the wait ends.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from verl_pipeline.jobs.progress import GpuSummary
 from verl_pipeline.jobs.run_files import FileWrite
 from verl_pipeline.jobs.shared_reads import NODE_SUMMARY_SHARED_FOR_POLLS, Cluster, SharedClusterReads
 from verl_pipeline.jobs.watchdog import NodeWatch, speaks_of_a_death
+
+#: The samples of a wait are appended to the run's GPU usage file at most this often, and when the wait
+#: ends: a file write a minute, not one per sample; a triggerer that dies loses at most this much.
+GPU_WRITE_INTERVAL_S = 60.0
 
 
 class ClusterWatch:
@@ -50,7 +55,8 @@ class ClusterWatch:
         #: The GPU nodes as last read (alive nodes with GPUs).
         self.gpus: list[NodeGpuSample] = []
         self._read_at = float("-inf")
-        self._written_at = float("-inf")
+        self._sampled_at = float("-inf")
+        self._appended_at = float("-inf")
         self._to_write: list[NodeGpuSample] = []
         self._death_in_log = False
 
@@ -100,15 +106,19 @@ class ClusterWatch:
             return None
         self.gpus = [NodeGpuSample(time=at, node_id=n.node_id, node_ip=n.ip, gpus=n.gpus)
                      for n in nodes if n.alive and n.gpus]
-        if self.usage_file is not None and self.gpus and now - self._written_at >= self.sample_interval:
-            self._to_write, self._written_at = self.gpus, now
+        if self.usage_file is not None and self.gpus and now - self._sampled_at >= self.sample_interval:
+            self._to_write += self.gpus
+            self._sampled_at = now
         return list(nodes)
 
-    def writes(self) -> list[FileWrite]:
-        """The queued GPU samples' append to the run's GPU usage file."""
-        samples, self._to_write = self._to_write, []
-        if not samples or self.usage_file is None:
+    def writes(self, *, final: bool = False) -> list[FileWrite]:
+        """The queued GPU samples' append to the run's GPU usage file, when one is due (``final``: the
+        wait ends)."""
+        now = time.monotonic()
+        if not self._to_write or self.usage_file is None or (not final
+                                                              and now - self._appended_at < GPU_WRITE_INTERVAL_S):
             return []
+        samples, self._to_write, self._appended_at = self._to_write, [], now
         path = self.usage_file
         return [FileWrite("record the GPU usage (not recorded from now on)", lambda: append_samples(path, samples),
                           self._failed)]

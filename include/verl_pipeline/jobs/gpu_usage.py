@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,10 @@ class NodeGpuSample:
         return sum(values) / len(values) if values else None
 
     def to_dict(self) -> dict[str, Any]:
+        # By hand, not dataclasses.asdict (a deep copy): the waiter writes one of these per GPU node every 10 s.
         return {"time": self.time, "node_id": self.node_id, "node_ip": self.node_ip,
-                "gpus": [asdict(g) for g in self.gpus]}
+                "gpus": [{"index": g.index, "utilization_pct": g.utilization_pct, "memory_used_mib": g.memory_used_mib,
+                          "memory_total_mib": g.memory_total_mib, "uuid": g.uuid} for g in self.gpus]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NodeGpuSample:
