@@ -5,6 +5,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -855,3 +856,30 @@ def test_a_wait_that_starts_with_its_job_polls_sooner_at_first() -> None:
     assert [poll_pause(n, 5.0, fresh=False) for n in range(1, 4)] == [5.0, 5.0, 5.0]
     assert RayJobTrigger(cluster=CLUSTER, job_id="j")._fresh
     assert not RayJobTrigger(cluster=CLUSTER, job_id="j", log_offset_bytes=10)._fresh
+
+
+async def test_the_start_is_timed_phase_by_phase_up_to_the_first_step(tmp_path: Path) -> None:
+    """verl's and vLLM's start-up lines (as the stand-in trainer prints them) end the phases as they
+    arrive; the task log says each and, at the first step, all of them; the attempt's record has them."""
+    from tests.fakes.fake_verl_trainer import startup_lines
+    from verl_pipeline.jobs.startup import StartupPhases
+    from verl_pipeline.trainer.startup_markers import PHASES
+
+    class Started(ScriptedHook):
+        async def aget_job(self, job_id: str) -> JobInfo | None:
+            info = await super().aget_job(job_id)
+            return info and replace(info, start_time=int(1000 * (time.time() - 60)))  # submitted a minute ago
+
+    start = [line + "\n" for line in startup_lines("Training from scratch", validate=True)]
+    early, ready = "".join(start[:2]), "".join(start)
+    metrics = tmp_path / "metrics-a1.jsonl"
+    hook = Started(["RUNNING"] * 4 + ["SUCCEEDED"], [early, early, ready, ready, ready + _step(1)])
+    trigger = _trigger(total_steps=4, metrics_path=str(metrics), progress_interval=0)
+    lines = capture(trigger)
+    await _events(trigger, hook)
+    said = [m.split(" start-up: ")[1] for m in lines if " start-up: " in m]
+    assert [s.split(" done")[0] for s in said[:-1]] == [p.words for p in PHASES[:-1]]
+    assert said[0].startswith("worker start done 6") and said[0].endswith(" s)")  # ~60 s after submission
+    assert said[-1].startswith("first step 6") and " · validation 0 s · first step " in said[-1]
+    assert list(StartupPhases.load(metrics).ended) == list(PHASES)
+    assert first_step_seen_at(metrics) == StartupPhases.load(metrics).ended[PHASES[-1]]

@@ -100,6 +100,12 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
     redone = max(first) - resumed
     assert 0 <= redone <= SAVE_FREQ
     assert _checkpoints_intact(fault_env) == list(range(SAVE_FREQ, TOTAL_STEPS + 1, SAVE_FREQ))
+    # Each attempt's start, phase by phase, from the lines the stand-in prints as verl and vLLM do: the
+    # waiter saw every phase end, in order, the resume's too.
+    report = json.loads((rd / "report" / "report.json").read_text())
+    for attempt in report["attempts"]:
+        ends = [p["ended_after_s"] for p in attempt["startup"]]
+        assert None not in ends and ends == sorted(ends), attempt["startup"]
     _no_leftovers(rd)
     record_result(results_file, scenario, {"recovery_s": killer.recovery_s, "killed_after_step": max(first),
                                            "resumed_from_step": resumed, "steps_redone": redone})

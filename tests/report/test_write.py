@@ -11,10 +11,13 @@ from pathlib import Path
 from tests.report.rows import node_samples, verl_row
 from verl_pipeline.jobs.gpu_usage import append_samples
 from verl_pipeline.jobs.progress import Progress, record_first_step
+from verl_pipeline.jobs.startup import StartupPhases
+from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG, gpu_png
 from verl_pipeline.report.write import write_report
-from verl_pipeline.rundir import Attempt, RunDir
+from verl_pipeline.rundir import Attempt, RunDir, startup_file
+from verl_pipeline.trainer.startup_markers import Phase
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -135,6 +138,28 @@ def test_each_attempt_shows_the_seconds_from_its_submission_to_its_first_step(tm
     html = files.html.read_text()
     assert "submit to first step" in html and "1 m 30 s" in html and "5 m 0 s" in html
     assert "verl's file logger records no time" in html
+
+
+def test_each_attempt_shows_its_start_phase_by_phase_and_unknown_where_a_line_was_not_seen(tmp_path: Path) -> None:
+    """Attempt 1 (submitted at 1001) saw every line; attempt 2 (at 1002, a resume) lost its waiter's
+    records before the engine started: what it did not see is unknown, not zero."""
+    run_dir = _run_dir(tmp_path, "phases")
+    _log(run_dir, 1, range(1, 4), resume_from=0)
+    _log(run_dir, 2, range(3, 7), resume_from=2)
+    ends = dict(zip(list(Phase)[:-1], (1021.0, 1061.0, 1101.0, 1111.0, 1116.0, 1131.0), strict=True))
+    write_json_atomic(startup_file(RunDir(run_dir).metrics_file(1)), StartupPhases(ends).to_dict())
+    write_json_atomic(startup_file(RunDir(run_dir).metrics_file(2)),
+                      StartupPhases({Phase.WORKER_START: 1012.0, Phase.MODEL_LOAD: 1032.0}).to_dict())
+    for attempt, seen in ((1, 1191.0), (2, 1302.0)):
+        record_first_step(RunDir(run_dir).metrics_file(attempt), Progress(step=1, total=6, first_step_seen_at=seen))
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    first, second = json.loads(files.json.read_text())["attempts"]
+    assert [p["duration_s"] for p in first["startup"]] == [20.0, 40.0, 40.0, 10.0, 5.0, 15.0, 60.0]
+    assert [p["duration_s"] for p in second["startup"]] == [10.0, 20.0, None, None, None, None, None]
+    assert second["startup"][-1]["ended_after_s"] == 300.0  # when its first step came is still known
+    html = files.html.read_text()
+    assert "Start-up, phase by phase" in html and "<th>graph capture</th>" in html
+    assert "<td>60 s</td>" in html and "<td>unknown</td>" in html and "unknown (done at 300 s)" in html
 
 
 def _trained_between(run_dir: Path, first_seen: float, last_row: float) -> None:

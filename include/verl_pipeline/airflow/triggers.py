@@ -6,7 +6,7 @@ The trigger is a loop over the parts of a wait, each with one concern and its ow
   forwards it; :class:`~verl_pipeline.jobs.logstream.CursorKeeper` saves the cursor in the run directory;
 - progress: :class:`~verl_pipeline.jobs.progress.ProgressWatch` (verl's console lines and metrics file);
 - nodes and GPUs: :class:`~verl_pipeline.jobs.cluster_watch.ClusterWatch` (node counts, GPU samples);
-- the first step: :class:`~verl_pipeline.jobs.startup.FirstStepRecord`;
+- the start, phase by phase up to the first step: :class:`~verl_pipeline.jobs.startup.StartupWatch`;
 - the watchdog: :class:`~verl_pipeline.jobs.watchdog.StallWatch`.
 
 The parts' writes of a poll go to the run directory in one trip off the event loop
@@ -38,7 +38,7 @@ from verl_pipeline.jobs.shared_reads import (  # noqa: F401  (the trigger's modu
     ClusterWaiters,
     SharedClusterReads,
 )
-from verl_pipeline.jobs.startup import FirstStepRecord
+from verl_pipeline.jobs.startup import StartupWatch
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
 from verl_pipeline.rundir import RunDir
@@ -85,10 +85,11 @@ class RayJobTrigger(BaseTrigger):
        of one cluster share it (``JOB_LIST_*`` in :mod:`~verl_pipeline.jobs.shared_reads`); the job's
        end is seen on the first poll after it (half a poll later at most with a shared list);
     2. **log**, every other poll and on the one that sees the job ended (:class:`LogFollower`): new
-       lines forwarded, each handed to the progress part (verl's console lines) and the nodes part
-       (a line that says something died); verl's metrics file read when due (:class:`ProgressWatch`);
-       a progress line logged when due (``step 120/500 (24%) · 3.1 min/step · ETA … · GPU 87% (2
-       nodes, min 80%)``); the first step recorded (:class:`FirstStepRecord`);
+       lines forwarded, each handed to the progress part (verl's console lines), the start-up part
+       (the lines that end each phase of the start, until the first step: :class:`StartupWatch`)
+       and the nodes part (a line that says something died); verl's metrics file read when due
+       (:class:`ProgressWatch`); a progress line logged when due (``step 120/500 (24%) · 3.1 min/step
+       · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases;
     3. **ended** → the parts' files written, the terminal event;
     4. **nodes and GPUs** (:class:`ClusterWatch`): ``node_lost`` when fewer nodes than the cluster
        was provisioned with (``expected_nodes``) stayed alive for ``node_grace_polls`` counts while
@@ -96,7 +97,7 @@ class RayJobTrigger(BaseTrigger):
        ``gpu_sample_interval`` seconds into the run directory's ``gpu-usage.jsonl``;
     5. **files**: the cursor (saved when it moved: on the first quiet read, every
        ``CURSOR_SAVE_INTERVAL_S`` while the job keeps printing, when the job ended), the GPU samples
-       and the first step's record, in one trip off the event loop; a restarted triggerer (which
+       and the start's records, in one trip off the event loop; a restarted triggerer (which
        runs the trigger again from the kwargs it was deferred with) continues from the saved cursor;
     6. **hang** (:class:`StallWatch`, ``watch`` a :class:`~verl_pipeline.jobs.watchdog.WatchSettings`
        dict; None for preflight jobs): ``hung`` when the job ran without a new training step for
@@ -141,7 +142,7 @@ class RayJobTrigger(BaseTrigger):
             usage_file=RunDir(Path(req.cursor_dir)).gpu_usage_file if req.cursor_dir else None,
             sample_interval=req.gpu_sample_interval, poll_interval=req.poll_interval, reads=NODE_READS,
             cluster=self._cluster, log=self.log)
-        self._first_step = FirstStepRecord(req.metrics_path)
+        self._startup = StartupWatch(job_id=req.job_id, metrics_path=req.metrics_path, log=self.log)
         self._stall: StallWatch | None = None  # started with the wait (its windows are the waiter's clock)
 
     # -- the cursor, as far as this waiter got ------------------------------------------------------
@@ -195,8 +196,8 @@ class RayJobTrigger(BaseTrigger):
         try:
             # The parts log to the trigger's logger as it is when the wait starts (the triggerer sets it up
             # after building the trigger).
-            self._follower.log = self._nodes.log = self.log
-            await self._resume_cursor()
+            self._follower.log = self._nodes.log = self._startup.log = self.log
+            await self._resume()
             req = self.request
             if req.watch is not None and (req.forward_logs or req.metrics_path):  # steps are visible
                 last = self._progress.tracker.last
@@ -293,6 +294,10 @@ class RayJobTrigger(BaseTrigger):
                 self._progress.observe_rows(await asyncio.to_thread(self._progress.read_metrics))
             if self.request.forward_logs:
                 watchers: list[Callable[[list[str]], None]] = [self._progress.observe_lines] if self._tracking else []
+                if self._tracking and not self._startup.done:
+                    if info.start_time:
+                        self._startup.started_at = info.start_time / 1000  # Ray's, in milliseconds
+                    watchers.append(lambda lines: self._startup.observe_lines(lines, time.time()))
                 await self._follower.read(hook, info, polls, lines_to=watchers, records_to=[self._nodes.observe_record])
             # The read of an ended job is its last: its final progress is logged whatever the interval.
             self._steps_seen(final=ended)
@@ -309,7 +314,7 @@ class RayJobTrigger(BaseTrigger):
         """Hand the newest step to the first-step record and the watchdog; log the progress when due."""
         if not self._tracking or (seen := self._progress.tracker.last) is None:
             return
-        self._first_step.step(seen)
+        self._startup.first_step(seen)
         last = self._progress.unreported()
         if last is None:
             return
@@ -333,8 +338,9 @@ class RayJobTrigger(BaseTrigger):
         return hang
 
     # -- the run directory --------------------------------------------------------------------------
-    async def _resume_cursor(self) -> None:
-        """Continue from the cursor a previous run of this trigger saved, when it got further."""
+    async def _resume(self) -> None:
+        """Continue from what a previous run of this trigger saved: the cursor, when it got further, and
+        the phases of the start it saw."""
         saved = await asyncio.to_thread(self._keeper.load) if self._keeper.run_dir else None
         if saved is not None and (saved.log_offset_bytes > self.log_offset_bytes
                                   or saved.metrics_offset_bytes > self.metrics_offset_bytes):
@@ -344,12 +350,14 @@ class RayJobTrigger(BaseTrigger):
             self._progress.resume(saved.progress or self.progress,
                                   max(self.metrics_offset_bytes, saved.metrics_offset_bytes))
         self._keeper.started_at(self._cursor())
+        if self._tracking:
+            await asyncio.to_thread(self._startup.resume, started=self._progress.tracker.last is not None)
 
     async def _write_run_files(self, moved: bool | None, *, final: bool) -> None:
-        """The parts' writes of this poll (the cursor, GPU samples, the first step), in one trip off the loop."""
+        """The parts' writes of this poll (the cursor, GPU samples, the start's records), in one trip off the loop."""
         cursor = self._keeper.write(self._cursor(), moved=moved, final=final)
         writes: list[FileWrite] = [*([cursor] if cursor else []), *self._nodes.writes(final=final),
-                                   *self._first_step.writes()]
+                                   *self._startup.writes()]
         if not writes:
             return
         for write, error in await asyncio.to_thread(write_all, writes):

@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from verl_pipeline.jobs.startup import PhaseTime, StartupPhases
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.trainer import metrics as m
+from verl_pipeline.trainer.startup_markers import Phase
 
 REPORT_VERSION = 1
 
@@ -56,6 +58,17 @@ class AttemptInfo:
     first_step_seen_at: float | None = None
     #: When (epoch seconds) the attempt's metrics file was last written: its last row.
     last_row_at: float | None = None
+    #: When each phase of the attempt's start ended, as its waiter saw the lines (``jobs.startup``).
+    startup_ended: dict[Phase, float] = field(default_factory=dict)
+
+    @property
+    def startup(self) -> list[PhaseTime]:
+        """Each phase of the attempt's start: when it ended after the submission and how long it took
+        (unknown where the waiter did not see the line that ends it)."""
+        ended = dict(self.startup_ended)
+        if self.first_step_seen_at is not None:
+            ended.setdefault(Phase.FIRST_STEP, self.first_step_seen_at)
+        return StartupPhases(ended).times(self.submitted_at)
 
     @property
     def time_to_first_step_s(self) -> float | None:
@@ -176,6 +189,9 @@ class Report:
         out["status"] = self.status.value
         for attempt, a in zip(out["attempts"], self.attempts, strict=True):
             attempt["time_to_first_step_s"] = a.time_to_first_step_s
+            attempt["startup_ended"] = {p.value: t for p, t in a.startup_ended.items()}
+            attempt["startup"] = [{"phase": t.phase.value, "ended_after_s": t.ended_after_s,
+                                   "duration_s": t.duration_s} for t in a.startup]
         out["flags"] = [f.to_dict() for f in self.flags]
         for row, g in zip(out["gpus"], self.gpus, strict=True):
             row.update(label=g.label, peak_memory_pct=g.peak_memory_pct)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from verl_pipeline.jobs.startup import PhaseTime
 from verl_pipeline.report.build import Report, Series
 from verl_pipeline.report.gpu import MIB_PER_GIB, GpuUsage
 from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT, under_used
@@ -92,6 +93,27 @@ def _attempts(r: Report) -> str:
                   rows) + extra + "<p>Submit to first step: from the attempt's submission to its first training "
             "step's arrival, as the pipeline's metrics reader saw it (verl's file logger records no time with "
             "a step); — where no reader saw one.</p>")
+
+
+def _startup(r: Report) -> str:
+    """Each attempt's time to its first step, phase by phase: what starting (or a restart) cost, and where."""
+    if not r.attempts:
+        return ""
+    phases = [t.phase for t in r.attempts[0].startup]
+    rows = [(a.attempt, *(_phase_cell(t) for t in a.startup)) for a in r.attempts]
+    return ("<h2>Start-up, phase by phase</h2><p>Seconds each phase of every attempt's start took, from its "
+            "submission to its first training step. A phase ends when the line verl or vLLM prints at its end "
+            "reaches the pipeline's log reader (the table of those lines: trainer/startup_markers.py), so the "
+            "times are those of the log reads (every 10 s at the default poll): a phase shorter than that can "
+            "show as 0 s. <i>unknown</i>: the line was not seen (the phase did not run, as validation without "
+            "trainer.val_before_train, or the line differs); the phase after it is unknown too.</p>"
+            + _grid(("attempt", *(p.words for p in phases)), rows))
+
+
+def _phase_cell(t: PhaseTime) -> str:
+    if t.duration_s is not None:
+        return f"{t.duration_s:.0f} s"
+    return "unknown" if t.ended_after_s is None else f"unknown (done at {t.ended_after_s:.0f} s)"
 
 
 def _timing(r: Report) -> str:
@@ -185,5 +207,5 @@ def render_html(r: Report) -> str:
     plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
-            f"<h2>Attempts</h2>{_attempts(r)}{_checks(r)}{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
+            f"<h2>Attempts</h2>{_attempts(r)}{_startup(r)}{_checks(r)}{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
             + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

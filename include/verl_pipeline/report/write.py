@@ -117,10 +117,12 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     status = status or infer_status(run_dir, facts, rows, preflight)
     from verl_pipeline.jobs.gpu_usage import read_samples
     from verl_pipeline.jobs.progress import first_step_seen_at
+    from verl_pipeline.jobs.startup import StartupPhases
 
     attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment,
                             first_step_seen_at=first_step_seen_at(RunDir(run_dir).metrics_file(a.attempt)),
-                            last_row_at=_mtime(RunDir(run_dir).metrics_file(a.attempt)))
+                            last_row_at=_mtime(RunDir(run_dir).metrics_file(a.attempt)),
+                            startup_ended=StartupPhases.load(RunDir(run_dir).metrics_file(a.attempt)).ended)
                 for a in RunDir(run_dir).attempts()]
     gpu_series = gpu.collect(read_samples(RunDir(run_dir).gpu_usage_file))
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
