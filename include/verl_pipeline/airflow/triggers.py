@@ -12,6 +12,34 @@ The trigger is a loop over the parts of a wait, each with one concern and its ow
 The parts' writes of a poll go to the run directory in one trip off the event loop
 (:mod:`verl_pipeline.jobs.run_files`); the waiters of one cluster share its reads
 (:mod:`verl_pipeline.jobs.shared_reads`, one set per process, here).
+
+Each poll, in this order (polls come every ``poll_interval`` seconds, sooner at the start of a
+wait that starts with its job: :func:`poll_pause`):
+
+1. **status**: the job's own read, or its share of the cluster's job list where several waiters
+   of one cluster share it (``JOB_LIST_*`` in :mod:`~verl_pipeline.jobs.shared_reads`); the job's
+   end is seen on the first poll after it (half a poll later at most with a shared list);
+2. **log**, every other poll and on the one that sees the job ended (:class:`LogFollower`): new
+   lines forwarded, each handed to the progress part (verl's console lines), the start-up part
+   (the lines that end each phase of the start, until the first step: :class:`StartupWatch`)
+   and the nodes part (a line that says something died); verl's metrics file read when due
+   (:class:`ProgressWatch`); a progress line logged when due (``step 120/500 (24%) · 3.1 min/step
+   · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases;
+3. **ended** → the parts' files written, the terminal event;
+4. **nodes and GPUs** (:class:`ClusterWatch`): ``node_lost`` when fewer nodes than the cluster
+   was provisioned with (``expected_nodes``) stayed alive for ``node_grace_polls`` counts while
+   the job still ran (a job can hang instead of failing when a node dies); GPU samples every
+   ``gpu_sample_interval`` seconds into the run directory's ``gpu-usage.jsonl``;
+5. **hang** (:class:`StallWatch`, ``watch`` a :class:`~verl_pipeline.jobs.watchdog.WatchSettings`
+   dict; None for preflight jobs): ``hung`` when the job ran without a new training step for
+   longer than the watchdog allows, judged only on polls that read the log. The event's ``hang``
+   is the watchdog's :class:`~verl_pipeline.jobs.watchdog.Hang` as a dict, with what the GPUs
+   were doing (read again when the hang is found): what the wait's decision reads;
+6. **files**: the cursor (saved when it moved: on the first quiet read, every
+   ``CURSOR_SAVE_INTERVAL_S`` while the job keeps printing, and when the wait ends), the GPU samples
+   (once a minute, and when the wait ends) and the start's records, in one trip off the event loop;
+   a restarted triggerer (which runs the trigger again from the kwargs it was deferred with)
+   continues from the saved cursor. Then the ``node_lost`` or ``hung`` event, if any.
 """
 
 from __future__ import annotations
@@ -78,32 +106,9 @@ class RayJobTrigger(BaseTrigger):
     skipped, always at a line end), ``metrics_offset_bytes`` (bytes of verl's metrics JSONL read)
     and ``progress`` (the last step verl reported, see :mod:`verl_pipeline.jobs.progress`).
 
-    Each poll, in this order (polls come every ``poll_interval`` seconds, sooner at the start of a
-    wait that starts with its job: :func:`poll_pause`):
-
-    1. **status**: the job's own read, or its share of the cluster's job list where several waiters
-       of one cluster share it (``JOB_LIST_*`` in :mod:`~verl_pipeline.jobs.shared_reads`); the job's
-       end is seen on the first poll after it (half a poll later at most with a shared list);
-    2. **log**, every other poll and on the one that sees the job ended (:class:`LogFollower`): new
-       lines forwarded, each handed to the progress part (verl's console lines), the start-up part
-       (the lines that end each phase of the start, until the first step: :class:`StartupWatch`)
-       and the nodes part (a line that says something died); verl's metrics file read when due
-       (:class:`ProgressWatch`); a progress line logged when due (``step 120/500 (24%) · 3.1 min/step
-       · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases;
-    3. **ended** → the parts' files written, the terminal event;
-    4. **nodes and GPUs** (:class:`ClusterWatch`): ``node_lost`` when fewer nodes than the cluster
-       was provisioned with (``expected_nodes``) stayed alive for ``node_grace_polls`` counts while
-       the job still ran (a job can hang instead of failing when a node dies); GPU samples every
-       ``gpu_sample_interval`` seconds into the run directory's ``gpu-usage.jsonl``;
-    5. **files**: the cursor (saved when it moved: on the first quiet read, every
-       ``CURSOR_SAVE_INTERVAL_S`` while the job keeps printing, when the job ended), the GPU samples
-       and the start's records, in one trip off the event loop; a restarted triggerer (which
-       runs the trigger again from the kwargs it was deferred with) continues from the saved cursor;
-    6. **hang** (:class:`StallWatch`, ``watch`` a :class:`~verl_pipeline.jobs.watchdog.WatchSettings`
-       dict; None for preflight jobs): ``hung`` when the job ran without a new training step for
-       longer than the watchdog allows, judged only on polls that read the log. The event's ``hang``
-       is the watchdog's :class:`~verl_pipeline.jobs.watchdog.Hang` as a dict, with what the GPUs
-       were doing (read again when the hang is found): what the wait's decision reads.
+    Each poll reads the job's status, then (when due) its log and verl's metrics, its nodes and GPUs,
+    writes what the parts have to write, and asks the watchdog: the order and each part's concern are
+    in this module's docstring.
 
     The keyword arguments are the fields of :class:`~verl_pipeline.jobs.wait_request.WaitRequest`
     (their defaults and meaning are written there): ``RayJobTrigger(**request.to_dict())``.
