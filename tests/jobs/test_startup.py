@@ -83,6 +83,8 @@ def test_the_start_up_part_says_each_phase_and_the_summary_and_records_both(tmp_
     again = _watch(metrics, [])  # a restarted triggerer's waiter of the same attempt
     again.resume(started=False)
     assert again.phases.ended == {Phase.WORKER_START: 1030.0, Phase.MODEL_LOAD: 1030.0}
+    again.observe_lines(_lines()[:3], 1090.0)  # it reads again what the first one read: those stay as recorded
+    assert again.phases.ended == {Phase.WORKER_START: 1030.0, Phase.MODEL_LOAD: 1030.0, Phase.ENGINE_START: 1090.0}
     watch.observe_lines(_lines()[2:], 1100.0)
     watch.first_step(Progress(step=1, total=4, first_step_seen_at=1160.0))
     assert messages[-1] == ("Ray job j start-up: first step 160 s after submission: worker start 30 s · model load "

@@ -7,7 +7,8 @@ log reads (every other poll: 10 s at the default 5 s polls). A phase is **unknow
 never showed, and so is the length of the phase after it (its start is unknown): the report and the
 task log say "unknown", never a guess. A marker that shows after a later phase's is out of order and
 ignored; a phase whose line shows several times (one vLLM engine per replica) ends with the last
-one before the next phase's.
+one before the next phase's. A waiter that takes over mid-start (a restarted triggerer) keeps the
+phases the earlier one recorded.
 
 Both records lie beside the attempt's metrics file, one pair per attempt: ``rundir.startup_file``
 (the phases) and ``rundir.first_step_file`` (the first step's arrival, the report's training window).
@@ -51,6 +52,9 @@ class StartupPhases:
     """When each phase of one start ended (epoch seconds, as the waiter saw the line arrive)."""
 
     ended: dict[Phase, float] = field(default_factory=dict)
+    #: Phases an earlier waiter of the attempt recorded: kept as they are (a waiter that takes over
+    #: reads again up to 30 s of log the earlier one read, and would see their lines later).
+    kept: frozenset[Phase] = frozenset()
 
     def observe(self, text: str, now: float) -> list[Phase]:
         """The phases ``text`` (lines of the job's log) ends at ``now``: those not seen before, in order."""
@@ -63,7 +67,7 @@ class StartupPhases:
     def end(self, phase: Phase, at: float) -> bool:
         """``phase`` ended at ``at``: kept unless a later phase already ended (out of order: ignored);
         True when the phase had not ended before."""
-        if any(self.ended.get(p) is not None for p in PHASES[PHASES.index(phase) + 1:]):
+        if phase in self.kept or any(self.ended.get(p) is not None for p in PHASES[PHASES.index(phase) + 1:]):
             return False
         first = phase not in self.ended
         self.ended[phase] = at
@@ -92,11 +96,12 @@ class StartupPhases:
 
     @classmethod
     def load(cls, metrics_path: Path) -> StartupPhases:
-        """The phases recorded beside ``metrics_path`` (none when absent or unreadable)."""
+        """The phases recorded beside ``metrics_path``, kept as they are (none when absent or unreadable)."""
         try:
-            return cls.from_dict(json.loads(startup_file(metrics_path).read_text(encoding="utf-8")))
+            recorded = cls.from_dict(json.loads(startup_file(metrics_path).read_text(encoding="utf-8")))
         except (OSError, ValueError):
             return cls()
+        return cls(recorded.ended, frozenset(recorded.ended))
 
 
 class StartupWatch:
