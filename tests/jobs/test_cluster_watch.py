@@ -30,10 +30,10 @@ class Summary:
         return [NodeInfo(f"{k:056d}", k < alive, k == 0, f"10.0.0.{k}", {}, () if k == 0 else gpus) for k in range(3)]
 
 
-def _watch(*, expected: int = 3, usage: Path | None = None, interval: float = 10.0) -> ClusterWatch:
+def _watch(*, expected: int = 3, usage: Path | None = None, interval: float = 10.0, poll: float = 1e-6) -> ClusterWatch:
     # Polls a microsecond apart: each look reads the summary afresh (no earlier read is recent enough to share).
     return ClusterWatch(job_id="j", expected_nodes=expected, grace_polls=2, usage_file=usage, sample_interval=interval,
-                        poll_interval=1e-6, reads=SharedClusterReads(), cluster=("http://d:8265", ""),
+                        poll_interval=poll, reads=SharedClusterReads(), cluster=("http://d:8265", ""),
                         log=logging.getLogger("test.cluster_watch"))
 
 
@@ -116,3 +116,22 @@ def test_samples_are_appended_once_a_minute_and_when_the_wait_ends(tmp_path: Pat
     (last,) = watch.writes(final=True)
     last.write()
     assert len(list(read_samples(usage))) == 2 * 6  # every sample since the first append, two GPU nodes each
+
+
+def test_a_late_poll_adds_no_read_where_the_counts_keep_up_with_the_samples(tmp_path: Path) -> None:
+    """5 s polls, a sample every 10 s: the counts (every other poll) bring every sample. A poll that
+    comes late on a busy triggerer does not read for the GPUs alone (it would add to the load)."""
+    import time
+
+    hook = Summary([3])
+    watch = _watch(usage=tmp_path / "gpu-usage.jsonl", interval=10.0, poll=5.0)
+    watch.reads = SharedClusterReads()
+    watch.max_age = 0.0  # each count reads afresh here
+
+    async def run() -> None:
+        for poll in range(1, 7):
+            watch._read_at = time.monotonic() - 60.0  # as if the last read were a minute ago
+            await watch.look(hook)
+
+    asyncio.run(run())
+    assert hook.reads == 3  # the counts: polls 2, 4 and 6

@@ -5,8 +5,9 @@ Both come from one request, Ray's node summary, which the waiters of one cluster
 them all). On a cluster the pipeline owns the nodes are counted (:class:`~verl_pipeline.jobs.watchdog.NodeWatch`:
 every other poll, every poll once one is missing, at once when the job's log speaks of a death) and
 each count brings the GPUs' readings; the summary is also read when a GPU sample is due and no count
-read it (on a cluster whose nodes are not counted, or with polls longer than half the sample
-interval). The latest readings go into the progress line and a hang's evidence; one sample per GPU
+read it, where the counts cannot keep up with the sample interval (a cluster whose nodes are not
+counted, or polls longer than half the interval: decided once, so a late poll on a busy triggerer
+does not add reads). The latest readings go into the progress line and a hang's evidence; one sample per GPU
 node every ``sample_interval`` seconds (at most one per poll) goes to the run's GPU usage file, in
 one append a minute (:data:`GPU_WRITE_INTERVAL_S`) and one when the wait ends.
 """
@@ -23,7 +24,7 @@ from verl_pipeline.jobs.logstream import TaskLog
 from verl_pipeline.jobs.progress import GpuSummary
 from verl_pipeline.jobs.run_files import FileWrite
 from verl_pipeline.jobs.shared_reads import NODE_SUMMARY_SHARED_FOR_POLLS, Cluster, SharedClusterReads
-from verl_pipeline.jobs.watchdog import NodeWatch, speaks_of_a_death
+from verl_pipeline.jobs.watchdog import NODE_COUNT_EVERY_POLLS, NodeWatch, speaks_of_a_death
 
 #: The samples of a wait are appended to the run's GPU usage file at most this often, and when the wait
 #: ends: a file write a minute, not one per sample; a triggerer that dies loses at most this much.
@@ -49,6 +50,8 @@ class ClusterWatch:
         self.usage_file = usage_file if sample_interval > 0 else None
         self.sample_interval = sample_interval
         self.max_age = poll_interval * NODE_SUMMARY_SHARED_FOR_POLLS
+        #: Reads for the GPU samples alone, where the counts come less often than a sample is due.
+        self._sample_reads = self.nodes is None or poll_interval * NODE_COUNT_EVERY_POLLS > sample_interval
         self.reads = reads
         self.cluster = cluster
         self.log = log
@@ -79,11 +82,10 @@ class ClusterWatch:
         node is lost (None: none lost, or not counted on this poll)."""
         count = self.nodes is not None and self.nodes.due(reason=self._death_in_log)
         self._death_in_log = False
-        # The counts read the GPUs too; a sample due between two counts (polls longer than half the
-        # sample interval), or on a cluster whose nodes are not counted, is a read for the GPUs alone.
-        # On a counted cluster the first count (at most two polls in) is also the first sample.
+        # The counts read the GPUs too; where they come too seldom, a sample due is a read for the GPUs
+        # alone. On a counted cluster the first count (at most two polls in) is also the first sample.
         first = self.nodes is not None and self._read_at == float("-inf")
-        sample = (self.usage_file is not None and not first
+        sample = (self._sample_reads and self.usage_file is not None and not first
                   and time.monotonic() - self._read_at >= self.sample_interval)
         if not (count or sample):
             return None
