@@ -129,7 +129,7 @@ def test_a_late_poll_adds_no_read_where_the_counts_keep_up_with_the_samples(tmp_
     watch.max_age = 0.0  # each count reads afresh here
 
     async def run() -> None:
-        for poll in range(1, 7):
+        for _ in range(6):
             watch._read_at = time.monotonic() - 60.0  # as if the last read were a minute ago
             await watch.look(hook)
 
