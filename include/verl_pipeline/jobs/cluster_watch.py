@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.jobs.gpu_usage import NodeGpuSample, append_samples
+from verl_pipeline.jobs.gpu_usage import NodeGpuSample, append_lines, sample_lines
 from verl_pipeline.jobs.logstream import TaskLog
 from verl_pipeline.jobs.progress import GpuSummary
 from verl_pipeline.jobs.run_files import FileWrite
@@ -60,7 +60,7 @@ class ClusterWatch:
         self._read_at = float("-inf")
         self._sampled_at = float("-inf")
         self._appended_at = float("-inf")
-        self._to_write: list[NodeGpuSample] = []
+        self._to_write: list[str] = []  # the samples due, as the file's lines
         self._death_in_log = False
 
     @property
@@ -109,7 +109,7 @@ class ClusterWatch:
         self.gpus = [NodeGpuSample(time=at, node_id=n.node_id, node_ip=n.ip, gpus=n.gpus)
                      for n in nodes if n.alive and n.gpus]
         if self.usage_file is not None and self.gpus and now - self._sampled_at >= self.sample_interval:
-            self._to_write += self.gpus
+            self._to_write += sample_lines(self.gpus)
             self._sampled_at = now
         return list(nodes)
 
@@ -120,9 +120,9 @@ class ClusterWatch:
         if not self._to_write or self.usage_file is None or (not final
                                                               and now - self._appended_at < GPU_WRITE_INTERVAL_S):
             return []
-        samples, self._to_write, self._appended_at = self._to_write, [], now
+        lines, self._to_write, self._appended_at = self._to_write, [], now
         path = self.usage_file
-        return [FileWrite("record the GPU usage (not recorded from now on)", lambda: append_samples(path, samples),
+        return [FileWrite("record the GPU usage (not recorded from now on)", lambda: append_lines(path, lines),
                           self._failed)]
 
     def _failed(self, error: OSError) -> None:

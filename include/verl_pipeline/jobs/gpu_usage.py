@@ -75,12 +75,22 @@ def readings_from_summary(gpus: Iterable[dict[str, Any]] | None) -> tuple[GpuRea
     return tuple(out)
 
 
-def append_samples(path: Path, samples: Iterable[NodeGpuSample]) -> None:
-    """Append samples of nodes that have GPUs (one line each); nodes without GPUs are not written."""
-    lines = [json.dumps(s.to_dict(), separators=(",", ":")) + "\n" for s in samples if s.gpus]
+def sample_lines(samples: Iterable[NodeGpuSample]) -> list[str]:
+    """The file's lines of the samples of nodes that have GPUs (nodes without GPUs are not written)."""
+    return [json.dumps(s.to_dict(), separators=(",", ":")) + "\n" for s in samples if s.gpus]
+
+
+def append_lines(path: Path, lines: list[str]) -> None:
+    """Append lines of :func:`sample_lines` (a waiter keeps its samples as text until it appends them:
+    strings, not objects the garbage collector has to walk, for a minute's worth per wait)."""
     if lines:
         with path.open("a") as f:
             f.writelines(lines)
+
+
+def append_samples(path: Path, samples: Iterable[NodeGpuSample]) -> None:
+    """Append samples of nodes that have GPUs (one line each); nodes without GPUs are not written."""
+    append_lines(path, sample_lines(samples))
 
 
 def read_samples(path: Path) -> Iterator[NodeGpuSample]:
