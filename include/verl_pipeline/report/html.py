@@ -97,7 +97,7 @@ def _attempts(r: Report) -> str:
 
 def _startup(r: Report) -> str:
     """Each attempt's time to its first step, phase by phase: what starting (or a restart) cost, and where."""
-    if not r.attempts:
+    if not r.attempts or r.run.mode == "preflight":  # a preflight job has no such start
         return ""
     phases = [t.phase for t in r.attempts[0].startup]
     rows = [(a.attempt, *(_phase_cell(t) for t in a.startup)) for a in r.attempts]
