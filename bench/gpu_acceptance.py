@@ -304,14 +304,17 @@ def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) ->
     figures["phase_share_total"] = round(sum(shares.values()), 3)
     figures["time_to_first_step_s"] = [a.get("time_to_first_step_s") for a in report.get("attempts", [])]
     figures["flags"] = [f.get("kind") for f in report.get("flags", [])]
-    figures["gpu_nodes"] = report.get("gpu_nodes")
+    # Each attempt's start by phase (None: the line that ends it was not seen: trainer/startup_markers.py).
+    figures["startup_s"] = [{p["phase"]: p["duration_s"] for p in a.get("startup", [])}
+                            for a in report.get("attempts", [])]
+    figures["gpus"] = report.get("gpus")
     figures["steady_step_s"] = steady_step_s([r for f in rd.metrics_files().values() for r in training_rows(f)])
     result.figures.update(figures)
     for key in ("throughput_per_gpu", "time_per_step_s", "peak_memory_allocated_gb"):
         result.check(bool(report.get(key)), f"the report has no {key}")
     share = figures["phase_share_total"]
     result.check(0 < share <= 1.0 + 1e-6, f"phase shares add up to {share}")
-    result.check(rd.gpu_usage_file.exists() and bool(report.get("gpu_nodes")),
+    result.check(rd.gpu_usage_file.exists() and bool(report.get("gpus")),
                  f"no GPU readings recorded ({rd.gpu_usage_file}) or none in the report")
     # The entropy bonus gives even a random model's update a direction: a zero gradient is a broken run.
     result.check("grad_norm_zero" not in figures["flags"], "the report flags a gradient norm that stayed 0")

@@ -25,7 +25,9 @@ Figures, over the window after one warm-up interval:
 - log bytes Ray sent per poll (counted by the fake) against the new output per poll;
 - requests per poll (job status, shared job list, log range, node summary) and the bytes per poll
   of the node summaries and job lists;
-- how fast a run's GPU usage file grows, per GPU node and day;
+- how fast a run's GPU usage file grows, per GPU node and day, and the gaps between two samples of
+  one node in the window (median, 99th percentile, largest; ``--gpu-sample-interval``, the wait's
+  ``gpu_sample_interval``, default :class:`WaitRequest`'s);
 - this process's RSS at the end and its peak.
 
 ``--profile FILE`` writes a cProfile (CPU time) of the measured window (pstats) and prints its top functions.
@@ -85,6 +87,28 @@ def _gpu_usage_bytes(run_dirs: str | None) -> int:
     return sum(f.stat().st_size for f in files if f.exists())
 
 
+def _sample_gaps(run_dirs: str | None, start: float, end: float) -> dict[str, float | None]:
+    """Seconds between two consecutive GPU samples of one node of one run, over samples taken in
+    ``[start, end]`` (epoch seconds): the median, the 99th percentile and the largest."""
+    import statistics
+
+    from verl_pipeline.jobs.gpu_usage import read_samples
+    from verl_pipeline.rundir import RunDir
+
+    gaps: list[float] = []
+    for run_dir in Path(run_dirs).iterdir() if run_dirs else ():
+        times: dict[str, list[float]] = {}
+        for sample in read_samples(RunDir(run_dir).gpu_usage_file):
+            if start <= sample.time <= end:
+                times.setdefault(sample.node_id, []).append(sample.time)
+        gaps += [b - a for node in times.values() for a, b in itertools.pairwise(sorted(node))]
+    if not gaps:
+        return {"median": None, "p99": None, "max": None}
+    gaps.sort()
+    return {"median": round(statistics.median(gaps), 2), "p99": round(gaps[int(0.99 * (len(gaps) - 1))], 2),
+            "max": round(gaps[-1], 2)}
+
+
 def _stats(url: str) -> dict[str, int]:
     import requests
 
@@ -130,7 +154,8 @@ async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Pa
                               log_offset_bytes=initial, total_steps=1000,
                               expected_nodes=args.nodes if args.owned else 0,
                               metrics_path=args.metrics_path.format(job=i) if args.metrics_path else None,
-                              watch={} if args.watch else None, cursor_dir=str(run_dir) if run_dir else None)
+                              watch={} if args.watch else None, cursor_dir=str(run_dir) if run_dir else None,
+                              gpu_sample_interval=args.gpu_sample_interval)
         trigger = RayJobTrigger(**request.to_dict())
         trigger._log = logger
         trigger._hook = lambda: RayJobsHook(cluster)
@@ -143,15 +168,16 @@ async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Pa
     stats0 = await asyncio.to_thread(_stats, dashboard_url)
     gpu_bytes0 = await asyncio.to_thread(_gpu_usage_bytes, args.run_dirs)
     profile = cProfile.Profile(time.process_time) if args.profile else None  # CPU time, not wall
-    ru0, cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.monotonic()
+    ru0, cpu0, t0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.monotonic(), time.time()
     if profile is not None:
         profile.enable()
     await asyncio.sleep(args.seconds)
     if profile is not None:
         profile.disable()
-    ru1, cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.monotonic()
+    ru1, cpu1, t1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.monotonic(), time.time()
     stats1 = await asyncio.to_thread(_stats, dashboard_url)
     gpu_bytes1 = await asyncio.to_thread(_gpu_usage_bytes, args.run_dirs)
+    sample_gaps = await asyncio.to_thread(_sample_gaps, args.run_dirs, wall0, wall1)
     if profile is not None:
         profile.dump_stats(args.profile)
         text = io.StringIO()
@@ -194,6 +220,7 @@ async def _run(args: argparse.Namespace, dashboard_urls: list[str], log_path: Pa
         # One run's file grows by this much per GPU node per day (every node of the fake has GPUs).
         "gpu_usage_bytes_per_gpu_node_per_day": round((gpu_bytes1 - gpu_bytes0) / args.jobs / args.nodes
                                                       / window * 86400),
+        "gpu_sample_interval_s": args.gpu_sample_interval, "gpu_sample_gap_s": sample_gaps,
         "rss_mib_end": round(psutil.Process().memory_info().rss / 2**20),
         "rss_mib_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "log_lines_written": sum(1 for _ in open(log_path, "rb")),
@@ -217,9 +244,15 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=2, help="nodes of each owned cluster (all alive)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--step-seconds", type=float, default=60.0, help="seconds between two training steps")
+    p.add_argument("--gpu-sample-interval", type=float, default=None,
+                   help="the waits' gpu_sample_interval (default: WaitRequest's)")
     p.add_argument("--profile", help="write a cProfile of the measured window here (pstats)")
     p.add_argument("--out", help="also write the figures here (JSON)")
     args = p.parse_args()
+    if args.gpu_sample_interval is None:
+        from verl_pipeline.jobs.wait_request import WaitRequest
+
+        args.gpu_sample_interval = WaitRequest.gpu_sample_interval
     if args.owned and not args.cursor_file:
         p.error("an owned cluster's wait has its run directory: drop --no-cursor-file or add --not-owned")
 

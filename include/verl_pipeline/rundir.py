@@ -39,6 +39,12 @@ def first_step_file(metrics_path: Path) -> Path:
     return metrics_path.with_suffix(".first-step.json")
 
 
+def startup_file(metrics_path: Path) -> Path:
+    """Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.startup.json``): when each
+    phase of its start ended, as the waiter saw the lines that end them (``jobs.startup``)."""
+    return metrics_path.with_suffix(".startup.json")
+
+
 def retire(record: Path) -> Path | None:
     """Rename ``<name>.json`` to ``<name>.stopped.json`` (kept for the post-mortem); None when absent."""
     if not record.exists():
@@ -319,4 +325,4 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["TRACKER_FILE", "Attempt", "RunDir", "first_step_file", "now", "retire", "tracker_step"]
+__all__ = ["TRACKER_FILE", "Attempt", "RunDir", "first_step_file", "now", "retire", "startup_file", "tracker_step"]

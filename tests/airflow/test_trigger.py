@@ -5,11 +5,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from verl_pipeline.airflow import triggers
 from verl_pipeline.airflow.triggers import CLASSPATH, RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
@@ -18,7 +20,7 @@ from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream, NodeInfo
 from verl_pipeline.jobs.gpu_usage import read_samples, readings_from_summary
 from verl_pipeline.jobs.logstream import WaitCursor
 from verl_pipeline.jobs.outcome import Action, Observation, decide
-from verl_pipeline.jobs.progress import first_step_seen_at
+from verl_pipeline.jobs.progress import ProgressWatch, first_step_seen_at
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import Hang
 from verl_pipeline.restarts import RestartPolicy
@@ -44,8 +46,6 @@ class Body:
 @pytest.fixture(autouse=True)
 def _fresh_shared_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """What one process's waiters share starts empty for each test."""
-    from verl_pipeline.airflow import triggers
-
     monkeypatch.setattr(triggers, "WAITERS", triggers.ClusterWaiters())
     monkeypatch.setattr(triggers, "JOB_LIST_READS", triggers.SharedClusterReads())
     monkeypatch.setattr(triggers, "NODE_READS", triggers.SharedClusterReads())
@@ -389,17 +389,17 @@ async def test_progress_prefers_verls_metrics_file_and_resumes_from_its_cursor(t
 
 
 async def test_once_the_log_shows_steps_the_metrics_file_is_read_only_for_steps_it_has_not_given(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """verl prints each step's metrics to the log too: the file is read on the reads where the log
     has shown a step the file has not given yet (and on every read before the log shows any)."""
     metrics = tmp_path / "metrics-a1.jsonl"
     metrics.write_text("")
     reads: list[int] = []
 
-    class Counted(RayJobTrigger):
-        def _read_metrics(self) -> list[str]:
+    class Counted(ProgressWatch):
+        def read_metrics(self) -> list[str]:
             reads.append(hook.status_calls)
-            return super()._read_metrics()
+            return super().read_metrics()
 
     def row(step: int) -> str:
         return json.dumps({"step": step, "data": {"training/global_step": step, "perf/throughput": 100.0 + step}})
@@ -407,8 +407,9 @@ async def test_once_the_log_shows_steps_the_metrics_file_is_read_only_for_steps_
     start = "starting\n"
     hook = ScriptedHook(["RUNNING"] * 8 + ["SUCCEEDED"],
                         [start] * 2 + [start + _step(1)] * 4 + [start + _step(1) + _step(2)])
-    trigger = Counted(cluster=CLUSTER, job_id="job-1", poll_interval=0.01, total_steps=4, progress_interval=0,
-                      metrics_path=str(metrics))
+    monkeypatch.setattr(triggers, "ProgressWatch", Counted)
+    trigger = RayJobTrigger(cluster=CLUSTER, job_id="job-1", poll_interval=0.01, total_steps=4, progress_interval=0,
+                            metrics_path=str(metrics))
     lines = capture(trigger)
     original = hook.alog_stream
 
@@ -860,3 +861,30 @@ def test_a_wait_that_starts_with_its_job_polls_sooner_at_first() -> None:
     assert [poll_pause(n, 5.0, fresh=False) for n in range(1, 4)] == [5.0, 5.0, 5.0]
     assert RayJobTrigger(cluster=CLUSTER, job_id="j")._fresh
     assert not RayJobTrigger(cluster=CLUSTER, job_id="j", log_offset_bytes=10)._fresh
+
+
+async def test_the_start_is_timed_phase_by_phase_up_to_the_first_step(tmp_path: Path) -> None:
+    """verl's and vLLM's start-up lines (as the stand-in trainer prints them) end the phases as they
+    arrive; the task log says each and, at the first step, all of them; the attempt's record has them."""
+    from tests.fakes.fake_verl_trainer import startup_lines
+    from verl_pipeline.jobs.startup import StartupPhases
+    from verl_pipeline.trainer.startup_markers import PHASES
+
+    class Started(ScriptedHook):
+        async def aget_job(self, job_id: str) -> JobInfo | None:
+            info = await super().aget_job(job_id)
+            return info and replace(info, start_time=int(1000 * (time.time() - 60)))  # submitted a minute ago
+
+    start = [line + "\n" for line in startup_lines("Training from scratch", validate=True)]
+    early, ready = "".join(start[:2]), "".join(start)
+    metrics = tmp_path / "metrics-a1.jsonl"
+    hook = Started(["RUNNING"] * 4 + ["SUCCEEDED"], [early, early, ready, ready, ready + _step(1)])
+    trigger = _trigger(total_steps=4, metrics_path=str(metrics), progress_interval=0)
+    lines = capture(trigger)
+    await _events(trigger, hook)
+    said = [m.split(" start-up: ")[1] for m in lines if " start-up: " in m]
+    assert [s.split(" done")[0] for s in said[:-1]] == [p.words for p in PHASES[:-1]]
+    assert said[0].startswith("worker start done 6") and said[0].endswith(" s)")  # ~60 s after submission
+    assert said[-1].startswith("first step 6") and " · validation 0 s · first step " in said[-1]
+    assert list(StartupPhases.load(metrics).ended) == list(PHASES)
+    assert first_step_seen_at(metrics) == StartupPhases.load(metrics).ended[PHASES[-1]]

@@ -24,6 +24,9 @@ It behaves like verl's trainer where the pipeline depends on it:
   its TaskRunner actor: a worker process, where the job's ``worker_process_setup_hook`` has loaded
   the tracker credentials; ``console`` lines are printed in the format of verl's ``LocalLogger``
   (``step:N - key:np.float64(value) - …``) by the driver, as verl's console logger imports torch;
+- prints the lines verl and vLLM print while a job starts, in their order (:func:`startup_lines`:
+  the markers of ``verl_pipeline.trainer.startup_markers``), and ``Training from scratch`` or
+  ``Resuming from …``;
 - exits non-zero with a traceback on failure.
 Extra knobs for tests (not verl keys): ``+fake.step_seconds``, ``+fake.fail_at_step`` (raise a
 ValueError in the driver, a user error), ``+fake.bad_key`` (a config error before training), and
@@ -193,18 +196,21 @@ def main(argv: list[str]) -> int:
             return {"score": 0.1 * step + 0.01 * self.shard, "length": 50.0 + step}
 
     group = [RolloutWorker.options(**options).remote(s) for s in range(2)]
+    ray.get([w.step.remote(0, 0.0) for w in group])  # the actors are up, as verl's worker group is once spawned
 
     start = 1
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     mode = str(cfg["trainer.resume_mode"])
     if mode == "auto" and tracker.is_file():
         start = int(tracker.read_text().strip()) + 1
-        print(f"Resuming from checkpoint: {ckpt / f'global_step_{start - 1}'}", flush=True)
+        resume = f"Resuming from checkpoint: {ckpt / f'global_step_{start - 1}'}"
     elif mode == "resume_path" and cfg.get("trainer.resume_from_path"):
         start = int(Path(str(cfg["trainer.resume_from_path"])).name.split("_")[-1]) + 1
-        print(f"Resuming from {cfg['trainer.resume_from_path']}", flush=True)
+        resume = f"Resuming from {cfg['trainer.resume_from_path']}"
     else:
-        print("Training from scratch", flush=True)
+        resume = "Training from scratch"
+    for line in startup_lines(resume, validate=cfg.get("trainer.val_before_train", True) is not False):
+        print(line, flush=True)
     real = None
     if cfg.get("fake.real_fsdp"):
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -270,6 +276,30 @@ def main(argv: list[str]) -> int:
         except ray.exceptions.RayError:
             pass  # the actor went with its node: the error that ended the run is the one to report
     return 0
+
+
+def startup_lines(resume: str, *, validate: bool) -> list[str]:
+    """The lines verl 0.9.1's v1 trainer and vLLM print between the worker group's start and the first
+    step that end each phase of a start (``verl_pipeline.trainer.startup_markers``), in their order and
+    shape: verl's logger (``INFO:<time>:<message>``), vLLM's (``INFO <date> <time> [<file>:<line>] …``)
+    and verl's prints; ``resume``: the checkpoint line (verl's ``_load_checkpoint``)."""
+    day, now = time.strftime("%m-%d"), time.strftime("%H:%M:%S")
+    verl = f"INFO:{time.strftime('%Y-%m-%d')} {now},000:"
+    lines = [
+        f"{verl}create worker group dict_keys(['actor_rollout'])",
+        f"{verl}actor and ref model engine initialized",
+        f"(EngineCore pid={os.getpid()}) INFO {day} {now} [kv_cache_utils.py:1087] GPU KV cache size: 49,152 tokens",
+        f"(EngineCore pid={os.getpid()}) INFO {day} {now} [gpu_model_runner.py:3480] Graph capturing finished "
+        "in 0 secs, took 0.00 GiB",
+        "LLMServerManager: ['127.0.0.1:8000']",
+        f"{verl}checkpoint engine manager initialized",
+        f"{verl}{resume}",
+        f"{verl}all initialize finished, ready to fit",
+    ]
+    if validate:
+        lines.append("\"Initial validation metrics: {'val-core/openai/gsm8k/reward/mean@1': "
+                     "np.float64(0.0)}\"")
+    return lines
 
 
 def console_line(metrics: dict[str, Any], step: int) -> str:

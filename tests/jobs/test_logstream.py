@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-from verl_pipeline.jobs.logstream import LineReader, WaitCursor
+from verl_pipeline.jobs.logstream import CursorKeeper, LineReader, LogFollower, WaitCursor
+from verl_pipeline.jobs.run_files import write_all
 
 LOG = ("step:1 - perf/throughput:1317.6\n"
        "naïve café → ✓ 🚀 done\n"
@@ -97,3 +103,99 @@ def test_a_block_of_lines_comes_out_as_line_by_line_decoding_gives_it() -> None:
     assert reader.feed(data) == expected and reader.cursor == len(data)
     short = LineReader(0)
     assert short.feed(data) == [line.rstrip(b"\r").decode("utf-8", errors="replace") for line in lines]
+
+
+# -- the log part of a wait: LogFollower, CursorKeeper ------------------------------------------------
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def iter_chunked(self, n: int) -> Any:
+        for i in range(0, len(self.data), 5):  # cut anywhere: lines and characters split across chunks
+            yield self.data[i:i + 5]
+
+
+class _Hook:
+    """The one method of the wait's hook the log part uses: the job's log from a byte offset."""
+
+    def __init__(self, log: bytes) -> None:
+        self.log = log
+        self.starts: list[int] = []
+
+    @asynccontextmanager
+    async def alog_stream(self, info: Any, start: int, *, max_bytes: int) -> AsyncIterator[Any]:
+        from verl_pipeline.jobs.client import LogSource, LogStream
+
+        self.starts.append(start)
+        yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.AGENT, body=_Body(self.log[start:]))
+
+
+def _follower(messages: list[str], *, offset: int = 0, max_lines: int = 1000) -> LogFollower:
+    log = logging.getLogger(f"test.follower.{len(messages)}.{id(messages)}")
+    log.setLevel(logging.INFO)
+    log.addHandler(_Keep(messages))
+    log.propagate = False
+    return LogFollower(job_id="j", offset=offset, max_lines_per_poll=max_lines, max_read_bytes=1 << 20, log=log,
+                       where=lambda info: "<where>")
+
+
+class _Keep(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__()
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+def test_the_log_part_reads_every_other_poll_and_whenever_the_job_ended_or_a_read_fell_short() -> None:
+    follower = _follower([])
+    assert [follower.due(p, ended=False) for p in range(1, 7)] == [1, None, 2, None, 2, None]
+    assert follower.due(6, ended=True) == 1  # the poll that sees the end reads (again)
+    follower.complete = False  # the last read left lines out: the next poll catches up
+    assert follower.due(7, ended=False) == 1
+
+
+def test_the_log_part_forwards_whole_lines_once_and_hands_every_line_to_the_other_parts() -> None:
+    messages: list[str] = []
+    follower = _follower(messages, max_lines=3)
+    hook = _Hook("".join(f"line ✓ {i}\n" for i in range(5)).encode() + b"partial")
+    seen: list[str] = []
+    records: list[str] = []
+    asyncio.run(follower.read(hook, None, 1, lines_to=[seen.extend], records_to=[records.append]))
+    assert seen == [f"line ✓ {i}" for i in range(5)]  # every whole line, forwarded or not
+    assert records == ["line ✓ 0\nline ✓ 1\nline ✓ 2"] and messages[0] == "[j] " + records[0]
+    assert not follower.complete and "2 lines not forwarded (over 3 per poll); the full log: <where>" in messages[1]
+    assert follower.offset == len(hook.log) - len(b"partial")  # past every whole line, not into the partial one
+    asyncio.run(follower.read(hook, None, 2, lines_to=[], records_to=[]))
+    assert hook.starts == [0, follower.offset] and follower.complete
+
+
+def test_the_cursor_is_saved_when_it_moved_at_most_every_interval_while_the_job_prints(tmp_path: Path) -> None:
+    keeper = CursorKeeper(str(tmp_path), "j")
+    keeper.started_at(WaitCursor("j", 10, 0))
+
+    def save(offset: int, moved: bool | None, final: bool = False) -> bool:
+        write = keeper.write(WaitCursor("j", offset, 0), moved=moved, final=final)
+        if write is not None:
+            write.write()
+        return write is not None
+
+    assert not save(10, moved=False)  # did not move since the start
+    assert save(20, moved=True)  # the first save of a chatty job
+    assert not save(30, moved=True)  # within CURSOR_SAVE_INTERVAL_S of it
+    assert not save(30, moved=None)  # a poll that did not read says nothing
+    assert save(30, moved=False)  # the job went quiet: saved at once
+    assert save(40, moved=True, final=True)  # the job ended
+    assert WaitCursor.load(tmp_path, "j").log_offset_bytes == 40
+    assert CursorKeeper(str(tmp_path), "j").load() == WaitCursor("j", 40, 0)
+    assert CursorKeeper(str(tmp_path), "other").load() is None and CursorKeeper(None, "j").load() is None
+
+
+def test_a_cursor_that_cannot_be_saved_is_not_tried_again(tmp_path: Path) -> None:
+    keeper = CursorKeeper(str(tmp_path / "a-file"), "j")
+    (tmp_path / "a-file").write_text("")  # the run directory is a file: every save fails
+    failed = write_all([w for w in [keeper.write(WaitCursor("j", 5, 0), moved=False)] if w])
+    assert len(failed) == 1 and failed[0][0].what == "save the log cursor"
+    failed[0][0].failed(failed[0][1])
+    assert keeper.run_dir is None and keeper.write(WaitCursor("j", 9, 0), moved=False) is None

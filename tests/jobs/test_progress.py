@@ -10,6 +10,7 @@ from verl_pipeline.jobs.progress import (
     GpuSummary,
     Progress,
     ProgressTracker,
+    ProgressWatch,
     first_step_seen_at,
     metrics_file_due,
     parse_console_line,
@@ -147,3 +148,48 @@ def test_the_stand_in_trainer_prints_its_console_lines_as_verl_does() -> None:
     metrics = {"training/global_step": 2, "critic/score/mean": 0.41, "perf/time_per_step": 6.2}
     verls = {k: v if isinstance(v, int) else np.float64(v) for k, v in metrics.items()}
     assert console_line(metrics, 2) == concat_dict_to_str(verls, 2)
+
+
+# -- the progress part of a wait: ProgressWatch -------------------------------------------------------
+def _console(step: int, seconds: float = 30.0) -> str:
+    return f"(TaskRunner pid=7) step:{step} - training/global_step:{step} - perf/time_per_step:{seconds}"
+
+
+def test_the_progress_part_reports_a_step_once_at_most_every_interval_and_the_last_step_always() -> None:
+    watch = ProgressWatch(total=3, metrics_path=None, progress=None, metrics_offset=0, interval=60.0)
+    assert watch.unreported() is None
+    watch.observe_lines(["loading the model", _console(1)])
+    first = watch.unreported()
+    assert first is not None and first.step == 1 and watch.progress is not None and watch.progress["step"] == 1
+    assert watch.line_due(first, now=100.0)
+    assert watch.unreported() is None  # reported: nothing new
+    watch.observe_lines([_console(2)])
+    second = watch.unreported()
+    assert second is not None and not watch.line_due(second, now=130.0)  # within the interval
+    assert watch.line_due(second, now=130.0, final=True)  # the ended job's last step is logged
+    watch.observe_lines([_console(3)])
+    third = watch.unreported()
+    assert third is not None and third.reached_total and watch.line_due(third, now=131.0)
+
+
+def test_the_progress_part_reads_verls_metrics_file_from_its_cursor_and_resumes(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics-a1.jsonl"
+    rows = [json.dumps({"step": s, "data": {"training/global_step": s, "perf/throughput": 500.0 + s}}) for s in (1, 2)]
+    metrics.write_text(rows[0] + "\n" + rows[1][:9])  # the second row is still being written
+    watch = ProgressWatch(total=4, metrics_path=str(metrics), progress=None, metrics_offset=0, interval=0.0)
+    assert watch.metrics_file_due(ended=False, log_complete=True)  # no step in the log yet: every read
+    watch.observe_rows(watch.read_metrics())
+    assert watch.metrics_offset_bytes == len(rows[0]) + 1
+    watch.observe_lines([_console(1)])
+    assert not watch.metrics_file_due(ended=False, log_complete=True)  # the file gave the log's step
+    last = watch.unreported()
+    assert last is not None and last.metrics == {"perf/throughput": 501.0}
+    metrics.write_text("\n".join(rows) + "\n")
+    again = ProgressWatch(total=4, metrics_path=str(metrics), progress=None, metrics_offset=0, interval=0.0)
+    again.resume(watch.progress, watch.metrics_offset_bytes)  # a cursor an earlier waiter saved
+    again.observe_rows(again.read_metrics())
+    resumed = again.unreported()
+    assert resumed is not None and resumed.step == 2 and again.metrics_offset_bytes == metrics.stat().st_size
+    missing = ProgressWatch(total=4, metrics_path=str(tmp_path / "nowhere.jsonl"), progress=None, metrics_offset=0,
+                            interval=0.0)
+    assert missing.read_metrics() == [] and missing.metrics_offset_bytes == 0  # not written yet, or not mounted

@@ -29,8 +29,11 @@ def verl_row(step: int, attempt: int = 1, *, gen: float = 3.0, step_s: float = 6
 
 
 def node_samples(node_id: str, node_ip: str, times: Iterable[float], utilization: Callable[[float], float], *,
-                 n_gpus: int = 2, used_mib: float = 60_000.0, total_mib: float = 81_920.0) -> list[NodeGpuSample]:
-    """One node's readings at ``times``, every GPU at ``utilization(time)`` %, GPU ``i`` using ``used_mib + i``."""
-    return [NodeGpuSample(t, node_id, node_ip, tuple(GpuReading(i, utilization(t), used_mib + i, total_mib)
-                                                     for i in range(n_gpus)))
+                 n_gpus: int = 2, used_mib: float = 60_000.0, total_mib: float = 81_920.0,
+                 uuids: bool = True) -> list[NodeGpuSample]:
+    """One node's readings at ``times``, every GPU at ``utilization(time)`` %, GPU ``i`` using ``used_mib + i``;
+    ``uuids``: each GPU's UUID recorded (``GPU-<address>-<i>``), as the waiter does since it records them."""
+    return [NodeGpuSample(t, node_id, node_ip, tuple(
+        GpuReading(i, utilization(t), used_mib + i, total_mib, f"GPU-{node_ip}-{i}" if uuids else None)
+        for i in range(n_gpus)))
             for t in times]

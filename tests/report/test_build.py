@@ -7,6 +7,8 @@ import json
 import pytest
 
 from tests.report.rows import node_samples, verl_row
+from verl_pipeline.jobs.gpu_usage import GpuReading, NodeGpuSample
+from verl_pipeline.report import gpu
 from verl_pipeline.report.build import (
     AttemptInfo,
     Report,
@@ -17,7 +19,7 @@ from verl_pipeline.report.build import (
     merge_rows,
     preflight_checks,
 )
-from verl_pipeline.report.scaling import MIN_SAMPLES_JUDGED, FlagKind, ScalingPoint
+from verl_pipeline.report.scaling import GPUS_NAMED, MIN_SAMPLES_JUDGED, FlagKind, ScalingPoint
 
 FACTS = RunFacts(run_key="r2", run_name="verl_ppo/r2", profile="gsm8k", mode="train", nnodes=2, n_gpus_per_node=4,
                  total_steps=6, gpu_memory_gb=80)
@@ -192,51 +194,78 @@ def _trained(first_seen: float, last_row: float) -> list[AttemptInfo]:
     return [AttemptInfo(1, "job-a1", 1000.0, 0, first_step_seen_at=first_seen, last_row_at=last_row)]
 
 
-def test_gpu_utilisation_is_judged_per_node_over_the_training_window_only() -> None:
-    """Start-up (idle GPUs while models load) and the time after the last row are not judged; a node
-    under 70% busy while the run trained is flagged by name, the busy one is not."""
+def _gpus(*nodes: list[NodeGpuSample]) -> list[gpu.GpuSeries]:
+    return gpu.collect(sample for node in nodes for sample in node)
+
+
+def test_gpu_utilisation_is_judged_per_gpu_over_the_training_window_only() -> None:
+    """Start-up (idle GPUs while models load) and the time after the last row are not judged; a GPU
+    under 70% busy while the run trained is flagged by name, the busy ones are not."""
     busy = node_samples("aaaa1111ffff", "10.0.0.1", range(1000, 1500, 10), lambda t: 90.0 if 1100 <= t <= 1400 else 0.0)
     idle = node_samples("bbbb2222ffff", "10.0.0.2", range(1000, 1500, 10),
                         lambda t: (40.0 if t % 20 else 60.0) if 1100 <= t <= 1400 else 0.0,
                         used_mib=70_000.0)
     rows = [verl_row(s) for s in (1, 2, 3)]
     report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0), rows=rows,
-                          generated_at=1.0, gpu_samples=idle + busy)
-    first, second = report.gpu_nodes
-    assert (first.node_ip, first.n_gpus, first.samples, first.samples_in_window) == ("10.0.0.1", 2, 50, 31)
+                          generated_at=1.0, gpu_series=_gpus(idle, busy))
+    assert [g.label for g in report.gpus] == ["10.0.0.1 GPU 0", "10.0.0.1 GPU 1", "10.0.0.2 GPU 0", "10.0.0.2 GPU 1"]
+    first, _, third, fourth = report.gpus
+    assert (first.samples, first.samples_in_window, first.node_ids) == (50, 31, ["aaaa1111ffff"])
     assert (first.mean_utilization_pct, first.median_utilization_pct, first.min_utilization_pct) == (90.0, 90.0, 90.0)
-    assert second.mean_utilization_pct == pytest.approx((16 * 60 + 15 * 40) / 31)
-    assert (second.median_utilization_pct, second.min_utilization_pct) == (60.0, 40.0)
-    # Peak memory: the most any one GPU used, over every sample.
-    assert (second.peak_memory_used_mib, second.memory_total_mib) == (70_001.0, 81_920.0)
+    assert third.mean_utilization_pct == pytest.approx((16 * 60 + 15 * 40) / 31)
+    assert (third.median_utilization_pct, third.min_utilization_pct) == (60.0, 40.0)
+    # Peak memory: the most the GPU used, over every sample.
+    assert (fourth.peak_memory_used_mib, fourth.memory_total_mib) == (70_001.0, 81_920.0)
     (flag,) = [f for f in report.flags if f.kind is FlagKind.GPU_UTILIZATION_LOW]
-    assert "1 of 2 node(s)" in flag.evidence and "node 10.0.0.2 (bbbb2222): 50% on average" in flag.evidence
+    assert "2 of 4 GPU(s)" in flag.evidence and "10.0.0.2 GPU 1: 50% on average" in flag.evidence
     assert "10.0.0.1" not in flag.evidence
     assert "use_dynamic_bsz" in flag.remedy and "scaling.max_micro_batch_size_per_gpu" in flag.remedy
     data = json.loads(json.dumps(report.to_dict()))
-    assert [n["node_id"] for n in data["gpu_nodes"]] == ["aaaa1111ffff", "bbbb2222ffff"]
-    assert data["gpu_nodes"][1]["peak_memory_pct"] == pytest.approx(100 * 70_001 / 81_920)
+    assert [(g["label"], g["uuid"]) for g in data["gpus"]][:2] == [("10.0.0.1 GPU 0", "GPU-10.0.0.1-0"),
+                                                                  ("10.0.0.1 GPU 1", "GPU-10.0.0.1-1")]
+    assert data["gpus"][3]["peak_memory_pct"] == pytest.approx(100 * 70_001 / 81_920)
+
+
+def test_a_raylet_restart_leaves_one_row_per_physical_gpu() -> None:
+    """Ray gives a restarted raylet a new node id: its GPUs are the same ones, by UUID, or (samples from
+    before the UUID was recorded) by the node's address and the GPU's index."""
+    for uuids in (True, False):
+        before = node_samples("old-raylet", "10.0.0.1", range(1000, 1200, 10), lambda t: 90.0, n_gpus=1, uuids=uuids)
+        after = node_samples("new-raylet", "10.0.0.1", range(1300, 1500, 10), lambda t: 80.0, n_gpus=1, uuids=uuids)
+        report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1000.0, 1500.0),
+                              rows=[verl_row(1)], generated_at=1.0, gpu_series=_gpus(before, after))
+        (one,) = report.gpus
+        assert (one.label, one.node_ids, one.samples, one.mean_utilization_pct) == (
+            "10.0.0.1 GPU 0", ["old-raylet", "new-raylet"], 40, 85.0)
+    # A run that started before the UUID was recorded and went on after: one GPU, both halves.
+    (merged,) = _gpus(node_samples("a", "10.0.0.1", [1.0, 2.0], lambda t: 50.0, n_gpus=1, uuids=False),
+                      node_samples("b", "10.0.0.1", [3.0], lambda t: 50.0, n_gpus=1))
+    assert (merged.uuid, list(merged.times), merged.node_ids) == ("GPU-10.0.0.1-0", [1.0, 2.0, 3.0], ["b", "a"])
+    # Two containers of one host address, each with its own GPU at index 0: two GPUs, by UUID.
+    two = _gpus([NodeGpuSample(1.0, "c1", "10.0.0.9", (GpuReading(0, 10.0, 1.0, 2.0, "GPU-aaa"),)),
+                 NodeGpuSample(1.0, "c2", "10.0.0.9", (GpuReading(0, 20.0, 1.0, 2.0, "GPU-bbb"),))])
+    assert [g.uuid for g in two] == ["GPU-aaa", "GPU-bbb"]
 
 
 def test_gpus_busy_while_training_raise_no_flag_however_idle_the_start_up() -> None:
     samples = node_samples("aaaa1111", "10.0.0.1", range(1000, 1500, 10), lambda t: 75.0 if t >= 1100 else 0.0)
     report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0),
-                          rows=[verl_row(s) for s in (1, 2)], generated_at=1.0, gpu_samples=samples)
-    assert report.gpu_nodes[0].mean_utilization_pct == 75.0 and report.flags == []
+                          rows=[verl_row(s) for s in (1, 2)], generated_at=1.0, gpu_series=_gpus(samples))
+    assert report.gpus[0].mean_utilization_pct == 75.0 and report.flags == []
 
 
 def test_too_few_samples_in_the_training_window_are_not_judged() -> None:
-    """One or two samples (a short run at one a minute) are instants, not an average: shown, not flagged."""
+    """One or two samples are instants, not an average: shown, not flagged."""
     def report_of(n_in_window: int) -> Report:
-        times = [1000.0, *(1100.0 + 60.0 * i for i in range(n_in_window))]
-        samples = node_samples("aaaa1111", "10.0.0.1", times, lambda t: 3.0)
-        last = 1100.0 + 60.0 * (n_in_window - 1) + 30.0
+        times = [1000.0, *(1100.0 + 10.0 * i for i in range(n_in_window))]
+        samples = node_samples("aaaa1111", "10.0.0.1", times, lambda t: 3.0, n_gpus=1)
+        last = 1100.0 + 10.0 * (n_in_window - 1) + 5.0
         return build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, last),
-                            rows=[verl_row(s) for s in (1, 2)], generated_at=1.0, gpu_samples=samples)
+                            rows=[verl_row(s) for s in (1, 2)], generated_at=1.0, gpu_series=_gpus(samples))
 
     for n in range(1, MIN_SAMPLES_JUDGED):
         short = report_of(n)
-        assert short.gpu_nodes[0].samples_in_window == n and short.gpu_nodes[0].mean_utilization_pct == 3.0
+        assert short.gpus[0].samples_in_window == n and short.gpus[0].mean_utilization_pct == 3.0
         assert short.flags == []
     (flag,) = report_of(MIN_SAMPLES_JUDGED).flags
     assert flag.kind is FlagKind.GPU_UTILIZATION_LOW and f"{MIN_SAMPLES_JUDGED} sample(s)" in flag.evidence
@@ -245,16 +274,25 @@ def test_too_few_samples_in_the_training_window_are_not_judged() -> None:
 def test_no_training_window_no_gpu_judgement_and_no_readings_no_summary() -> None:
     """A run whose first step was never seen before its last row (or never came) shows its readings
     but judges no utilisation; a run without readings (a CPU cluster) has no GPU summary at all."""
-    idle = node_samples("aaaa1111", "10.0.0.1", range(1000, 1500, 10), lambda t: 0.0)
+    idle = node_samples("aaaa1111", "10.0.0.1", range(1000, 1500, 10), lambda t: 0.0, n_gpus=1)
     rows = [verl_row(1)]
     unseen = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1400.0, 1400.0), rows=rows,
-                          generated_at=1.0, gpu_samples=idle)
-    (node,) = unseen.gpu_nodes
-    assert (node.samples, node.samples_in_window, node.mean_utilization_pct) == (50, 0, None)
-    assert node.peak_memory_used_mib == 60_001.0 and unseen.flags == []
+                          generated_at=1.0, gpu_series=_gpus(idle))
+    (one,) = unseen.gpus
+    assert (one.samples, one.samples_in_window, one.mean_utilization_pct) == (50, 0, None)
+    assert one.peak_memory_used_mib == 60_000.0 and unseen.flags == []
     none = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0), rows=rows,
                         generated_at=1.0)
-    assert none.gpu_nodes == [] and none.flags == []
+    assert none.gpus == [] and none.flags == []
+
+
+def test_many_under_used_gpus_are_named_up_to_a_few_then_counted() -> None:
+    nodes = [node_samples(f"n{k}", f"10.0.1.{k}", range(1100, 1400, 10), lambda t: 5.0, n_gpus=8) for k in range(8)]
+    report = build_report(FACTS, status=RunOutcome.SUCCEEDED, attempts=_trained(1100.0, 1400.0),
+                          rows=[verl_row(1)], generated_at=1.0, gpu_series=_gpus(*nodes))
+    (flag,) = report.flags
+    assert "64 of 64 GPU(s)" in flag.evidence and flag.evidence.endswith("; and 56 more")
+    assert flag.evidence.count("on average") == GPUS_NAMED
 
 
 def test_a_gradient_norm_that_stayed_0_is_flagged_with_its_cause_and_remedy() -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 from tests.report.rows import node_samples, verl_row
 from verl_pipeline.report.build import AttemptInfo, StepRow
-from verl_pipeline.report.plots import PLOTS, TIMING_PNG, _gpu_node, _pyplot
+from verl_pipeline.report.gpu import collect
+from verl_pipeline.report.plots import PLOTS, TIMING_PNG, _gpu_host, _pyplot, thinned
 
 
 def _axes() -> Any:
@@ -32,14 +33,14 @@ def test_the_phase_plot_draws_no_training_step_for_the_validation_row_at_step_0(
     assert len(ax.collections) == 3  # gen, old_log_prob, update_actor
 
 
-def test_a_nodes_gpu_plot_has_a_line_per_gpu_in_both_panels_and_the_training_window_shaded() -> None:
+def test_a_hosts_gpu_plot_has_a_line_per_gpu_in_both_panels_and_the_training_window_shaded() -> None:
     """Utilisation and memory of each GPU over minutes since the first submit (here 1000), the 70%
     line on the utilisation panel, the training window as a band in both."""
     samples = node_samples("aaaa1111", "10.0.0.1", range(1060, 1600, 60), lambda t: 80.0, n_gpus=4)
     plt = _pyplot()
     fig, axes = plt.subplots(2, 1, sharex=True)
     try:
-        _gpu_node(axes, samples, [(1120.0, 1480.0)], [AttemptInfo(1, "job-a1", 1000.0, 0)], origin=1000.0)
+        _gpu_host(axes, collect(samples), [(1120.0, 1480.0)], [AttemptInfo(1, "job-a1", 1000.0, 0)], origin=1000.0)
         util = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes[0].get_lines()}
         memory = {line.get_label() for line in axes[1].get_lines()}
         bands = [(p.get_x(), p.get_x() + p.get_width()) for p in axes[0].patches]
@@ -50,3 +51,16 @@ def test_a_nodes_gpu_plot_has_a_line_per_gpu_in_both_panels_and_the_training_win
     assert util["GPU 0"] == ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], [80.0] * 9)
     assert util["70% (target: above)"][1] == [70.0, 70.0]
     assert bands == [(2.0, 8.0)]
+
+
+def test_a_week_of_samples_is_drawn_as_the_means_of_equal_spans() -> None:
+    """60,480 samples (a week, one every 10 s) become 2,000 points; a span without a reading stays a gap."""
+    import math
+
+    xs = [float(i) for i in range(60_480)]
+    ys = [math.nan if 30_000 <= i < 30_100 else float(i % 2) * 100 for i in range(60_480)]
+    tx, ty = thinned(xs, ys, 2000)
+    assert len(tx) == len(ty) == 2000 and tx[0] == 14.5 and ty[0] == 50.0
+    assert any(math.isnan(v) for v in ty) and abs(sum(v for v in ty if not math.isnan(v)) / 1999 - 50.0) < 1.0
+    short = thinned([1.0, 2.0], [3.0, 4.0], 2000)
+    assert list(short[0]) == [1.0, 2.0] and list(short[1]) == [3.0, 4.0]

@@ -11,10 +11,13 @@ from pathlib import Path
 from tests.report.rows import node_samples, verl_row
 from verl_pipeline.jobs.gpu_usage import append_samples
 from verl_pipeline.jobs.progress import Progress, record_first_step
+from verl_pipeline.jobs.startup import StartupPhases
+from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG, gpu_png
 from verl_pipeline.report.write import write_report
-from verl_pipeline.rundir import Attempt, RunDir
+from verl_pipeline.rundir import Attempt, RunDir, startup_file
+from verl_pipeline.trainer.startup_markers import Phase
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -137,6 +140,28 @@ def test_each_attempt_shows_the_seconds_from_its_submission_to_its_first_step(tm
     assert "verl's file logger records no time" in html
 
 
+def test_each_attempt_shows_its_start_phase_by_phase_and_unknown_where_a_line_was_not_seen(tmp_path: Path) -> None:
+    """Attempt 1 (submitted at 1001) saw every line; attempt 2 (at 1002, a resume) lost its waiter's
+    records before the engine started: what it did not see is unknown, not zero."""
+    run_dir = _run_dir(tmp_path, "phases")
+    _log(run_dir, 1, range(1, 4), resume_from=0)
+    _log(run_dir, 2, range(3, 7), resume_from=2)
+    ends = dict(zip(list(Phase)[:-1], (1021.0, 1061.0, 1101.0, 1111.0, 1116.0, 1131.0), strict=True))
+    write_json_atomic(startup_file(RunDir(run_dir).metrics_file(1)), StartupPhases(ends).to_dict())
+    write_json_atomic(startup_file(RunDir(run_dir).metrics_file(2)),
+                      StartupPhases({Phase.WORKER_START: 1012.0, Phase.MODEL_LOAD: 1032.0}).to_dict())
+    for attempt, seen in ((1, 1191.0), (2, 1302.0)):
+        record_first_step(RunDir(run_dir).metrics_file(attempt), Progress(step=1, total=6, first_step_seen_at=seen))
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    first, second = json.loads(files.json.read_text())["attempts"]
+    assert [p["duration_s"] for p in first["startup"]] == [20.0, 40.0, 40.0, 10.0, 5.0, 15.0, 60.0]
+    assert [p["duration_s"] for p in second["startup"]] == [10.0, 20.0, None, None, None, None, None]
+    assert second["startup"][-1]["ended_after_s"] == 300.0  # when its first step came is still known
+    html = files.html.read_text()
+    assert "Start-up, phase by phase" in html and "<th>graph capture</th>" in html
+    assert "<td>60 s</td>" in html and "<td>unknown</td>" in html and "unknown (done at 300 s)" in html
+
+
 def _trained_between(run_dir: Path, first_seen: float, last_row: float) -> None:
     """Attempt 1 (submitted at 1001) logged steps 1-6; its waiter saw step 1 at ``first_seen``, the
     file's last row was written at ``last_row``."""
@@ -145,7 +170,8 @@ def _trained_between(run_dir: Path, first_seen: float, last_row: float) -> None:
     os.utime(RunDir(run_dir).metrics_file(1), (last_row, last_row))
 
 
-def test_gpu_readings_of_two_nodes_give_a_summary_a_plot_each_and_the_flag_for_the_idle_one(tmp_path: Path) -> None:
+def test_gpu_readings_of_two_nodes_give_a_row_per_gpu_a_plot_per_host_and_the_flag_for_the_idle_ones(
+        tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, "gpus", nnodes=2)
     _trained_between(run_dir, 1100.0, 1400.0)
     times = range(1010, 1500, 10)
@@ -162,13 +188,14 @@ def test_gpu_readings_of_two_nodes_give_a_summary_a_plot_each_and_the_flag_for_t
         width, height = _png_size(run_dir / "report" / name)
         assert width > 100 and height > 100 and (run_dir / "report" / name).stat().st_size > 1000
     data = json.loads(files.json.read_text())
-    assert [(n["node_ip"], n["n_gpus"], n["samples_in_window"], n["mean_utilization_pct"]) for n in data["gpu_nodes"]] \
-        == [("10.0.0.1", 8, 31, 92.0), ("10.0.0.2", 8, 31, 35.0)]
-    assert data["gpu_plots"] == {"aaaa1111": gpu_png(1), "bbbb2222": gpu_png(2)}
+    assert [(g["label"], g["samples_in_window"], g["mean_utilization_pct"]) for g in data["gpus"]] \
+        == [(f"10.0.0.1 GPU {i}", 31, 92.0) for i in range(8)] + [(f"10.0.0.2 GPU {i}", 31, 35.0) for i in range(8)]
+    assert data["gpu_plots"] == {"10.0.0.1": gpu_png(1), "10.0.0.2": gpu_png(2)}
     (flag,) = data["flags"]
-    assert "node 10.0.0.2 (bbbb2222): 35% on average" in flag["evidence"] and "10.0.0.1" not in flag["evidence"]
+    assert "8 of 16 GPU(s)" in flag["evidence"] and "10.0.0.2 GPU 0: 35% on average" in flag["evidence"]
+    assert "10.0.0.1" not in flag["evidence"]
     html = files.html.read_text()
-    assert "GPU utilisation per node" in html and "35% (low)" in html and "92%" in html
+    assert "GPU utilisation per GPU" in html and "35% (low)" in html and "92%" in html and "GPU-10.0.0.2-7" in html
     assert "58.6 / 80.0 GiB (73%)" in html  # the busiest GPU: 60,007 of 81,920 MiB
     assert set(re.findall(r'<img src="(gpu_node_[^"]+)"', html)) == {gpu_png(1), gpu_png(2)}
     assert "gpu_utilization_low" in html and "use_remove_padding" in html
@@ -179,7 +206,7 @@ def test_a_run_without_gpu_readings_says_so_with_no_gpu_plot_or_flag(tmp_path: P
     _trained_between(run_dir, 1100.0, 1400.0)
     files = write_report(run_dir, status=RunOutcome.SUCCEEDED)
     assert files.to_dict()["flags"] == [] and not list((run_dir / "report").glob("gpu_node_*"))
-    assert json.loads(files.json.read_text())["gpu_nodes"] == []
+    assert json.loads(files.json.read_text())["gpus"] == []
     html = files.html.read_text()
     assert "No GPU readings" in html and "gpu_node_" not in html and "No flag" in html
 

@@ -9,7 +9,7 @@ nor is a crash before the first step; the steps an attempt logged (its metrics f
 of the two it was. A preflight job never checkpoints: each of its attempts is one without progress.
 
 :class:`RestartBudget` counts the attempts *in a row* without progress that end the record, against
-the run profile's ``restarts.no_progress_limit`` (:class:`~verl_pipeline.restarts.RestartPolicy`);
+the run profile's ``restarts: no_progress_limit`` (:class:`~verl_pipeline.restarts.RestartPolicy`);
 ``jobs.outcome.decide`` restarts while that count is within the limit and fails the run with the
 budget's one-line account when it is past it. Since every attempt moves the checkpoint on or counts,
 and the checkpoints are finite, a run restarts a bounded number of times.

@@ -239,6 +239,98 @@ def metrics_file_due(*, ended: bool, console_step: int | None, file_step: int | 
     return file_step is None or console_step > file_step
 
 
+#: The most of verl's metrics file read in one go (a reader far behind catches up over several reads).
+METRICS_READ_BYTES = 1024 * 1024
+
+
+class ProgressWatch:
+    """The progress part of a wait: follows verl's steps from its console lines (in the log the wait
+    reads anyway) and its metrics file, and says when a progress line is due.
+
+    The file is read when the log shows a step the file has not given yet, and on every read while
+    the log shows none (:func:`metrics_file_due`); its numbers are verl's exact ones. A line is due
+    when a new step arrived and ``interval`` seconds passed since the last one, for the step that
+    reaches the total, and for the last step of a job that ended.
+
+    :param total: ``trainer.total_training_steps`` (0: unknown).
+    :param metrics_path: verl's metrics JSONL of the attempt, when the triggerer can read it.
+    :param progress: the last progress a previous waiter reached (:meth:`Progress.to_dict`).
+    :param metrics_offset: bytes of ``metrics_path`` already read.
+    :param interval: seconds between two progress lines.
+    """
+
+    def __init__(self, *, total: int, metrics_path: str | None, progress: dict[str, Any] | None,
+                 metrics_offset: int, interval: float) -> None:
+        self.total = total
+        self.metrics_path = metrics_path
+        self.interval = interval
+        self.resume(progress, metrics_offset)
+        # What the log and the file showed, for the file's reads.
+        self._console_step: int | None = None
+        self._file_step: int | None = None
+
+    def resume(self, progress: dict[str, Any] | None, metrics_offset: int) -> None:
+        """Continue from ``progress`` and ``metrics_offset`` (a cursor an earlier waiter saved)."""
+        self.tracker = ProgressTracker(self.total, Progress.from_dict(progress))
+        #: The last progress, as every event carries it.
+        self.progress = progress
+        self.metrics_offset_bytes = metrics_offset
+        last = self.tracker.last
+        self._reported_step = last.step if last else -1
+        self._reported_at = float("-inf")
+
+    def observe_lines(self, lines: list[str]) -> None:
+        """verl's console metric lines among ``lines`` (the log's): each new step to the tracker."""
+        for line in lines:
+            if "step:" in line and (parsed := parse_console_line(line)) is not None:
+                self._console_step = max(self._console_step or 0, parsed[0])
+                self.tracker.observe(*parsed)
+
+    def metrics_file_due(self, *, ended: bool, log_complete: bool) -> bool:
+        return bool(self.metrics_path) and metrics_file_due(
+            ended=ended, console_step=self._console_step, file_step=self._file_step, log_complete=log_complete)
+
+    def read_metrics(self) -> list[str]:
+        """New whole lines of verl's metrics JSONL (blocking file I/O: run in a thread)."""
+        assert self.metrics_path is not None
+        try:
+            with open(self.metrics_path, "rb") as f:
+                size = f.seek(0, 2)
+                if size < self.metrics_offset_bytes:  # truncated: verl started the file again
+                    self.metrics_offset_bytes = 0
+                f.seek(self.metrics_offset_bytes)
+                data = f.read(METRICS_READ_BYTES)
+        except OSError:
+            return []  # not written yet, or not on storage the triggerer mounts: console lines serve
+        end = data.rfind(b"\n") + 1
+        self.metrics_offset_bytes += end
+        return data[:end].decode("utf-8", errors="replace").splitlines()
+
+    def observe_rows(self, lines: list[str]) -> None:
+        """Rows of verl's metrics file: each new step to the tracker."""
+        for line in lines:
+            parsed = parse_jsonl_row(line)
+            if parsed is not None:
+                self._file_step = max(self._file_step or 0, parsed[0])
+                self.tracker.observe(*parsed)
+
+    def unreported(self) -> Progress | None:
+        """The last step seen, when no progress line has reported it yet (it becomes the progress events carry)."""
+        last = self.tracker.last
+        if last is None or last.step == self._reported_step:
+            return None
+        self.progress = last.to_dict()
+        return last
+
+    def line_due(self, last: Progress, now: float, *, final: bool = False) -> bool:
+        """Whether ``last`` (from :meth:`unreported`) gets a progress line at ``now`` (monotonic); if so,
+        it counts as reported. ``final``: the job ended, and this is its last step."""
+        if final or last.reached_total or now - self._reported_at >= self.interval:
+            self._reported_step, self._reported_at = last.step, now
+            return True
+        return False
+
+
 def record_first_step(metrics_path: Path, progress: Progress) -> bool:
     """Keep when ``progress``'s job first logged a step, beside its metrics file; the first record
     stays (a reattached waiter saw the step later). True when written."""

@@ -58,10 +58,12 @@ class WaitRequest:
     #: The run directory, where the waiter saves its cursor and records the GPUs (None: not writable
     #: from the triggerer).
     cursor_dir: str | None = None
-    #: Seconds between two GPU samples of a node in the run's ``gpu-usage.jsonl`` (0: none recorded).
-    #: On a cluster the pipeline owns they come from the node counts; on another one the waiter reads
-    #: Ray's node summary this often for them.
-    gpu_sample_interval: float = 60.0
+    #: Seconds between two GPU samples of a node in the run's ``gpu-usage.jsonl`` (0: none recorded):
+    #: often enough that a training window of a few steps holds several. At most one per poll: on a
+    #: cluster the pipeline owns they come with the node counts (every other poll: every 10 s at the
+    #: default 5 s polls), else from a read of Ray's node summary for them (shared by the waiters of
+    #: that cluster).
+    gpu_sample_interval: float = 10.0
     #: Bytes of the driver log already forwarded or skipped by earlier waiters (always at a line end).
     log_offset_bytes: int = 0
     #: Bytes of ``metrics_path`` already read.

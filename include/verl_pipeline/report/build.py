@@ -13,12 +13,13 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from verl_pipeline.jobs.gpu_usage import NodeGpuSample
+from verl_pipeline.jobs.startup import PhaseTime, StartupPhases
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.critic import CriticSummary
 from verl_pipeline.report.critic import summarise as summarise_critic
 from verl_pipeline.report.restarts import RestartSummary
 from verl_pipeline.trainer import metrics as m
+from verl_pipeline.trainer.startup_markers import Phase
 
 REPORT_VERSION = 1
 
@@ -60,6 +61,17 @@ class AttemptInfo:
     first_step_seen_at: float | None = None
     #: When (epoch seconds) the attempt's metrics file was last written: its last row.
     last_row_at: float | None = None
+    #: When each phase of the attempt's start ended, as its waiter saw the lines (``jobs.startup``).
+    startup_ended: dict[Phase, float] = field(default_factory=dict)
+
+    @property
+    def startup(self) -> list[PhaseTime]:
+        """Each phase of the attempt's start: when it ended after the submission and how long it took
+        (unknown where the waiter did not see the line that ends it)."""
+        ended = dict(self.startup_ended)
+        if self.first_step_seen_at is not None:
+            ended.setdefault(Phase.FIRST_STEP, self.first_step_seen_at)
+        return StartupPhases(ended).times(self.submitted_at)
 
     @property
     def time_to_first_step_s(self) -> float | None:
@@ -154,9 +166,9 @@ class Report:
     grad_norm_max: float | None = None
     #: The critic's learning and cost (PPO with GAE); None: the run had no critic (GRPO).
     critic: CriticSummary | None = None
-    #: Each node's GPU utilisation and memory (the run's gpu-usage file); empty: no GPU readings.
-    gpu_nodes: list[gpu.NodeGpuSummary] = field(default_factory=list)
-    #: The plot of each node's GPUs, by node id (file names in the report directory).
+    #: Each physical GPU's utilisation and memory (the run's gpu-usage file); empty: no GPU readings.
+    gpus: list[gpu.GpuUsage] = field(default_factory=list)
+    #: The plot of each host's GPUs, by the host's address (file names in the report directory).
     gpu_plots: dict[str, str] = field(default_factory=dict)
     wall_time_s: float | None = None
     gpu_hours: float | None = None
@@ -184,10 +196,13 @@ class Report:
         out["status"] = self.status.value
         for attempt, a in zip(out["attempts"], self.attempts, strict=True):
             attempt["time_to_first_step_s"] = a.time_to_first_step_s
+            attempt["startup_ended"] = {p.value: t for p, t in a.startup_ended.items()}
+            attempt["startup"] = [{"phase": t.phase.value, "ended_after_s": t.ended_after_s,
+                                   "duration_s": t.duration_s} for t in a.startup]
         out["flags"] = [f.to_dict() for f in self.flags]
         out["restarts"] = self.restarts.to_dict() if self.restarts else None
-        for node, n in zip(out["gpu_nodes"], self.gpu_nodes, strict=True):
-            node["peak_memory_pct"] = n.peak_memory_pct
+        for row, g in zip(out["gpus"], self.gpus, strict=True):
+            row.update(label=g.label, peak_memory_pct=g.peak_memory_pct)
         # Flat facts first, so a later run (the scaling check) or a UI reads them without nesting.
         out.update(version=REPORT_VERSION, profile=self.run.profile, mode=self.run.mode, run_key=self.run.run_key,
                    total_steps=self.run.total_steps, n_gpus=self.run.n_gpus, steps_redone=self.steps_redone)
@@ -329,13 +344,14 @@ def _notes(facts: RunFacts, status: RunOutcome, rows: list[StepRow], attempts: l
 def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptInfo], rows: list[StepRow],
                  generated_at: float, ended_at: float | None = None, preflight: dict[str, Any] | None = None,
                  earlier: list[scaling.ScalingPoint] | None = None,
-                 gpu_samples: list[NodeGpuSample] | None = None, restarts: RestartSummary | None = None) -> Report:
+                 gpu_series: list[gpu.GpuSeries] | None = None, restarts: RestartSummary | None = None) -> Report:
     """The report of one run (pure: every input is passed in).
 
     ``rows``: every attempt's metric rows (unmerged); ``ended_at``: when the run's last file was
     written (wall time runs from the first submit to it); ``earlier``: the profile's earlier
-    successful runs for the scaling check; ``gpu_samples``: the run's GPU readings (none: no GPUs
-    were read, as on a CPU cluster); ``restarts``: its restart budget and decisions.
+    successful runs for the scaling check; ``gpu_series``: the run's GPU readings, per physical GPU
+    (:func:`~verl_pipeline.report.gpu.collect`; none: no GPUs were read, as on a CPU cluster);
+    ``restarts``: its restart budget and decisions.
     """
     attempts = with_steps(attempts, rows)
     merged = merge_rows(rows)
@@ -361,7 +377,7 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     report.grad_norm_median = median_of(steps, m.GRAD_NORM)
     report.grad_norm_max = max_of(steps, (m.GRAD_NORM,))
     report.critic = summarise_critic(steps)
-    report.gpu_nodes = gpu.summarise(gpu_samples or [], training_windows(attempts))
+    report.gpus = gpu.summarise(gpu_series or [], training_windows(attempts))
     if attempts and ended_at is not None:
         report.wall_time_s = max(0.0, ended_at - min(a.submitted_at for a in attempts))
         # GPUs are held from the first submit to the last step; a preflight cluster has none.
@@ -380,7 +396,7 @@ def _scaling_and_flags(report: Report, earlier: list[scaling.ScalingPoint], step
         report.comparisons = scaling.compare(report.scaling_point, earlier)
     report.flags = scaling.flags(
         timing_s=report.timing_s, peak_memory_gb=report.peak_memory_allocated_gb, gpu_memory_gb=facts.gpu_memory_gb,
-        comparisons=report.comparisons, gpu_nodes=report.gpu_nodes,
+        comparisons=report.comparisons, gpus=report.gpus,
         grad_norms=[r.metrics[m.GRAD_NORM] for r in steps if m.GRAD_NORM in r.metrics],
         advantage_ranges=[(r.metrics[m.ADVANTAGES_MIN], r.metrics[m.ADVANTAGES_MAX]) for r in steps
                           if m.ADVANTAGES_MIN in r.metrics and m.ADVANTAGES_MAX in r.metrics])

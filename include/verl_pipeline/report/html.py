@@ -9,8 +9,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from verl_pipeline.jobs.startup import PhaseTime
 from verl_pipeline.report.build import Report, Series
-from verl_pipeline.report.gpu import MIB_PER_GIB, NodeGpuSummary
+from verl_pipeline.report.gpu import MIB_PER_GIB, GpuUsage
 from verl_pipeline.report.restarts import restarts_html
 from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT, under_used
 from verl_pipeline.trainer import metrics as m
@@ -95,6 +96,27 @@ def _attempts(r: Report) -> str:
             "a step); — where no reader saw one.</p>")
 
 
+def _startup(r: Report) -> str:
+    """Each attempt's time to its first step, phase by phase: what starting (or a restart) cost, and where."""
+    if not r.attempts or r.run.mode == "preflight":  # a preflight job has no such start
+        return ""
+    phases = [t.phase for t in r.attempts[0].startup]
+    rows = [(a.attempt, *(_phase_cell(t) for t in a.startup)) for a in r.attempts]
+    return ("<h2>Start-up, phase by phase</h2><p>Seconds each phase of every attempt's start took, from its "
+            "submission to its first training step. A phase ends when the line verl or vLLM prints at its end "
+            "reaches the pipeline's log reader (the table of those lines: trainer/startup_markers.py), so the "
+            "times are those of the log reads (every 10 s at the default poll): a phase shorter than that can "
+            "show as 0 s. <i>unknown</i>: the line was not seen (the phase did not run, as validation without "
+            "trainer.val_before_train, or the line differs); the phase after it is unknown too.</p>"
+            + _grid(("attempt", *(p.words for p in phases)), rows))
+
+
+def _phase_cell(t: PhaseTime) -> str:
+    if t.duration_s is not None:
+        return f"{t.duration_s:.0f} s"
+    return "unknown" if t.ended_after_s is None else f"unknown (done at {t.ended_after_s:.0f} s)"
+
+
 def _timing(r: Report) -> str:
     if not r.timing_s and not r.timing_outside_step_s:
         return ""
@@ -136,32 +158,33 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.0f}%"
 
 
-def _gpu_row(n: NodeGpuSummary) -> tuple[str, ...]:
+def _gpu_row(g: GpuUsage) -> tuple[str, ...]:
     memory = "—"
-    if n.peak_memory_used_mib is not None and n.memory_total_mib:
-        memory = (f"{n.peak_memory_used_mib / MIB_PER_GIB:.1f} / {n.memory_total_mib / MIB_PER_GIB:.1f} GiB "
-                  f"({_pct(n.peak_memory_pct)})")
-    return (n.label, str(n.n_gpus), _pct(n.mean_utilization_pct) + (" (low)" if under_used(n) else ""),
-            _pct(n.median_utilization_pct), _pct(n.min_utilization_pct), f"{n.samples_in_window} of {n.samples}",
+    if g.peak_memory_used_mib is not None and g.memory_total_mib:
+        memory = (f"{g.peak_memory_used_mib / MIB_PER_GIB:.1f} / {g.memory_total_mib / MIB_PER_GIB:.1f} GiB "
+                  f"({_pct(g.peak_memory_pct)})")
+    return (g.label, g.uuid or "—", str(len(g.node_ids)), _pct(g.mean_utilization_pct) + (" (low)" if under_used(g)
+                                                                                          else ""),
+            _pct(g.median_utilization_pct), _pct(g.min_utilization_pct), f"{g.samples_in_window} of {g.samples}",
             memory)
 
 
 def _gpus(r: Report) -> str:
-    out = "<h2>GPU utilisation per node</h2>"
-    if not r.gpu_nodes:
+    out = "<h2>GPU utilisation per GPU</h2>"
+    if not r.gpus:
         return out + ("<p>No GPU readings: the run's cluster reported no GPUs (a CPU cluster, or a run from before "
                       "the pipeline recorded them).</p>")
-    out += (f"<p>From Ray's node summary, sampled by the waiter. A node's utilisation at a sample is the mean of "
-            f"its GPUs'; mean, median and lowest are over the training window (each attempt's first step to its "
-            f"last; start-up excluded), where the aim is above {MIN_GPU_UTILIZATION_PCT:.0f}%. Peak memory is the "
-            f"most one GPU of the node used at any sample.</p>")
-    out += _grid(("node", "GPUs", "mean", "median", "lowest", "samples in the training window",
-                  "peak memory used / total"), [_gpu_row(n) for n in r.gpu_nodes])
-    if not any(n.samples_in_window for n in r.gpu_nodes):
+    out += (f"<p>From Ray's node summary, sampled by the waiter; one row per physical GPU (by its UUID: a raylet "
+            f"that restarts comes back under a new Ray node id with the same GPUs). Mean, median and lowest are "
+            f"over the training window (each attempt's first step to its last; start-up excluded), where the aim "
+            f"is above {MIN_GPU_UTILIZATION_PCT:.0f}%. Peak memory is the most the GPU used at any sample.</p>")
+    out += _grid(("GPU", "UUID", "Ray node ids", "mean", "median", "lowest", "samples in the training window",
+                  "peak memory used / total"), [_gpu_row(g) for g in r.gpus])
+    if not any(g.samples_in_window for g in r.gpus):
         out += ("<p>No sample fell in the training window (no attempt's first step was seen before its last, or "
                 "the run never trained): utilisation is not judged.</p>")
-    out += "".join(f"<img src=\"{escape(r.gpu_plots[n.node_id])}\" alt=\"GPU utilisation and memory, node "
-                   f"{escape(n.label)}\">" for n in r.gpu_nodes if n.node_id in r.gpu_plots)
+    out += "".join(f"<img src=\"{escape(name)}\" alt=\"GPU utilisation and memory, host {escape(host)}\">"
+                   for host, name in r.gpu_plots.items())
     return out
 
 
@@ -198,6 +221,6 @@ def render_html(r: Report) -> str:
     plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
-            f"<h2>Attempts</h2>{_attempts(r)}{restarts_html(r.restarts)}{_checks(r)}{_critic(r)}{_timing(r)}"
-            f"{_gpus(r)}{_scaling(r)}{_flags(r)}"
+            f"<h2>Attempts</h2>{_attempts(r)}{_startup(r)}{restarts_html(r.restarts)}{_checks(r)}{_critic(r)}"
+            f"{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
             + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

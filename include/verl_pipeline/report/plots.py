@@ -2,7 +2,7 @@
 
 Every plot of verl's metrics is per step, with the start of every resumed attempt marked (a dashed
 line labelled with the step it resumed from). A plot whose metrics verl did not report is not drawn.
-Each node with GPU readings gets its own plot over time (:func:`draw_gpu`).
+Each host with GPU readings gets its own plot over time, one line per GPU (:func:`draw_gpu`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.jobs.gpu_usage import NodeGpuSample
 from verl_pipeline.report.build import AttemptInfo, StepRow, timing_names, training_rows
-from verl_pipeline.report.gpu import NodeGpuSummary, Window, by_node
+from verl_pipeline.report.gpu import GpuSeries, Window, by_host
 from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT
 from verl_pipeline.trainer import metrics as m
 
@@ -26,10 +25,13 @@ RESPONSE_LENGTH_PNG = "response_length.png"
 THROUGHPUT_PNG = "throughput.png"
 TIMING_PNG = "timing.png"
 CRITIC_PNG = "critic.png"
+#: A GPU's line has at most this many points; a longer series (a week of 10 s samples is 60,000) is
+#: drawn as the means of that many equal spans, which is all a plot this wide shows.
+MAX_GPU_POINTS = 2000
 
 
 def gpu_png(index: int) -> str:
-    """File name of the ``index``-th node's GPU plot (1-based, in the report's order of nodes)."""
+    """File name of the ``index``-th host's GPU plot (1-based, in the report's order of hosts)."""
     return f"gpu_node_{index}.png"
 
 
@@ -146,23 +148,37 @@ def draw(rows: list[StepRow], attempts: list[AttemptInfo], out_dir: Path) -> dic
     return drawn
 
 
-def _gpu_node(axes: Any, samples: list[NodeGpuSample], windows: list[Window], attempts: list[AttemptInfo],
+def thinned(xs: Any, ys: Any, max_points: int = MAX_GPU_POINTS) -> tuple[Any, Any]:
+    """``(xs, ys)`` with at most ``max_points`` points: the means of equal spans of the samples (NaN
+    values left out of the means)."""
+    import numpy as np
+
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if len(x) <= max_points:
+        return x, y
+    edges = np.linspace(0, len(x), max_points + 1).astype(int)
+    starts = edges[:-1]
+    counts = np.diff(edges)
+    known = ~np.isnan(y)
+    sums = np.add.reduceat(np.where(known, y, 0.0), starts)
+    seen = np.add.reduceat(known.astype(float), starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.add.reduceat(x, starts) / counts, sums / seen
+
+
+def _gpu_host(axes: Any, gpus: list[GpuSeries], windows: list[Window], attempts: list[AttemptInfo],
               origin: float) -> None:
-    """Utilisation (top) and memory (bottom) of each GPU of one node, in minutes since ``origin``."""
+    """Utilisation (top) and memory (bottom) of each GPU of one host, in minutes since ``origin``."""
+    import numpy as np
+
     util_ax, mem_ax = axes
-    util: dict[int, tuple[list[float], list[float]]] = {}
-    mem: dict[int, tuple[list[float], list[float]]] = {}
-    for s in samples:  # one pass: a multi-day run has tens of thousands of samples per node
-        minutes = (s.time - origin) / 60
-        for g in s.gpus:
-            for series, value in ((util, g.utilization_pct), (mem, g.memory_pct)):
-                if value is not None:
-                    xs, ys = series.setdefault(g.index, ([], []))
-                    xs.append(minutes)
-                    ys.append(value)
-    for index in sorted(util.keys() | mem.keys()):
-        (line,) = util_ax.plot(*util.get(index, ([], [])), label=f"GPU {index}", linewidth=1)
-        mem_ax.plot(*mem.get(index, ([], [])), label=f"GPU {index}", linewidth=1, color=line.get_color())
+    for g in gpus:
+        minutes = (np.asarray(g.times) - origin) / 60
+        label = f"GPU {g.index}" + (f" ({len(g.node_ids)} Ray node ids)" if len(g.node_ids) > 1 else "")
+        (line,) = util_ax.plot(*thinned(minutes, g.utilization_pct), label=label, linewidth=1)
+        if g.memory_total_mib:
+            memory_pct = np.asarray(g.memory_used_mib) * (100.0 / g.memory_total_mib)
+            mem_ax.plot(*thinned(minutes, memory_pct), label=label, linewidth=1, color=line.get_color())
     util_ax.axhline(MIN_GPU_UTILIZATION_PCT, color="firebrick", linestyle="--", linewidth=1,
                     label=f"{MIN_GPU_UTILIZATION_PCT:.0f}% (target: above)")
     for ax in axes:
@@ -180,30 +196,28 @@ def _gpu_node(axes: Any, samples: list[NodeGpuSample], windows: list[Window], at
     util_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: 8 GPUs' lines
 
 
-def draw_gpu(samples: list[NodeGpuSample], nodes: list[NodeGpuSummary], windows: list[Window],
-             attempts: list[AttemptInfo], out_dir: Path) -> dict[str, str]:
-    """One plot per node of ``nodes`` (its GPUs' utilisation and memory over time, the training window
-    shaded, each attempt's submission dotted); ``{node id: file name}`` of those drawn."""
-    samples_of = by_node(samples)
-    if not nodes or not samples_of:
+def draw_gpu(series: list[GpuSeries], windows: list[Window], attempts: list[AttemptInfo],
+             out_dir: Path) -> dict[str, str]:
+    """One plot per host (each of its GPUs' utilisation and memory over time, the training window
+    shaded, each attempt's submission dotted); ``{host address: file name}`` of those drawn."""
+    hosts = by_host([s for s in series if s.times])
+    if not hosts:
         return {}
-    origin = min(a.submitted_at for a in attempts) if attempts else min(s.time for s in samples)
+    origin = min(a.submitted_at for a in attempts) if attempts else min(s.times[0] for s in series if s.times)
     plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = {}
-    for index, node in enumerate(nodes, start=1):
-        if not samples_of.get(node.node_id):
-            continue
+    for index, (host, gpus) in enumerate(hosts.items(), start=1):
         name = gpu_png(index)
         fig, axes = plt.subplots(2, 1, sharex=True, figsize=(8, 4.8), dpi=100)
         try:
-            _gpu_node(axes, samples_of[node.node_id], windows, attempts, origin)
-            axes[0].set_title(f"GPU utilisation and memory, node {node.label}")
+            _gpu_host(axes, gpus, windows, attempts, origin)
+            axes[0].set_title(f"GPU utilisation and memory, host {host or '(address unknown)'}")
             fig.tight_layout()
             tmp = out_dir / f".{name}.tmp"
             fig.savefig(tmp, format="png")
             tmp.replace(out_dir / name)
-            drawn[node.node_id] = name
+            drawn[host] = name
         finally:
             plt.close(fig)
     return drawn

@@ -44,7 +44,7 @@ class RestartDecision:
 
 @dataclass(frozen=True)
 class RestartSummary:
-    """The budget (the run profile's ``restarts.no_progress_limit``) and what the run used of it."""
+    """The budget (the run profile's ``restarts: no_progress_limit``) and what the run used of it."""
 
     no_progress_limit: int
     decisions: list[RestartDecision] = field(default_factory=list)

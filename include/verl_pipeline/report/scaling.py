@@ -8,8 +8,8 @@ compute. The rules here are pure functions of what verl reported:
   recent earlier successful run at each other node count (``perf/throughput`` is per GPU, so linear
   scaling means the ratio of the larger run's to the smaller run's is 1.0).
 - **Flags**, each with its remedy: generation dominating the step; GPU memory near its limit;
-  per-GPU throughput falling as nodes grow; a node whose GPUs stay under 70% busy while the run
-  trains; a gradient norm that stayed 0 (the run learned nothing).
+  per-GPU throughput falling as nodes grow; a GPU that stays under 70% busy while the run trains;
+  a gradient norm that stayed 0 (the run learned nothing).
 
 Earlier runs are read from their ``report.json`` (every report stores its :class:`ScalingPoint`),
 so the check needs nothing but the storage root.
@@ -24,7 +24,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.report.gpu import NodeGpuSummary
+from verl_pipeline.report.gpu import GpuUsage
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,15 @@ MIN_EFFICIENCY = 0.9
 MAX_GEN_SHARE = 0.5
 #: Peak allocated memory above this share of the GPU's memory is "near the limit".
 MAX_MEMORY_SHARE = 0.9
-#: A node whose GPUs are busy less than this (mean over the training window, %) is under-used: the
-#: health indicator to watch is GPU utilisation above 70%.
+#: A GPU busy less than this (mean over the training window, %) is under-used: the health indicator
+#: to watch is GPU utilisation above 70%.
 MIN_GPU_UTILIZATION_PCT = 70.0
-#: A node's utilisation is judged on at least this many samples in the training window. At the
-#: waiter's one sample a minute a run of a few minutes gives one or two, each an instant that may fall
-#: on a checkpoint save or a validation pass (one sample at 3% flagged the 6-step GPU resume run).
+#: A GPU's utilisation is judged on at least this many samples in the training window: each is an
+#: instant that may fall on a checkpoint save or a validation pass (one sample at 3% flagged the 6-step
+#: GPU resume run, sampled once a minute then). At the waiter's one sample every 10 s, 30 s of training.
 MIN_SAMPLES_JUDGED = 3
+#: The under-used GPUs the flag's evidence names one by one (a 64-GPU run's evidence stays readable).
+GPUS_NAMED = 8
 #: A gradient norm at or below this is 0 (what a float sum of zeros leaves).
 MAX_ZERO_GRAD_NORM = 1e-9
 
@@ -182,24 +184,25 @@ def scaling_flag(comparisons: list[Comparison]) -> Flag | None:
                 REMEDIES[FlagKind.SCALING_FALLS])
 
 
-def under_used(node: NodeGpuSummary) -> bool:
-    """The node's GPUs were busy less than :data:`MIN_GPU_UTILIZATION_PCT` on average over the training
-    window (a node with fewer than :data:`MIN_SAMPLES_JUDGED` samples in it is not judged)."""
-    return (node.samples_in_window >= MIN_SAMPLES_JUDGED and node.mean_utilization_pct is not None
-            and node.mean_utilization_pct < MIN_GPU_UTILIZATION_PCT)
+def under_used(gpu: GpuUsage) -> bool:
+    """The GPU was busy less than :data:`MIN_GPU_UTILIZATION_PCT` on average over the training window
+    (a GPU with fewer than :data:`MIN_SAMPLES_JUDGED` samples in it is not judged)."""
+    return (gpu.samples_in_window >= MIN_SAMPLES_JUDGED and gpu.mean_utilization_pct is not None
+            and gpu.mean_utilization_pct < MIN_GPU_UTILIZATION_PCT)
 
 
-def gpu_utilization_flag(nodes: list[NodeGpuSummary]) -> Flag | None:
-    """Every node :func:`under_used` while the run trained."""
-    low = [n for n in nodes if under_used(n)]
+def gpu_utilization_flag(gpus: list[GpuUsage]) -> Flag | None:
+    """Every GPU :func:`under_used` while the run trained (the first :data:`GPUS_NAMED` named)."""
+    low = [g for g in gpus if under_used(g)]
     if not low:
         return None
-    each = "; ".join(f"node {n.label}: {n.mean_utilization_pct:.0f}% on average (median "
-                     f"{n.median_utilization_pct:.0f}%, lowest {n.min_utilization_pct:.0f}%, {n.samples_in_window} "
-                     f"sample(s))" for n in low)
+    each = "; ".join(f"{g.label}: {g.mean_utilization_pct:.0f}% on average (median "
+                     f"{g.median_utilization_pct:.0f}%, lowest {g.min_utilization_pct:.0f}%, {g.samples_in_window} "
+                     f"sample(s))" for g in low[:GPUS_NAMED])
+    more = f"; and {len(low) - GPUS_NAMED} more" if len(low) > GPUS_NAMED else ""
     return Flag(FlagKind.GPU_UTILIZATION_LOW,
                 f"GPU utilisation under {MIN_GPU_UTILIZATION_PCT:.0f}% while the run trained on {len(low)} of "
-                f"{len(nodes)} node(s): {each}",
+                f"{len(gpus)} GPU(s): {each}{more}",
                 REMEDIES[FlagKind.GPU_UTILIZATION_LOW])
 
 
@@ -222,12 +225,12 @@ def grad_norm_flag(grad_norms: list[float], advantage_ranges: list[tuple[float, 
 
 
 def flags(*, timing_s: dict[str, float], peak_memory_gb: float | None, gpu_memory_gb: float | None,
-          comparisons: list[Comparison], gpu_nodes: list[NodeGpuSummary] | None = None,
+          comparisons: list[Comparison], gpus: list[GpuUsage] | None = None,
           grad_norms: list[float] | None = None,
           advantage_ranges: list[tuple[float, float]] | None = None) -> list[Flag]:
     """Every flag the metrics raise, in a fixed order."""
     found = [generation_flag(timing_s), memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons),
-             gpu_utilization_flag(gpu_nodes or []), grad_norm_flag(grad_norms or [], advantage_ranges or [])]
+             gpu_utilization_flag(gpus or []), grad_norm_flag(grad_norms or [], advantage_ranges or [])]
     return [f for f in found if f is not None]
 
 

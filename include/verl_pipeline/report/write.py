@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.paths import atomic_path, write_json_atomic
-from verl_pipeline.report import scaling
+from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.build import (
     AttemptInfo,
     Report,
@@ -126,26 +126,27 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     status = status or infer_status(run_dir, facts, rows, preflight)
     from verl_pipeline.jobs.gpu_usage import read_samples
     from verl_pipeline.jobs.progress import first_step_seen_at
+    from verl_pipeline.jobs.startup import StartupPhases
 
     attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment,
                             first_step_seen_at=first_step_seen_at(RunDir(run_dir).metrics_file(a.attempt)),
-                            last_row_at=_mtime(RunDir(run_dir).metrics_file(a.attempt)))
+                            last_row_at=_mtime(RunDir(run_dir).metrics_file(a.attempt)),
+                            startup_ended=StartupPhases.load(RunDir(run_dir).metrics_file(a.attempt)).ended)
                 for a in RunDir(run_dir).attempts()]
-    gpu_samples = list(read_samples(RunDir(run_dir).gpu_usage_file))
+    gpu_series = gpu.collect(read_samples(RunDir(run_dir).gpu_usage_file))
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
     in_run = str((report_dir(run_dir) / REPORT_JSON).relative_to(run_dir))
     earlier = scaling.earlier_points(storage_root, facts.profile, report_file=in_run, exclude_run_key=facts.run_key)
     report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
                           ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
-                          earlier=earlier, gpu_samples=gpu_samples, restarts=_restarts(run_dir, spec))
+                          earlier=earlier, gpu_series=gpu_series, restarts=_restarts(run_dir, spec))
     out = report_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plots:
         from verl_pipeline.report.plots import draw, draw_gpu
 
         report.plots = draw(merge_rows(rows), report.attempts, out)
-        report.gpu_plots = draw_gpu(gpu_samples, report.gpu_nodes, training_windows(report.attempts),
-                                    report.attempts, out)
+        report.gpu_plots = draw_gpu(gpu_series, training_windows(report.attempts), report.attempts, out)
     from verl_pipeline.report.html import render_html
 
     with atomic_path(out / REPORT_HTML) as tmp:

@@ -17,11 +17,15 @@ from verl_pipeline.trainer.owned import DEFAULT_PROJECT, OWNED_KEYS, rule_text
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
 
 #: verl's recommended environment for every worker (see verl's runtime_env.yaml), plus tokenizers
-#: parallelism off: forked dataloader workers deadlock with it on.
+#: parallelism off: forked dataloader workers deadlock with it on; and vLLM's INFO lines, which verl
+#: silences (``VLLM_LOGGING_LEVEL=WARN`` unless the job sets it): the waiter times the engine's start
+#: and its CUDA graph capture by them (``trainer/startup_markers.py``). vLLM prints a few INFO lines per
+#: step (sleep and wake); Ray folds the same line from many workers into one.
 BASE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "VLLM_LOGGING_LEVEL": "INFO",
 }
 
 PREFLIGHT_COMMAND = ("python", "-m", "verl_pipeline.trainer.preflight")

@@ -1,0 +1,176 @@
+"""What a wait keeps of its job's start: when each phase ended, up to the first training step.
+
+A start goes through the phases of :mod:`verl_pipeline.trainer.startup_markers` (worker start, model
+load, engine start, graph capture, checkpoint load, validation, first step); a phase ends when the
+line that ends it reaches the waiter (:class:`StartupPhases`), so the times are as precise as the
+log reads (every other poll: 10 s at the default 5 s polls). A phase is **unknown** when its line
+never showed, and so is the length of the phase after it (its start is unknown): the report and the
+task log say "unknown", never a guess. A marker that shows after a later phase's is out of order and
+ignored; a phase whose line shows several times (one vLLM engine per replica) ends with the last
+one before the next phase's. A waiter that takes over mid-start (a restarted triggerer) keeps the
+phases the earlier one recorded.
+
+Both records lie beside the attempt's metrics file, one pair per attempt: ``rundir.startup_file``
+(the phases) and ``rundir.first_step_file`` (the first step's arrival, the report's training window).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_pipeline.jobs.logstream import TaskLog
+from verl_pipeline.jobs.progress import Progress, record_first_step
+from verl_pipeline.jobs.run_files import FileWrite
+from verl_pipeline.paths import write_json_atomic
+from verl_pipeline.rundir import startup_file
+from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """One phase of one start: when it ended and how long it took, in seconds (None: unknown)."""
+
+    phase: Phase
+    #: Seconds from the submission to the phase's end.
+    ended_after_s: float | None
+    duration_s: float | None
+
+    def text(self) -> str:
+        """``model load 40 s``, ``validation unknown``, ``first step unknown (done 243 s after submission)``."""
+        if self.duration_s is not None:
+            return f"{self.phase.words} {self.duration_s:.0f} s"
+        if self.ended_after_s is not None:
+            return f"{self.phase.words} unknown (done {self.ended_after_s:.0f} s after submission)"
+        return f"{self.phase.words} unknown"
+
+
+@dataclass
+class StartupPhases:
+    """When each phase of one start ended (epoch seconds, as the waiter saw the line arrive)."""
+
+    ended: dict[Phase, float] = field(default_factory=dict)
+    #: Phases an earlier waiter of the attempt recorded: kept as they are (a waiter that takes over
+    #: reads again up to 30 s of log the earlier one read, and would see their lines later).
+    kept: frozenset[Phase] = frozenset()
+
+    def observe(self, text: str, now: float) -> list[Phase]:
+        """The phases ``text`` (lines of the job's log) ends at ``now``: those not seen before, in order."""
+        new = []
+        for marker in MARKERS:
+            if marker.text in text and self.end(marker.phase, now):
+                new.append(marker.phase)
+        return [p for p in PHASES if p in new]
+
+    def end(self, phase: Phase, at: float) -> bool:
+        """``phase`` ended at ``at``: kept unless a later phase already ended (out of order: ignored);
+        True when the phase had not ended before."""
+        if phase in self.kept or any(self.ended.get(p) is not None for p in PHASES[PHASES.index(phase) + 1:]):
+            return False
+        first = phase not in self.ended
+        self.ended[phase] = at
+        return first
+
+    def times(self, started_at: float | None) -> list[PhaseTime]:
+        """Every phase's end after ``started_at`` (the submission) and length; unknown where its
+        line (or, for the length, the line before it) was not seen."""
+        out = []
+        previous = started_at
+        for phase in PHASES:
+            end = self.ended.get(phase)
+            out.append(PhaseTime(phase, None if end is None or started_at is None else max(0.0, end - started_at),
+                                 None if end is None or previous is None else max(0.0, end - previous)))
+            previous = end
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phases": {p.value: self.ended[p] for p in PHASES if p in self.ended}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StartupPhases:
+        phases = data.get("phases") if isinstance(data, dict) else None
+        phases = phases if isinstance(phases, dict) else {}
+        return cls({p: float(phases[p.value]) for p in PHASES if isinstance(phases.get(p.value), int | float)})
+
+    @classmethod
+    def load(cls, metrics_path: Path) -> StartupPhases:
+        """The phases recorded beside ``metrics_path``, kept as they are (none when absent or unreadable)."""
+        try:
+            recorded = cls.from_dict(json.loads(startup_file(metrics_path).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return cls()
+        return cls(recorded.ended, frozenset(recorded.ended))
+
+
+class StartupWatch:
+    """The start-up part of a wait: times each phase from the job's log lines, says so in the task log,
+    and records the phases and the first step's arrival beside the attempt's metrics file.
+
+    :param metrics_path: the attempt's metrics file (None: nothing is recorded, the phases still logged).
+    """
+
+    def __init__(self, *, job_id: str, metrics_path: str | None, log: TaskLog) -> None:
+        self.job_id = job_id
+        self.metrics_path = Path(metrics_path) if metrics_path else None
+        self.log = log
+        self.phases = StartupPhases()
+        #: The job's submission (epoch seconds; Ray's job start), once a poll read it.
+        self.started_at: float | None = None
+        #: The start is over (the first step came): nothing more to watch.
+        self.done = False
+        self._first_step: Progress | None = None
+        self._first_step_recorded = self.metrics_path is None
+        self._changed = False
+
+    def resume(self, *, started: bool) -> None:
+        """Continue from what an earlier waiter of this attempt saw (blocking file I/O): ``started``, a
+        step came already (nothing to watch), else the phases it recorded."""
+        self.done = started
+        if self.metrics_path is not None and not started:
+            self.phases = StartupPhases.load(self.metrics_path)
+
+    def observe_lines(self, lines: list[str], now: float) -> None:
+        """Lines of the job's log that arrived at ``now``: the phases they end, each said in the task log."""
+        if self.done or not lines:
+            return
+        for phase in self.phases.observe("\n".join(lines), now):
+            self._changed = True
+            (time,) = [t for t in self.phases.times(self.started_at) if t.phase is phase]
+            after = f" {time.ended_after_s:.0f} s after submission" if time.ended_after_s is not None else ""
+            self.log.info("Ray job %s start-up: %s done%s (%s)", self.job_id, phase.words, after, time.text())
+
+    def first_step(self, progress: Progress) -> None:
+        """A training step was seen (the first this waiter saw, or a later one): the start is over."""
+        if not self._first_step_recorded:
+            self._first_step_recorded = True  # once per waiter, written or not
+            self._first_step = progress
+        if self.done:
+            return
+        self.done = True
+        if progress.first_step_seen_at is not None:
+            self.phases.end(Phase.FIRST_STEP, progress.first_step_seen_at)
+            self._changed = True
+        times = self.phases.times(self.started_at)
+        total = times[-1].ended_after_s
+        self.log.info("Ray job %s start-up: first step %s: %s", self.job_id,
+                      f"{total:.0f} s after submission" if total is not None else "seen",
+                      " · ".join(t.text() for t in times))
+
+    def writes(self) -> list[FileWrite]:
+        """The records that changed since the last writes."""
+        out = []
+        if self._changed and self.metrics_path is not None:
+            self._changed = False
+            path, record = startup_file(self.metrics_path), self.phases.to_dict()
+            out.append(FileWrite("record its start-up phases", lambda: write_json_atomic(path, record),
+                                 self._failed))
+        if self._first_step is not None and self.metrics_path is not None:
+            metrics, first, self._first_step = self.metrics_path, self._first_step, None
+            out.append(FileWrite("record when it logged its first step", lambda: record_first_step(metrics, first),
+                                 lambda error: None))  # the report then says the time is unknown
+        return out
+
+    def _failed(self, error: OSError) -> None:
+        self.metrics_path = None  # not writable from the triggerer: the task log still says each phase

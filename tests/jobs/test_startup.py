@@ -1,0 +1,113 @@
+"""What a wait keeps of its job's start, alone: the phases from the marker lines, and the first step."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tests.fakes.fake_verl_trainer import startup_lines
+from verl_pipeline.jobs.progress import Progress, first_step_seen_at
+from verl_pipeline.jobs.run_files import write_all
+from verl_pipeline.jobs.startup import StartupPhases, StartupWatch
+from verl_pipeline.rundir import startup_file
+from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
+
+
+def _lines(resume: str = "Training from scratch", *, validate: bool = True) -> list[str]:
+    return startup_lines(resume, validate=validate)
+
+
+def test_the_stand_in_prints_a_line_for_each_marker_in_the_tables_order() -> None:
+    """Fed one line a second, the stand-in's start ends every phase the table has a marker for, in order."""
+    phases = StartupPhases()
+    seen = []
+    for t, line in enumerate(_lines(), start=1):
+        seen += phases.observe(line, float(t))
+    assert seen == [m.phase for m in MARKERS] and seen == list(PHASES[:-1])
+    assert [phases.ended[p] for p in seen] == sorted(phases.ended[p] for p in seen)
+
+
+def test_each_phase_lasts_from_the_end_of_the_one_before_and_an_unseen_one_is_unknown() -> None:
+    phases = StartupPhases()
+    lines = _lines(validate=False)
+    for t, line in zip((20.0, 60.0, 100.0, 110.0, 112.0, 113.0, 115.0, 120.0), lines, strict=True):
+        phases.observe(line, 1000.0 + t)
+    phases.end(Phase.FIRST_STEP, 1200.0)
+    times = {t.phase: t for t in phases.times(1000.0)}
+    assert [times[p].duration_s for p in PHASES[:5]] == [20.0, 40.0, 40.0, 10.0, 10.0]
+    # No validation before training: its line never came. It is unknown, and so is the first step's
+    # length (it started when validation ended); when the first step came is still known.
+    assert times[Phase.VALIDATION].duration_s is None and times[Phase.VALIDATION].ended_after_s is None
+    assert (times[Phase.FIRST_STEP].duration_s, times[Phase.FIRST_STEP].ended_after_s) == (None, 200.0)
+    assert [t.text() for t in phases.times(1000.0)][4:] == [
+        "checkpoint load 10 s", "validation unknown", "first step unknown (done 200 s after submission)"]
+    # Without the submission time the first phase's length is unknown too.
+    assert phases.times(None)[0].duration_s is None and phases.times(None)[1].duration_s == 40.0
+
+
+def test_the_last_of_several_engines_ends_a_phase_and_a_marker_out_of_order_is_ignored() -> None:
+    phases = StartupPhases()
+    phases.observe("GPU KV cache size: 1 tokens", 10.0)  # replica 0
+    assert phases.observe("GPU KV cache size: 1 tokens", 14.0) == []  # replica 1: not new, but later
+    assert phases.ended[Phase.ENGINE_START] == 14.0
+    phases.observe("Graph capturing finished in 3 secs, took 0.2 GiB", 20.0)
+    phases.observe("GPU KV cache size: 1 tokens", 30.0)  # after a later phase: ignored
+    assert phases.ended[Phase.ENGINE_START] == 14.0
+    assert phases.observe("create worker group dict_keys([])", 40.0) == []  # out of order: stays unknown
+    assert Phase.WORKER_START not in phases.ended
+    assert StartupPhases.from_dict(phases.to_dict()) == phases
+
+
+def _watch(metrics: Path | None, messages: list[str]) -> StartupWatch:
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    log = logging.getLogger(f"test.startup.{id(messages)}")
+    log.setLevel(logging.INFO)
+    log.addHandler(Keep())
+    log.propagate = False
+    return StartupWatch(job_id="j", metrics_path=str(metrics) if metrics else None, log=log)
+
+
+def test_the_start_up_part_says_each_phase_and_the_summary_and_records_both(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics-a2.jsonl"
+    messages: list[str] = []
+    watch = _watch(metrics, messages)
+    watch.resume(started=False)
+    watch.started_at = 1000.0
+    watch.observe_lines(_lines()[:2], 1030.0)
+    assert messages == ["Ray job j start-up: worker start done 30 s after submission (worker start 30 s)",
+                        "Ray job j start-up: model load done 30 s after submission (model load 0 s)"]
+    assert write_all(watch.writes()) == [] and watch.writes() == []  # written once, until something changes
+    again = _watch(metrics, [])  # a restarted triggerer's waiter of the same attempt
+    again.resume(started=False)
+    assert again.phases.ended == {Phase.WORKER_START: 1030.0, Phase.MODEL_LOAD: 1030.0}
+    again.observe_lines(_lines()[:3], 1090.0)  # it reads again what the first one read: those stay as recorded
+    assert again.phases.ended == {Phase.WORKER_START: 1030.0, Phase.MODEL_LOAD: 1030.0, Phase.ENGINE_START: 1090.0}
+    watch.observe_lines(_lines()[2:], 1100.0)
+    watch.first_step(Progress(step=1, total=4, first_step_seen_at=1160.0))
+    assert messages[-1] == ("Ray job j start-up: first step 160 s after submission: worker start 30 s · model load "
+                            "0 s · engine start 70 s · graph capture 0 s · checkpoint load 0 s · validation 0 s · "
+                            "first step 60 s")
+    assert write_all(watch.writes()) == []
+    assert first_step_seen_at(metrics) == 1160.0 and StartupPhases.load(metrics).ended[Phase.FIRST_STEP] == 1160.0
+    assert startup_file(metrics) == tmp_path / "metrics-a2.startup.json"
+    watch.observe_lines(["create worker group"], 1200.0)  # the start is over: nothing more is watched
+    assert len(messages) == len(MARKERS) + 1 and watch.writes() == []  # a line per phase, one summary
+
+
+def test_a_waiter_that_reattaches_after_the_first_step_watches_nothing_and_keeps_the_first_record(
+        tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics-a1.jsonl"
+    first = _watch(metrics, [])
+    first.first_step(Progress(step=1, total=4, first_step_seen_at=500.0))
+    write_all(first.writes())
+    later = _watch(metrics, messages := [])
+    later.resume(started=True)
+    later.observe_lines(_lines(), 900.0)
+    later.first_step(Progress(step=3, total=4, first_step_seen_at=900.0))
+    assert write_all(later.writes()) == [] and first_step_seen_at(metrics) == 500.0 and messages == []
+    unrecorded = _watch(None, [])
+    unrecorded.first_step(Progress(step=1, total=4, first_step_seen_at=500.0))
+    assert unrecorded.writes() == []
