@@ -120,8 +120,8 @@ def write_configs(workdir: Path, memory_mib: list[int], *, caches: Path | None =
     n, cpus = len(memory_mib), os.cpu_count() or 16
     prof["cluster"].update(num_gpus=n, num_cpus=cpus)
     prof["hardware"].update(n_gpus_per_node=n, gpu_memory_gb=round(min(memory_mib) / 1024), cpus_per_node=cpus)
-    if caches is not None:
-        prof.setdefault("storage", {})["caches"] = str(caches)
+    if caches is not None:  # on this machine's disk, which every (local) node sees, as the runs' homes are
+        prof.setdefault("storage", {}).update(caches=str(caches), shared=[str(caches), str(workdir)])
     path.write_text(yaml.safe_dump(prof, sort_keys=False))
     return configs
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,3 +131,17 @@ def test_a_resumed_critic_is_told_from_one_started_again_by_its_values() -> None
     # Values that never moved cannot tell the two apart: that is a failure too, not a pass.
     assert not _restored({1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}).ok
     assert not _restored({1: 0.1, 4: 0.2}).ok  # step 3 missing
+
+
+def test_the_configs_it_writes_with_shared_caches_make_a_run_spec(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """What provision checks first (on 2026-12-04 the H200 runs failed there: the shared caches lay outside
+    every shared mount): the scenario's profile builds a spec on a 16-core one-GPU machine."""
+    from verl_pipeline.profiles import build_run_spec
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    configs = _bench().write_configs(tmp_path, [143771], caches=tmp_path / "caches" / "resume-ppo")
+    monkeypatch.setenv("VERL_PIPELINE_CONFIGS", str(configs))
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "resume-ppo" / "home"))
+    spec = build_run_spec({"profile": "gpu-acceptance", "mode": "train", "model_profile": "tiny-ppo"}, run_name="r")
+    assert spec.cache_root == tmp_path / "caches" / "resume-ppo"

@@ -91,3 +91,27 @@ def test_an_attempt_of_a_segment_logs_run_steps_after_its_start(tmp_path: Path) 
     segment = Attempt("j-a2", 2, 0.0, "", 4, str(metrics), segment=2, segment_start_step=4)
     assert run_steps(first) == [1, 2] and run_steps(segment) == [5, 6]
     assert run_steps(Attempt("j-a3", 3, 0.0, "", 0, None)) == []
+
+
+def test_a_checkpoint_trained_with_flash_attn_merges_on_a_cpu_into_a_model_without_that_choice(
+    fsdp_checkpoint: Path, tmp_path: Path,
+) -> None:
+    """verl writes its override_config into the checkpoint's config (attn_implementation: flash_attention_2
+    on the fast path); transformers then refuses to build the model where flash-attn cannot run, as the
+    export task's CPU. The merge leaves the choice out and the checkpoint as it was."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from verl_pipeline.trainer.merge import merge_checkpoint
+
+    actor = tmp_path / "global_step_2" / "actor"
+    shutil.copytree(fsdp_checkpoint / "checkpoints" / "global_step_2" / "actor", actor)
+    config_path = actor / "huggingface" / "config.json"
+    config = {**json.loads(config_path.read_text()), "attn_implementation": "flash_attention_2"}
+    config_path.write_text(json.dumps(config))
+    merge_checkpoint(actor, tmp_path / "model", job_id="job-a1")
+    assert "attn_implementation" not in json.loads((tmp_path / "model" / "config.json").read_text())
+    assert json.loads(config_path.read_text())["attn_implementation"] == "flash_attention_2"  # untouched
+    assert not list(tmp_path.glob(".model.*"))  # no stage or partial folder left
+    AutoModelForCausalLM.from_pretrained(tmp_path / "model")  # loads on this CPU

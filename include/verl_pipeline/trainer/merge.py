@@ -6,6 +6,7 @@ retry lands on a cluster of another world size.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -22,6 +23,12 @@ from verl_pipeline.trainer.verify import verify_model_dir
 log = logging.getLogger(__name__)
 
 MERGER_MODULE = "verl.model_merger"
+#: How the model ran in training, which verl writes into the checkpoint's ``huggingface/config.json`` (its
+#: ``override_config`` set on the model config): the merged model leaves it out, so it loads wherever it is
+#: used with transformers' default attention, on a CPU too (with ``attn_implementation: flash_attention_2``
+#: in its config, neither the merger on the export task's CPU nor a user without flash-attn could build it).
+#: Whoever loads the model may still ask for flash-attn.
+TRAINING_ONLY_CONFIG_KEYS = ("attn_implementation",)
 #: A merge that takes longer is stuck: the merger of a 7B model takes minutes, not hours.
 MERGE_TIMEOUT_S = 3 * 3600.0
 _TAIL_LINES = 20
@@ -31,6 +38,25 @@ def merge_command(actor_dir: Path, target_dir: Path, *, python: str = sys.execut
     """verl's FSDP merger as an argument list."""
     return [python, "-m", MERGER_MODULE, "merge", "--backend", "fsdp", "--local_dir", str(actor_dir),
             "--target_dir", str(target_dir)]
+
+
+def _staged(actor_dir: Path, stage: Path) -> Path:
+    """``actor_dir`` as the merger is to read it: each entry a link to the checkpoint's own, but for
+    ``huggingface/``, a copy whose ``config.json`` lacks :data:`TRAINING_ONLY_CONFIG_KEYS` (the merger
+    reads the config from ``<local_dir>/huggingface`` and takes no other path). The checkpoint is not changed."""
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    for entry in actor_dir.iterdir():
+        if entry.name != "huggingface":
+            (stage / entry.name).symlink_to(entry.resolve())
+    shutil.copytree(actor_dir / "huggingface", stage / "huggingface")
+    config_path = stage / "huggingface" / "config.json"
+    config = json.loads(config_path.read_text())
+    dropped = {k: config.pop(k) for k in TRAINING_ONLY_CONFIG_KEYS if k in config}
+    if dropped:
+        log.info("Merging %s without its training-only config %s", actor_dir, dropped)
+        config_path.write_text(json.dumps(config, indent=2))
+    return stage
 
 
 def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_s: float = MERGE_TIMEOUT_S) -> dict[
@@ -48,7 +74,8 @@ def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_
     tmp = target_dir.with_name(f".{target_dir.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    cmd = merge_command(actor_dir, tmp)
+    stage = tmp.with_name(f".{target_dir.name}.stage")
+    cmd = merge_command(_staged(actor_dir, stage), tmp)
     log.info("%s: merging %s with verl's merger: %s", job_id, actor_dir, " ".join(cmd))
     started = time.monotonic()
     tail: list[str] = []
@@ -68,6 +95,7 @@ def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_
             code = proc.wait()
         finally:
             watchdog.cancel()
+    shutil.rmtree(stage, ignore_errors=True)
     if code != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         why = f"killed after {timeout_s:.0f}s" if time.monotonic() - started >= timeout_s else f"exit {code}"
@@ -87,4 +115,4 @@ def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_
     return facts
 
 
-__all__ = ["MERGER_MODULE", "MERGE_TIMEOUT_S", "merge_checkpoint", "merge_command"]
+__all__ = ["MERGER_MODULE", "MERGE_TIMEOUT_S", "TRAINING_ONLY_CONFIG_KEYS", "merge_checkpoint", "merge_command"]
