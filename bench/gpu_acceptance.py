@@ -26,8 +26,8 @@ Scenarios (default: ``acceptance``):
 ``resume-worker`` / ``resume-raylet`` / ``resume-ppo``
     A 6-step run whose attempt 1 loses, after checkpoint 3, a training worker (SIGKILL, as the OOM
     killer does) or its node's raylet; the DAG retries, and attempt 2 must train steps 4 to 6 only.
-    ``resume-ppo`` kills a worker of the PPO run: attempt 2 must also restore the critic, so its values
-    at step 4 go on from step 3's rather than starting again from step 1's.
+    ``resume-ppo`` kills a worker of the PPO run: attempt 2 must also restore the critic, so its value
+    loss at step 4 goes on from step 3's rather than starting again from step 1's.
 
 On a machine without a GPU it says so and exits 0; with a GPU but without vLLM/verl it says what to
 install and exits 2. Each scenario prints its figures and writes them (JSON) to ``--out``.
@@ -494,21 +494,24 @@ def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun
 
 
 def check_critic_restored(result: Result, run_dir: Path, resumed_from: int) -> None:
-    """The resumed attempt's critic went on from the checkpoint: its values at the first resumed step lie
-    nearer the last step before it than the run's first step (a critic started again from its initial
-    weights gives the first step's values back)."""
+    """The resumed attempt's critic went on from the checkpoint: its value loss at the first resumed step
+    lies nearer the last step before it than the run's first step (a critic started again from its
+    initial weights gives the first step's loss back). The values' mean is kept beside it as a figure."""
     per_step = result.figures.get("critic_per_step") or {}
-    value = {s: (row or {}).get("critic/values/mean") for s, row in per_step.items()}
-    first, before, after = value.get(1), value.get(resumed_from), value.get(resumed_from + 1)
-    if not result.check(None not in (first, before, after), f"critic values missing at steps 1, {resumed_from}, "
-                                                             f"{resumed_from + 1}: {value}"):
+    figures: dict[str, Any] = {}
+    for name in ("critic/vf_loss", "critic/values/mean"):
+        at = {s: (row or {}).get(name) for s, row in per_step.items()}
+        figures[name] = {f"step_{s}": at.get(s) for s in (1, resumed_from, resumed_from + 1)}
+    result.figures["critic_restored"] = figures
+    loss = {s: (row or {}).get("critic/vf_loss") for s, row in per_step.items()}
+    first, before, after = loss.get(1), loss.get(resumed_from), loss.get(resumed_from + 1)
+    if not result.check(None not in (first, before, after), f"critic/vf_loss missing at steps 1, {resumed_from}, "
+                                                             f"{resumed_from + 1}: {loss}"):
         return
     assert first is not None and before is not None and after is not None
-    result.figures["critic_restored"] = {"values_step_1": first, f"values_step_{resumed_from}": before,
-                                         f"values_step_{resumed_from + 1}": after}
-    result.check(abs(before - first) > 0, "the critic's values did not move before the kill: nothing to tell apart")
+    result.check(abs(before - first) > 0, "the critic's loss did not move before the kill: nothing to tell apart")
     result.check(abs(after - before) < abs(after - first),
-                 f"the resumed critic's values ({after:.4g}) are nearer step 1's ({first:.4g}) than step "
+                 f"the resumed critic's loss ({after:.4g}) is nearer step 1's ({first:.4g}) than step "
                  f"{resumed_from}'s ({before:.4g}): it started again instead of restoring its checkpoint")
 
 

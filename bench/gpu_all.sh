@@ -24,7 +24,8 @@ tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
     --gpu-memory-utilization "$2" $(caches "$1") > "$out/$1.out" 2>&1
-  echo "$(date -u +%T) $1 rc=$?" >> "$out/progress"
+  local rc=$?  # before $(date …), whose own status $? would report
+  echo "$(date -u +%T) $1 rc=$rc" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
 # The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU).
@@ -32,7 +33,8 @@ echo "$(date -u +%T) start" >> "$out/progress"
 g.write_real_size_model(pathlib.Path('$work/real-size/models/qwen2.5-0.5b-arch-random'))" > "$out/model.out" 2>&1 &
 if wanted logprob-kernels; then
   "$py" "$here/logprob_kernels.py" --out "$out/logprob-kernels.json" > "$out/logprob-kernels.out" 2>&1
-  echo "$(date -u +%T) logprob-kernels rc=$?" >> "$out/progress"
+  rc=$?
+  echo "$(date -u +%T) logprob-kernels rc=$rc" >> "$out/progress"
 fi
 tiny acceptance 0.2 & tiny resume-worker 0.2 & tiny ppo 0.2 & tiny resume-ppo 0.2 &
 wait
@@ -44,4 +46,5 @@ extra=(); for o in ${REAL_SIZE_OVERRIDES:-}; do extra+=(--verl-override "$o"); d
 for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
 "$py" "$here/gpu_acceptance.py" --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
   --out "$out/real-size.json" $(caches real-size) "${extra[@]}" > "$out/real-size.out" 2>&1
-echo "$(date -u +%T) real-size rc=$?" >> "$out/progress"
+rc=$?
+echo "$(date -u +%T) real-size rc=$rc" >> "$out/progress"

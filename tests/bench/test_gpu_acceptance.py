@@ -115,21 +115,21 @@ def test_the_ppo_scenarios_train_the_critic_profile_with_a_learning_signal() -> 
     assert "actor_rollout_ref.actor.entropy_coeff=0.01" in conf["verl_overrides"]
 
 
-def _restored(values: dict[int, float]) -> Any:
+def _restored(losses: dict[int, float]) -> Any:
     g = _bench()
-    result = g.Result("resume-ppo", figures={"critic_per_step": {s: {"critic/values/mean": v}
-                                                                 for s, v in values.items()}})
+    result = g.Result("resume-ppo", figures={"critic_per_step": {s: {"critic/vf_loss": v}
+                                                                 for s, v in losses.items()}})
     g.check_critic_restored(result, Path("unused"), 3)
     return result
 
 
-def test_a_resumed_critic_is_told_from_one_started_again_by_its_values() -> None:
-    # Restored: step 4 goes on from step 3. Started again: step 4 is back near step 1's initial values.
-    assert _restored({1: -0.40, 2: -0.25, 3: -0.10, 4: -0.05}).ok
-    again = _restored({1: -0.40, 2: -0.25, 3: -0.10, 4: -0.38})
+def test_a_resumed_critic_is_told_from_one_started_again_by_its_loss() -> None:
+    # The H200 run of 2026-12-04: restored, step 4 goes on from step 3. Started again: step 4 is back near step 1.
+    assert _restored({1: 0.0204, 2: 0.0133, 3: 0.0096, 4: 0.0061}).ok
+    again = _restored({1: 0.0204, 2: 0.0133, 3: 0.0096, 4: 0.0199})
     assert not again.ok and "started again" in again.failures[0]
-    # Values that never moved cannot tell the two apart: that is a failure too, not a pass.
-    assert not _restored({1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}).ok
+    # A loss that never moved cannot tell the two apart: that is a failure too, not a pass.
+    assert not _restored({1: 0.01, 2: 0.01, 3: 0.01, 4: 0.01}).ok
     assert not _restored({1: 0.1, 4: 0.2}).ok  # step 3 missing
 
 
