@@ -504,9 +504,10 @@ def fault_down_up(stack: Stack, api_runs: list[str], fault_run: str) -> dict[str
             "kept": f"checkpoints/{key}/global_step_{FAULT_STEPS}, runs/{key}/report/report.html"}
 
 
-def build(stack: Stack, log_name: str) -> None:
-    """`docker compose build` (the classic builder), its output in .work/stack/<log_name>."""
-    r = stack.compose("build", check=False)
+def build(stack: Stack, log_name: str, *, cold: bool = False) -> None:
+    """`docker compose build` (the classic builder; ``cold``: with no layer from the cache), its output in
+    .work/stack/<log_name>."""
+    r = stack.compose("build", *(["--no-cache"] if cold else []), check=False)
     (WORK / log_name).write_text(r.stdout + r.stderr)
     if r.returncode != 0:
         raise RuntimeError(f"docker compose build failed (rc={r.returncode}), see {WORK / log_name}:\n"
@@ -553,8 +554,8 @@ def main() -> None:
     try:
         clean_state(stack, remove_images=not args.reuse_images)
         results["missing .env value"] = refused_missing_value(stack)
-        with stack.timed("cold build" if not args.reuse_images else "build (images kept)"):
-            build(stack, "build-cold.log")
+        with stack.timed("cold build (no layer cache)" if not args.reuse_images else "build (images kept)"):
+            build(stack, "build-cold.log", cold=not args.reuse_images)
         with stack.timed("warm build (nothing changed)"):
             build(stack, "build-warm.log")
         results["wrong .env value"] = refused_wrong_value(stack)
