@@ -52,10 +52,13 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
+from verl_pipeline.airflow.dashboard_proxy import run_dir_from_xcom  # noqa: E402
 from verl_pipeline.airflow.links import job_link  # noqa: E402
 from verl_pipeline.airflow.report_app import report_path  # noqa: E402
-from verl_pipeline.airflow.task_ids import SUBMIT_TASK, WAIT_TASK  # noqa: E402
-from verl_pipeline.paths import short_hash, slug  # noqa: E402
+from verl_pipeline.airflow.task_ids import PROVISION_TASK, RUN_DIR_KEY, SUBMIT_TASK, WAIT_TASK  # noqa: E402
+from verl_pipeline.report.write import REPORT_HTML  # noqa: E402
+from verl_pipeline.rundir import RunDir  # noqa: E402
+from verl_pipeline.spec import RunSpec  # noqa: E402
 
 WORK = REPO / ".work" / "stack"
 PROJECT = "verl-pipeline-e2e"
@@ -140,12 +143,6 @@ def write_configs(directory: Path) -> None:
                  "+fake": {"step_seconds": 2, "gate_file": GATE, "gate_after_step": GATE_AFTER_STEP}},
     }
     (directory / "profiles" / f"{FAULT_PROFILE}.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
-
-
-def run_key(run_id: str) -> str:
-    """The run directory's name of a verl_ppo run (RunSpec.run_key of run name ``<dag>/<run id>``)."""
-    name = f"{DAG}/{run_id}"
-    return f"{slug(name, 32)}-{short_hash(name, length=8)}"
 
 
 # -- the compose project --------------------------------------------------------------------------
@@ -249,9 +246,15 @@ def wait_run(api: httpx.Client, run_id: str, timeout_s: float = 1200) -> dict[st
     return dict(run)
 
 
-def xcom(api: httpx.Client, run_id: str, task_id: str) -> Any:
-    r = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
+def xcom(api: httpx.Client, run_id: str, task_id: str, key: str = "return_value") -> Any:
+    r = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}")
     return r.json()["value"] if r.status_code == 200 else None
+
+
+def run_dir(api: httpx.Client, run_id: str) -> RunDir | None:
+    """The run's directory on the shared volume, as its provision task recorded it (None before that)."""
+    value = xcom(api, run_id, PROVISION_TASK, RUN_DIR_KEY)
+    return RunDir(run_dir_from_xcom(value)) if value else None
 
 
 # -- the steps -------------------------------------------------------------------------------------
@@ -427,22 +430,24 @@ def dashboard_in_browser(stack: Stack, run_id: str, job_id: str) -> None:
     assert stack.env["RAY_AUTH_TOKEN"] not in stored and not any(stack.env["RAY_AUTH_TOKEN"] in a.url for a in answers)
 
 
-def fault_lines(stack: Stack, run_id: str, attempt: int) -> int:
+def fault_lines(stack: Stack, api: httpx.Client, run_id: str, attempt: int) -> int:
     """Steps logged so far by one attempt of a fault run (its metrics file on the shared volume)."""
-    text = stack.exec("ray-head", "cat", f"/shared/runs/{run_key(run_id)}/metrics-a{attempt}.jsonl")
+    rd = run_dir(api, run_id)
+    text = stack.exec("ray-head", "cat", str(rd.metrics_file(attempt))) if rd else ""
     return sum(1 for ln in text.splitlines() if ln.strip())
 
 
-def attempts(stack: Stack, run_id: str) -> list[dict[str, Any]]:
-    text = stack.exec("ray-head", "cat", f"/shared/runs/{run_key(run_id)}/attempts.jsonl")
-    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+def attempts(stack: Stack, api: httpx.Client, run_id: str) -> list[dict[str, Any]]:
+    rd = run_dir(api, run_id)
+    assert rd, f"run {run_id} has no run directory"
+    return [json.loads(ln) for ln in stack.exec("ray-head", "cat", str(rd.attempts_file)).splitlines() if ln.strip()]
 
 
 def held_fault_run(stack: Stack, api: httpx.Client) -> str:
     """A fault run, held by the trainer after GATE_AFTER_STEP (gate closed) with its wait deferred."""
     stack.exec("ray-head", "rm", "-f", GATE)
     run_id = trigger(api, FAULT_PROFILE)
-    wait_until("the fault run held at the gate", lambda: fault_lines(stack, run_id, 1) >= GATE_AFTER_STEP
+    wait_until("the fault run held at the gate", lambda: fault_lines(stack, api, run_id, 1) >= GATE_AFTER_STEP
                and task_states(api, run_id).get(WAIT_TASK) == "deferred", 900, 2)
     return run_id
 
@@ -457,11 +462,11 @@ def fault_worker_killed(stack: Stack, api: httpx.Client, run_id: str) -> dict[st
     t0 = time.monotonic()
     os.kill(int(pid), 9)  # the container this script started; Docker restarts it (restart: unless-stopped)
     stack.exec("ray-head", "touch", GATE)
-    wait_until("attempt 2 logs a step", lambda: fault_lines(stack, run_id, 2) >= 1, 900, 1)
+    wait_until("attempt 2 logs a step", lambda: fault_lines(stack, api, run_id, 2) >= 1, 900, 1)
     resumed = time.monotonic() - t0
     wait_run(api, run_id)
     total = time.monotonic() - t0
-    tried = attempts(stack, run_id)
+    tried = attempts(stack, api, run_id)
     assert [a["attempt"] for a in tried] == [1, 2] and tried[1]["resume_from_step"] == SAVE_FREQ, tried
     restarts = subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", container], capture_output=True,
                               text=True).stdout.strip()
@@ -480,7 +485,7 @@ def fault_restart_mid_wait(stack: Stack, api: httpx.Client) -> dict[str, Any]:
     assert task_states(api, run_id).get(WAIT_TASK) == "deferred", task_states(api, run_id)
     stack.exec("ray-head", "touch", GATE)
     wait_run(api, run_id)
-    tried = attempts(stack, run_id)
+    tried = attempts(stack, api, run_id)
     assert [a["submission_id"] for a in tried] == [job], tried  # no resubmission: the wait survived
     return {"run_id": run_id, "restart_to_healthy_s": round(restart, 1),
             "restart_to_success_s": round(time.monotonic() - t0, 1), "attempts": len(tried)}
@@ -497,11 +502,14 @@ def fault_down_up(stack: Stack, api_runs: list[str], fault_run: str) -> dict[str
     api = api_client(stack)
     runs = {r["dag_run_id"]: r["state"] for r in api.get(f"/api/v2/dags/{DAG}/dagRuns").json()["dag_runs"]}
     assert all(runs.get(r) == "success" for r in api_runs), runs
-    key = run_key(fault_run)
-    kept = stack.exec("ray-head", "ls", f"/shared/checkpoints/{key}", f"/shared/runs/{key}/report")
-    assert f"global_step_{FAULT_STEPS}" in kept and "report.html" in kept, kept
+    rd = run_dir(api, fault_run)
+    assert rd, f"run {fault_run}: its provision record is gone"
+    spec = RunSpec.from_dict(json.loads(stack.exec("ray-head", "cat", str(rd.spec_file))))
+    step, report = spec.checkpoint_dir / f"global_step_{FAULT_STEPS}", rd.report_dir / REPORT_HTML
+    kept = stack.exec("ray-head", "ls", "-d", str(step), str(report)).split()
+    assert kept == [str(step), str(report)], kept
     return {"down_s": round(down, 1), "up_to_healthy_s": round(up, 1), "runs_kept": len(runs),
-            "kept": f"checkpoints/{key}/global_step_{FAULT_STEPS}, runs/{key}/report/report.html"}
+            "kept": f"{step}, {report}"}
 
 
 def build(stack: Stack, log_name: str, *, cold: bool = False) -> None:
