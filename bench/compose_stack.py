@@ -258,11 +258,23 @@ def run_dir(api: httpx.Client, run_id: str) -> RunDir | None:
 
 
 # -- the steps -------------------------------------------------------------------------------------
+#: The label every layer of the project's images carries (docker/*.Dockerfile, right after FROM).
+IMAGE_LABEL = "io.verl-pipeline.image"
+
+
 def clean_state(stack: Stack, *, remove_images: bool) -> None:
+    """No container, volume or network of the project; with ``remove_images`` none of its images and no
+    layer of their earlier builds either (the classic builder's cache), as on a machine that never built
+    them; the base images stay (they come from a registry)."""
     stack.compose("down", "-v", "--remove-orphans", check=False)
     if remove_images:
         images = [stack.env[k] for k in ("AIRFLOW_IMAGE", "RAY_IMAGE", "RAY_CPU_IMAGE")]
         subprocess.run(["docker", "image", "rm", "-f", *images], capture_output=True, text=True)
+        subprocess.run(["docker", "image", "prune", "-f", "--filter", f"label={IMAGE_LABEL}"], capture_output=True,
+                       text=True, check=True)
+        cached = subprocess.run(["docker", "images", "-a", "-q", "--filter", f"label={IMAGE_LABEL}"],
+                                capture_output=True, text=True).stdout.split()
+        assert not cached, f"layers of earlier builds are left: {cached}"
     left = stack.project_leftovers()
     assert not any(left.values()), f"not a clean state: {left}"
 
@@ -512,10 +524,9 @@ def fault_down_up(stack: Stack, api_runs: list[str], fault_run: str) -> dict[str
             "kept": f"{step}, {report}"}
 
 
-def build(stack: Stack, log_name: str, *, cold: bool = False) -> None:
-    """`docker compose build` (the classic builder; ``cold``: with no layer from the cache), its output in
-    .work/stack/<log_name>."""
-    r = stack.compose("build", *(["--no-cache"] if cold else []), check=False)
+def build(stack: Stack, log_name: str) -> None:
+    """`docker compose build` (the classic builder), its output in .work/stack/<log_name>."""
+    r = stack.compose("build", check=False)
     (WORK / log_name).write_text(r.stdout + r.stderr)
     if r.returncode != 0:
         raise RuntimeError(f"docker compose build failed (rc={r.returncode}), see {WORK / log_name}:\n"
@@ -562,8 +573,8 @@ def main() -> None:
     try:
         clean_state(stack, remove_images=not args.reuse_images)
         results["missing .env value"] = refused_missing_value(stack)
-        with stack.timed("cold build (no layer cache)" if not args.reuse_images else "build (images kept)"):
-            build(stack, "build-cold.log", cold=not args.reuse_images)
+        with stack.timed("cold build (no layer of the project cached)" if not args.reuse_images else "build"):
+            build(stack, "build-cold.log")
         with stack.timed("warm build (nothing changed)"):
             build(stack, "build-warm.log")
         results["wrong .env value"] = refused_wrong_value(stack)

@@ -8,6 +8,8 @@
 # and any wheel put in docker/wheels/.
 ARG PYTHON_BASE_IMAGE=python:3.11-slim
 FROM ${PYTHON_BASE_IMAGE}
+# Marks this project's layers (bench/compose_stack.py removes exactly those for a cold build).
+LABEL io.verl-pipeline.image=airflow
 
 # Same UID in the Airflow and Ray images, so both can write the shared /shared/* volumes.
 ARG APP_UID=50000

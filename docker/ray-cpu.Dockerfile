@@ -8,6 +8,8 @@
 # docker/wheels gives the CPU build.
 ARG PYTHON_BASE_IMAGE=python:3.11-slim
 FROM ${PYTHON_BASE_IMAGE}
+# Marks this project's layers (bench/compose_stack.py removes exactly those for a cold build).
+LABEL io.verl-pipeline.image=ray-cpu
 
 # Same UID as the Airflow image, so both can write the shared /shared/* volumes.
 ARG APP_UID=50000
