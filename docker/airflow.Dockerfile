@@ -1,13 +1,24 @@
-# syntax=docker/dockerfile:1
 # Airflow 3.3 image of verl-pipeline (api-server, scheduler, dag-processor, triggerer, celery worker).
-# CPU-only: Airflow never trains; it submits Ray jobs. Build context is the repository root:
+# CPU-only: Airflow never trains; it submits Ray jobs (it imports verl and torch to compose and check
+# verl's config before any cluster starts). Build context is the repository root:
 #   docker build -f docker/airflow.Dockerfile -t verl-pipeline/airflow:local .
-FROM python:3.11-slim
+# No BuildKit-only feature: the classic builder (DOCKER_BUILDKIT=0) builds it offline from local images.
+# Where packages come from (build arguments, see docker/pip-install.sh): PyPI by default;
+# TORCH_INDEX_URL for torch alone, PIP_INDEX for everything, FIND_LINKS for a wheel directory URL,
+# and any wheel put in docker/wheels/.
+ARG PYTHON_BASE_IMAGE=python:3.11-slim
+FROM ${PYTHON_BASE_IMAGE}
+# Marks this project's layers (bench/compose_stack.py removes exactly those for a cold build).
+LABEL io.verl-pipeline.image=airflow
 
 # Same UID in the Airflow and Ray images, so both can write the shared /shared/* volumes.
 ARG APP_UID=50000
+# The lock's torch (requirements/constraints.txt). PyPI's Linux build of it is the CUDA one (~3 GB
+# more); TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu or a CPU wheel in docker/wheels avoids that.
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_INDEX_URL=
+ARG PIP_INDEX=
+ARG FIND_LINKS=
 # Not in requirements.txt: the Celery provider, so that switching AIRFLOW_EXECUTOR to CeleryExecutor
 # needs no rebuild. (The Postgres drivers psycopg2-binary + asyncpg are in requirements.txt.)
 ARG AIRFLOW_EXTRA_PIP_PACKAGES="apache-airflow-providers-celery==3.26.0"
@@ -26,17 +37,18 @@ RUN apt-get update \
 
 WORKDIR /opt/verl-pipeline
 
-# Dependencies first (cached layer): torch from the CPU index, so pip does not pull the CUDA build
-# and its ~3 GB of nvidia-* wheels; then the pinned stack. torch 2.13.0+cpu satisfies the
-# constraint torch==2.13.0 (a local version label is ignored by ==), so it is kept.
+# Dependencies first (cached layers; code changes rebuild only the last ones): torch alone, pinned,
+# then the pinned stack held to the lock. torch X+cpu satisfies torch==X (== ignores a local label).
+COPY docker/pip-install.sh /usr/local/bin/pip-install.sh
+COPY docker/wheels/ /opt/wheels/
+RUN pip-install.sh "torch==${TORCH_VERSION}"
 COPY requirements.txt ./requirements.txt
 COPY requirements/ ./requirements/
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && pip install -r requirements.txt -c requirements/constraints.txt ${AIRFLOW_EXTRA_PIP_PACKAGES}
+RUN pip-install.sh -r requirements.txt -c requirements/constraints.txt ${AIRFLOW_EXTRA_PIP_PACKAGES}
 
 # The project itself (package verl_pipeline under include/, pyproject.toml at the root).
 COPY . /opt/verl-pipeline
-RUN pip install -e /opt/verl-pipeline -c requirements/constraints.txt \
+RUN pip-install.sh -e /opt/verl-pipeline -c requirements/constraints.txt \
  && python -c "import verl_pipeline, airflow; print('verl_pipeline', verl_pipeline.__version__, 'airflow', airflow.__version__)"
 
 # Airflow's local settings (the shared-cluster pool policy) go to $AIRFLOW_HOME/config.

@@ -1,15 +1,20 @@
-# syntax=docker/dockerfile:1
 # Ray 2.60 GPU node image of verl-pipeline (ray-head and ray-worker). Build context is the
 # repository root:
 #   docker build -f docker/ray.Dockerfile -t verl-pipeline/ray:local .
+# The CPU way (no GPU, jobs in preflight mode) has its own image with the same pins: docker/ray-cpu.Dockerfile.
 #
 # CUDA: the torch/vLLM wheels that verl[vllm] pulls bundle their own CUDA runtime libraries, so the
 # base image mainly provides the driver hooks (NVIDIA Container Toolkit) and cuDNN/NCCL tooling.
-# What matters is the HOST driver: it must support the CUDA version of those wheels (check
-# `nvidia-smi` against the torch build). Kernels that are JIT-compiled at run time (e.g. FlashInfer)
-# need nvcc: then build with CUDA_BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04.
-ARG CUDA_BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
+# What matters is the HOST driver: it must support the CUDA version of those wheels (torch 2.11.0 is
+# built for CUDA 13: check `nvidia-smi`). Kernels compiled here or at run time (FLASH_ATTN=build,
+# FlashInfer's JIT) need nvcc: then build with a devel base image (CUDA_BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04).
+# Package sources as for the other images (docker/pip-install.sh): PyPI by default; PIP_INDEX,
+# FIND_LINKS and docker/wheels/ name others. No BuildKit-only feature (DOCKER_BUILDKIT=0 builds it).
+# CUDA 13 like the wheels (torch 2.11.0+cu130): the container toolkit then refuses a host driver too old for them.
+ARG CUDA_BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu22.04
 FROM ${CUDA_BASE_IMAGE}
+# Marks this project's layers (bench/compose_stack.py removes exactly those for a cold build).
+LABEL io.verl-pipeline.image=ray
 
 # Same UID as the Airflow image, so both can write the shared /shared/* volumes.
 ARG APP_UID=50000
@@ -36,45 +41,42 @@ RUN apt-get update \
  && apt-get purge -y software-properties-common \
  && apt-get autoremove -y \
  && rm -rf /var/lib/apt/lists/* \
- && python3.11 -m venv /opt/venv \
- && pip install --upgrade pip
+ && python3.11 -m venv /opt/venv
 
 WORKDIR /opt/verl-pipeline
 
-# GPU stack (cached layer): verl[vllm] pins torch/vLLM/transformers together, see the file.
-COPY requirements/gpu.txt ./requirements/gpu.txt
-RUN pip install -r requirements/gpu.txt
+ARG PIP_INDEX=
+ARG FIND_LINKS=
+COPY docker/pip-install.sh docker/flash-attn.sh /usr/local/bin/
+COPY docker/wheels/ /opt/wheels/
+RUN pip-install.sh --upgrade pip
 
-# flash-attn as verl pins it for torch 2.11 / CUDA 13 (flash-attn==2.8.3). PyPI has no wheel of it, so:
-# - FLASH_ATTN=build compiles it here against the installed torch; that needs CUDA 13's nvcc, i.e. a devel
-#   base image (CUDA_BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04) and time (MAX_JOBS parallel
-#   nvcc jobs, several GB of RAM each);
-# - FLASH_ATTN=<wheel URL> installs a wheel built once for torch 2.11 / cu130 / cp311 (e.g. by FLASH_ATTN=build);
-# - FLASH_ATTN=none (default) leaves it out: then only critic-free profiles run, with
-#   +actor_rollout_ref.model.override_config.attn_implementation=sdpa (the submit task's probe says so).
+# GPU stack (cached layer): the pins every Ray node image shares (requirements/ray-node.txt) plus verl's
+# vllm extra, which pins torch/vLLM/transformers together (see requirements/gpu.txt).
+COPY requirements/gpu.txt requirements/ray-node.txt ./requirements/
+RUN pip-install.sh -r requirements/gpu.txt
+
+# flash-attn matching this image's torch / CUDA / Python (PyPI has only its source). FLASH_ATTN:
+# - none (default): left out; critic-free profiles (GRPO) run with the sdpa override, PPO (a critic) does not;
+# - build: compiled here (a CUDA 13 devel CUDA_BASE_IMAGE; ~20 min on 16 cores for one GPU generation,
+#   FLASH_ATTN_CUDA_ARCHS, e.g. "90" for H100/H200, "80;90" with A100); the wheel stays at /opt/flash-attn/;
+# - wheels: the flash_attn-*.whl in docker/wheels/ (e.g. the one a `build` left in /opt/flash-attn/);
+# - a URL or path of such a wheel.
+# The build prints what a wheel must match and fails unless flash-attn then loads (docker/flash-attn.sh).
 ARG FLASH_ATTN=none
 ARG MAX_JOBS=4
-COPY requirements/gpu-flash-attn.txt ./requirements/gpu-flash-attn.txt
-RUN case "${FLASH_ATTN}" in \
-      none) echo "flash-attn not installed (FLASH_ATTN=none): profiles with a critic will not run on this image" ;; \
-      build) command -v nvcc >/dev/null \
-               || { echo "FLASH_ATTN=build compiles flash-attn: use a CUDA 13 devel CUDA_BASE_IMAGE (needs nvcc)"; exit 1; } \
-             && pip install ninja packaging psutil wheel \
-             && MAX_JOBS="${MAX_JOBS}" pip install --no-build-isolation -r requirements/gpu-flash-attn.txt ;; \
-      *) pip install --no-deps "${FLASH_ATTN}" ;; \
-    esac \
- && if [ "${FLASH_ATTN}" != none ]; then pip show flash-attn | head -2; fi
+ARG FLASH_ATTN_CUDA_ARCHS=90
+RUN MAX_JOBS="${MAX_JOBS}" FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" flash-attn.sh "${FLASH_ATTN}"
 
-# The project, without dependencies (verl's pins win), so Ray workers can import verl_pipeline.
-# Jobs also receive the package via runtime_env py_modules; this makes the image self-sufficient.
+# The project, so Ray nodes can import verl_pipeline, with the few packages it imports that verl's pins do
+# not bring (msgspec; what is installed already is kept): jobs receive the package itself via runtime_env
+# py_modules, not its dependencies.
 COPY . /opt/verl-pipeline
-RUN pip install --no-deps -e /opt/verl-pipeline \
+RUN pip-install.sh -e /opt/verl-pipeline \
  && python -c "import verl_pipeline, ray; print('verl_pipeline', verl_pipeline.__version__, 'ray', ray.__version__)"
 
-RUN useradd --uid "${APP_UID}" --gid 0 --create-home --home-dir /home/ray --shell /bin/bash ray \
- && mkdir -p /shared/data /shared/models /shared/checkpoints /shared/runs \
- && chown -R "${APP_UID}:0" /shared \
- && chmod -R g+rwX /shared
+COPY docker/ray-user.sh /usr/local/bin/ray-user.sh
+RUN ray-user.sh "${APP_UID}"
 
 USER ray
 WORKDIR /home/ray

@@ -1,10 +1,14 @@
-"""Static checks of the docker-compose stack (docker-compose.yaml, .env.example, .gitignore).
+"""Static checks of the docker-compose stack (docker-compose.yaml, docker-compose.cpu.yaml, .env.example,
+the Dockerfiles, docker/check_env.py, .gitignore).
 
 ``docker compose config`` validates the schema and the interpolation; these tests check what it
 cannot: the services the DAGs need, identical shared mount paths on every Airflow and Ray
-container, loopback-only ports, GPU reservations, Ray auth mode, the Celery profile and that every
-variable is documented. The last tests run ``docker compose config`` itself when a Compose v2
-binary is available (skipped otherwise).
+container, loopback-only ports, GPU reservations (and none in the CPU way), token auth agreeing with
+the stack's cluster profile, non-root users, secrets never build arguments, env-check before
+everything, .env.example's defaults fitting the profile the stack's runs use, the Celery profile and
+that every variable is documented. Some tests run ``docker compose config`` itself when a Compose v2
+binary is available (skipped otherwise). The stack itself is built and run by bench/compose_stack.py
+(``make stack-e2e``), not here: CI has no time for it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +28,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
+CPU_FILE = ROOT / "docker-compose.cpu.yaml"
 ENV_EXAMPLE = ROOT / ".env.example"
 GITIGNORE = ROOT / ".gitignore"
+DOCKERFILES = tuple(sorted((ROOT / "docker").glob("*.Dockerfile")))
+#: The run profile a newcomer triggers on the stack, and its cluster profile.
+STACK_PROFILE = "compose"
 
 REQUIRED_SERVICES = (
     "postgres",
@@ -54,6 +63,28 @@ _INTERPOLATION = re.compile(r"\$\{[^}]*\}")
 
 
 # -- helpers -------------------------------------------------------------------------------------
+class _ComposeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader plus Compose's merge tags (``!reset``, ``!override``: the value as written)."""
+
+
+def _untagged(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+for _tag in ("!reset", "!override"):
+    _ComposeLoader.add_constructor(_tag, _untagged)
+
+
+def _load_compose(path: Path) -> dict[str, Any]:
+    data = yaml.load(path.read_text(), Loader=_ComposeLoader)
+    assert isinstance(data, dict), f"{path.name} is not a mapping"
+    return data
+
+
 def _require(path: Path) -> None:
     if not path.is_file():
         pytest.skip(f"{path.relative_to(ROOT)} does not exist yet")
@@ -261,14 +292,59 @@ def test_ray_services_reserve_nvidia_gpus_and_shm(ray_services: dict[str, dict[s
         assert svc.get("shm_size"), f"{name}: shm_size not set (Ray/NCCL/vLLM need a large /dev/shm)"
 
 
-def test_ray_auth_mode_set_from_env(
+def test_ray_token_auth_everywhere_and_the_stacks_cluster_profile_agrees(
     airflow_services: dict[str, dict[str, Any]], ray_services: dict[str, dict[str, Any]]
 ) -> None:
+    """Token auth is always on in the stack: RAY_AUTH_MODE=token on every Airflow and Ray container (not a
+    variable), the one token from .env on every Ray node and in the Airflow connection, and the cluster
+    profiles the stack's runs use (`compose`, and `gpu-address` on the same connection) say token too."""
+    from verl_pipeline.profiles import load_yaml_profile
+
     for name, svc in {**airflow_services, **ray_services}.items():
-        value = _env(svc).get("RAY_AUTH_MODE")
-        assert value, f"{name}: RAY_AUTH_MODE not set"
-        default = _default_of(value, "RAY_AUTH_MODE")
-        assert default in (None, "disabled"), f"{name}: RAY_AUTH_MODE defaults to {default!r}"
+        assert _env(svc).get("RAY_AUTH_MODE") == "token", f"{name}: RAY_AUTH_MODE={_env(svc).get('RAY_AUTH_MODE')!r}"
+    for name, svc in ray_services.items():
+        assert _env(svc)["RAY_AUTH_TOKEN"].startswith("${RAY_AUTH_TOKEN:?"), f"{name}: the token not required"
+    for name in AIRFLOW_RUNTIME_SERVICES:
+        if name in airflow_services:
+            assert "${RAY_AUTH_TOKEN:?" in _env(airflow_services[name])["AIRFLOW_CONN_RAY_DEFAULT"], name
+    assert "RAY_AUTH_MODE" not in _env_example_assignments(), ".env.example must not offer to switch auth off"
+    for cluster in (STACK_PROFILE, "gpu-address"):
+        section = load_yaml_profile("clusters", cluster)["cluster"]
+        assert (section["conn_id"], section["auth_mode"]) == ("ray_default", "token"), (cluster, section)
+
+
+def test_secrets_are_never_build_arguments(services: dict[str, dict[str, Any]]) -> None:
+    """A build argument is recorded in the image's history: no secret may reach one."""
+    for name, svc in services.items():
+        build = svc.get("build") or {}
+        for key, value in (build.get("args") or {}).items():
+            assert not SECRET_NAME.search(str(key)), f"{name}: build argument {key}"
+            assert not {v for v in _referenced_vars(str(value)) if SECRET_NAME.search(v)}, f"{name}: {key}={value}"
+
+
+def test_no_container_runs_as_root(services: dict[str, dict[str, Any]]) -> None:
+    """Airflow and Ray run as APP_UID (GID 0), env-check as nobody; postgres and redis start as root only to
+    drop to their own user (their images' entrypoints), which bench/compose_stack.py checks on the live stack."""
+    for name, svc in services.items():
+        if name in ("postgres", "redis"):
+            continue
+        user = str(svc.get("user", ""))
+        assert user and not user.startswith(("0", "root")), f"{name}: user {user!r}"
+        if name.startswith(("airflow-", "ray-")):
+            assert user == "${APP_UID:-50000}:0", f"{name}: user {user!r}"
+
+
+def test_env_check_runs_before_every_service(services: dict[str, dict[str, Any]]) -> None:
+    """Every service waits, directly or through what it waits for, for env-check to accept .env."""
+
+    def waits_for_check(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        deps = services[name].get("depends_on") or {}
+        if "env-check" in deps:
+            return deps["env-check"]["condition"] == "service_completed_successfully"
+        return any(waits_for_check(d, seen | {name}) for d in deps if d not in seen)
+
+    late = [n for n in services if n != "env-check" and not waits_for_check(n)]
+    assert not late, f"these services can start before env-check: {late}"
 
 
 def test_no_literal_secrets_in_compose(services: dict[str, dict[str, Any]]) -> None:
@@ -296,7 +372,7 @@ def test_env_is_gitignored() -> None:
 def test_env_example_documents_every_variable() -> None:
     _require(COMPOSE_FILE)
     _require(ENV_EXAMPLE)
-    used = _referenced_vars(COMPOSE_FILE.read_text())
+    used = _referenced_vars(COMPOSE_FILE.read_text()) | _referenced_vars(CPU_FILE.read_text())
     assert used, "docker-compose.yaml references no variables (secrets must come from .env)"
     documented = set(_env_example_assignments())
     missing = sorted(used - documented)
@@ -337,17 +413,12 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_") and k not in documented}
 
 
-def _run_config(env_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        *_compose_cli(),
-        "-f",
-        str(COMPOSE_FILE),
-        "--project-directory",
-        str(ROOT),
-        "--env-file",
-        str(env_file),
-        *args,
-    ]
+def _run_config(env_file: Path, *args: str, files: tuple[Path, ...] | None = (COMPOSE_FILE,)) -> \
+        subprocess.CompletedProcess[str]:
+    """``docker compose [-f FILE...] --env-file ENV ARGS`` in the repository (files None: as the env file's
+    COMPOSE_FILE says)."""
+    cmd = [*_compose_cli(), *[a for f in files or () for a in ("-f", str(f))], "--project-directory", str(ROOT),
+           "--env-file", str(env_file), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_clean_env(), cwd=ROOT)
 
 
@@ -385,19 +456,44 @@ def test_docker_compose_requires_secrets(tmp_path: Path) -> None:
     assert "required variable" in r.stderr and "missing a value" in r.stderr, r.stderr
 
 
-# -- the stack serves the pipeline's GPU profile ---------------------------------------------------
+def test_the_cpu_way_swaps_the_ray_image_and_drops_the_gpu_reservations(tmp_path: Path) -> None:
+    """.env's COMPOSE_FILE line (as .env.example shows it) adds docker-compose.cpu.yaml: the Ray services run
+    the CPU image with the head offering no CPU, reserve no GPU; everything else is the GPU way's."""
+    _require(CPU_FILE)
+    env_file = tmp_path / ".env"
+    text = ENV_EXAMPLE.read_text()
+    assert "\n# COMPOSE_FILE=docker-compose.yaml:docker-compose.cpu.yaml\n" in text
+    env_file.write_text(text.replace("\n# COMPOSE_FILE=", "\nCOMPOSE_FILE="))
+    r = _run_config(env_file, "config", "--format", "json", files=None)
+    assert r.returncode == 0, r.stderr
+    cpu = json.loads(r.stdout)["services"]
+    r = _run_config(env_file, "config", "--format", "json")
+    gpu = json.loads(r.stdout)["services"]
+    for name in ("ray-head", "ray-worker"):
+        assert cpu[name]["build"]["dockerfile"] == "docker/ray-cpu.Dockerfile", cpu[name]["build"]
+        assert cpu[name]["image"] == "verl-pipeline/ray-cpu:local"
+        assert not (cpu[name].get("deploy") or {}).get("resources"), cpu[name]["deploy"]
+        assert "--num-gpus=0" in cpu[name]["command"]
+        assert cpu[name]["environment"] == gpu[name]["environment"] and cpu[name]["volumes"] == gpu[name]["volumes"]
+    assert "--num-cpus=0" in cpu["ray-head"]["command"] and cpu["ray-worker"]["deploy"]["replicas"] == 1
+    assert {n: s for n, s in cpu.items() if not n.startswith("ray-")} == \
+        {n: s for n, s in gpu.items() if not n.startswith("ray-")}
+
+
+# -- the stack serves the pipeline's profiles --------------------------------------------------------
 GPU_PROFILE = "gsm8k-qwen2.5-0.5b-ppo"
 
 
+@pytest.mark.parametrize("profile", [STACK_PROFILE, GPU_PROFILE])
 def test_every_path_a_run_writes_is_on_a_shared_mount(
-    airflow_services: dict[str, dict[str, Any]], ray_services: dict[str, dict[str, Any]]
+    airflow_services: dict[str, dict[str, Any]], ray_services: dict[str, dict[str, Any]], profile: str
 ) -> None:
     """Data, model cache, checkpoints, run directory and the latest pointer of a run of the compose
-    stack's profile all land on volumes mounted at identical paths in Airflow and Ray containers."""
+    stack's profiles all land on volumes mounted at identical paths in Airflow and Ray containers."""
     from verl_pipeline import runs
     from verl_pipeline.profiles import build_run_spec
 
-    spec = build_run_spec({"profile": GPU_PROFILE}, run_name="verl_retrain__x/scheduled__1")
+    spec = build_run_spec({"profile": profile}, run_name="verl_retrain__x/scheduled__1")
     assert str(spec.storage_root) == "/shared", spec.storage_root
     written = [spec.data_root, spec.model_cache, spec.checkpoint_dir, spec.run_dir, spec.metrics_path(1),
                spec.report_dir, runs.latest_link(spec.storage_root, spec.profile)]
@@ -407,12 +503,13 @@ def test_every_path_a_run_writes_is_on_a_shared_mount(
             assert any(path == m or m in path.parents for m in mounted), f"{name}: {path} is not on a shared mount"
 
 
+@pytest.mark.parametrize("profile", [STACK_PROFILE, GPU_PROFILE])
 def test_the_profiles_ray_connection_points_at_the_ray_head(
-    services: dict[str, dict[str, Any]], airflow_services: dict[str, dict[str, Any]]
+    services: dict[str, dict[str, Any]], airflow_services: dict[str, dict[str, Any]], profile: str
 ) -> None:
     from verl_pipeline.profiles import load_yaml_profile
 
-    prof = load_yaml_profile("profiles", GPU_PROFILE)
+    prof = load_yaml_profile("profiles", profile)
     cluster = load_yaml_profile("clusters", prof["cluster_profile"])["cluster"]
     assert cluster["backend"] == "address"
     var = f"AIRFLOW_CONN_{cluster['conn_id'].upper()}"
@@ -426,3 +523,109 @@ def test_the_profiles_ray_connection_points_at_the_ray_head(
         conn = json.loads(_INTERPOLATION.sub("", raw))
         assert conn["host"] in services, f"{name}: {var} points at {conn['host']}, not a compose service"
         assert int(conn["port"]) == dash_port, f"{name}: {var} port {conn['port']} != dashboard {dash_port}"
+
+
+def test_env_example_defaults_fit_the_stacks_profile() -> None:
+    """A newcomer's run works with .env.example's values: the cluster profile `compose` waits for the nodes
+    the stack starts (head + RAY_WORKER_REPLICAS workers), and the run profile's shape is the GPUs they get
+    (RAY_HEAD_NUM_GPUS + RAY_WORKER_NUM_GPUS per worker); its nodes share the stack's volumes."""
+    from verl_pipeline.profiles import build_run_spec, load_yaml_profile
+
+    env = _env_example_assignments()
+    workers = int(env["RAY_WORKER_REPLICAS"])
+    cluster = load_yaml_profile("clusters", STACK_PROFILE)
+    assert cluster["cluster"]["expected_nodes"] == 1 + workers, cluster["cluster"]
+    assert cluster["cluster"]["expected_gpus"] == 0, "the CPU way has no GPU: expect nodes, not GPUs"
+    spec = build_run_spec({"profile": STACK_PROFILE}, run_name="verl_ppo/manual__1")
+    gpus = [int(env["RAY_HEAD_NUM_GPUS"])] + [int(env["RAY_WORKER_NUM_GPUS"])] * workers
+    assert (spec.nnodes, spec.n_gpus_per_node) == (len(gpus), gpus[0]) and len(set(gpus)) == 1, (spec, gpus)
+    assert str(spec.storage_root) == "/shared" and spec.shared_roots == ("/shared",)
+
+
+# -- the images --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=[d.name for d in DOCKERFILES])
+def test_dockerfiles_build_offline_with_the_classic_builder(dockerfile: Path) -> None:
+    """No BuildKit-only feature (the `# syntax=` frontend is fetched from a registry; RUN --mount and
+    heredocs need BuildKit), the base image a build argument (a private registry or a local image), every
+    pip install through docker/pip-install.sh (the package sources the build names), a non-root USER."""
+    text = dockerfile.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), f"{dockerfile.name}: a BuildKit frontend line"
+    assert "--mount" not in text and "<<" not in text, f"{dockerfile.name}: BuildKit-only syntax"
+    base = re.search(r"^FROM\s+(\S+)", text, re.M)
+    assert base and base.group(1).startswith("${"), f"{dockerfile.name}: FROM {base and base.group(1)}"
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    assert not re.search(r"\bpip install\b", code), f"{dockerfile.name}: pip install outside pip-install.sh"
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0"), f"{dockerfile.name}: USER {users}"
+
+
+def test_ray_images_share_the_pins() -> None:
+    """One place for the pins of every Ray node image: the GPU file includes it, the CPU image installs it."""
+    shared = ROOT / "requirements" / "ray-node.txt"
+    pins = [ln for ln in shared.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert "verl==0.9.1" in pins and "ray[default]==2.60.0" in pins, pins
+    gpu = [ln for ln in (ROOT / "requirements" / "gpu.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert "-r ray-node.txt" in gpu, gpu
+
+    def versions(lines: list[str]) -> dict[str, str]:
+        return {re.split(r"[\[=<>!~ ]", ln, maxsplit=1)[0]: ln.split("==", 1)[-1] for ln in lines if "==" in ln}
+
+    shared_versions, gpu_versions = versions(pins), versions(gpu)
+    assert all(gpu_versions[n] == v for n, v in shared_versions.items() if n in gpu_versions), (pins, gpu)
+    assert "requirements/ray-node.txt" in (ROOT / "docker" / "ray-cpu.Dockerfile").read_text()
+
+
+# -- docker/check_env.py -------------------------------------------------------------------------------
+def _check_env() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_env", ROOT / "docker" / "check_env.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GOOD_ENV = {
+    "POSTGRES_PASSWORD": "a" * 48, "AIRFLOW_ADMIN_PASSWORD": "s3cret-admin", "AIRFLOW_JWT_SECRET": "b" * 64,
+    "AIRFLOW_FERNET_KEY": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "AIRFLOW_API_SECRET_KEY": "c" * 64,
+    "RAY_AUTH_TOKEN": "d" * 64, "AIRFLOW_EXECUTOR": "LocalExecutor", "AIRFLOW_API_PORT": "8080",
+    "RAY_DASHBOARD_PORT": "8265", "APP_UID": "50000", "RAY_WORKER_REPLICAS": "1", "COMPOSE_PROFILES": "",
+}
+
+
+def test_check_env_accepts_good_values_and_env_examples_defaults() -> None:
+    check = _check_env()
+    assert check.problems(GOOD_ENV) == []
+    example = _env_example_assignments()
+    defaults = {k: v for k, v in example.items() if k not in check.SECRETS}
+    assert check.problems({**GOOD_ENV, **defaults}) == [], "a default of .env.example is refused"
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("RAY_AUTH_TOKEN", "CHANGE_ME_ray_auth_token", "placeholder"),
+    ("RAY_AUTH_TOKEN", "short", "at least 32"),
+    ("RAY_AUTH_TOKEN", "x" * 40 + '"', "cannot carry"),
+    ("POSTGRES_PASSWORD", "pa ss@word", "cannot carry"),
+    ("AIRFLOW_FERNET_KEY", "not-a-key", "Fernet"),
+    ("AIRFLOW_JWT_SECRET", "", "missing or empty"),
+    ("AIRFLOW_API_PORT", "80a", "whole number"),
+    ("APP_UID", "0", "root"),
+    ("AIRFLOW_EXECUTOR", "CeleryExecutor", "COMPOSE_PROFILES disagree"),
+])
+def test_check_env_refuses_a_wrong_value_in_one_line(name: str, value: str, words: str) -> None:
+    """One line per problem, naming the variable (a secret's value masked), the rule and the fix."""
+    found = _check_env().problems({**GOOD_ENV, name: value})
+    assert len(found) == 1 and found[0].startswith(f"{name}=") and words in found[0] and "(fix: " in found[0], found
+    if name in _check_env().SECRETS and value:
+        assert value not in found[0], found
+
+
+def test_check_env_refuses_every_placeholder_of_env_example(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    shutil.copyfile(ENV_EXAMPLE, env_file)
+    r = subprocess.run([sys.executable, str(ROOT / "docker" / "check_env.py"), "--env-file", str(env_file)],
+                       capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == len(_check_env().SECRETS), r.stderr
+    assert all("CHANGE_ME placeholder" in ln for ln in lines), lines

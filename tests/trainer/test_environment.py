@@ -211,10 +211,41 @@ def test_render_says_which_packages_the_gpu_nodes_need() -> None:
     from verl_pipeline.trainer.environment import render_notes
 
     ppo = render_notes(needs_for({"actor_rollout_ref.rollout.name": "vllm"}, PINS))
-    assert len(ppo) == 2 and ppo[0].startswith("needs vllm on every GPU node")
-    assert "requirements/gpu.txt does not install it" in ppo[1] and "requirements/gpu-flash-attn.txt" in ppo[1]
+    engine = [n for n in ppo if n.startswith("needs vllm on every GPU node")]
+    flash = [n for n in ppo if n.startswith("needs flash-attn on every GPU node")]
+    assert len(engine) == 1 and "vllm==0.24.0" in engine[0]
+    assert len(flash) == 1 and "requirements/gpu.txt does not install it" in flash[0] and "FLASH_ATTN=build" in flash[0]
     sdpa = {"algorithm.adv_estimator": "grpo", "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
-    assert render_notes(needs_for(sdpa, PINS)) == []
+    assert not [n for n in render_notes(needs_for(sdpa, PINS)) if n.startswith(("needs vllm", "needs flash-attn"))]
+
+
+def test_renders_needs_name_everything_the_probe_checks() -> None:
+    """Each kind of finding the probe can report (a node missing everything; a cluster too small, too old)
+    is named by one of render's ``# needs:`` lines, with the value the probe holds it to."""
+    from verl_pipeline.cluster.base import ClusterStatus
+    from verl_pipeline.profiles import build_run_spec
+    from verl_pipeline.spec import Mode
+    from verl_pipeline.steps import cluster_problems
+    from verl_pipeline.trainer.environment import render_notes
+
+    notes = "\n".join(render_notes(PPO, n_gpus=8, settings={}))
+    bare = _facts(cuda=None, missing=("verl", "vllm", "flash_attn"), paths={"/shared/m": False})
+    wrong = _facts(devices=4, transformers="5.6.0", paths={"/shared/m": True})
+    findings = evaluate(PPO, [_node("a" * 32, gpus=8, cpus=2, facts=bare), _node("b" * 32, gpus=8, cpus=2,
+                                                                                  facts=wrong)])
+    whats = {f.what for f in findings}
+    assert whats == {"torch", "verl", "vllm", "flash-attn", "actor_rollout_ref.model.path", "CPU", "GPU",
+                     "transformers"}, whats
+    named = {"torch": "torch with CUDA", "GPU": "as many GPUs as Ray advertises", "CPU": "3 CPUs per GPU",
+             "transformers": "transformers!=5.6.0,<5.11,>=5.5.3"}
+    for what in whats:
+        assert named.get(what, what) in notes, (what, notes)
+    spec = build_run_spec({"nnodes": 1, "n_gpus_per_node": 8}, run_name="env/render")
+    problems = cluster_problems(spec, ClusterStatus(True, 1, 2, 0, "2.40.0", "ok"), Mode.TRAIN)
+    assert {p.key for p in problems} == {"cluster.ray_version", "cluster.CPU", "cluster.GPU"}
+    cluster = next(n for n in render_notes(PPO, n_gpus=8, settings=spec.verl) if "cluster as a whole" in n)
+    assert "Ray >= 2.41" in cluster and "8 GPU(s)" in cluster
+    assert all(str(p.fix).split(">= ")[-1].split(" ")[0] in cluster for p in problems if p.key == "cluster.CPU")
 
 
 def test_every_backend_accepts_the_probe_timeout_in_its_cluster_profile() -> None:

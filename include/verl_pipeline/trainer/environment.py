@@ -21,7 +21,7 @@ from verl_pipeline.trainer.attention import (
     attn_override,
     explicit_attn_implementation,
 )
-from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, uses_critic
+from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, MIN_RAY_VERSION, required_cpus, uses_critic
 
 #: The override that lets the actor run without flash-attn.
 SDPA_OVERRIDE = attn_override(SDPA)
@@ -220,16 +220,30 @@ def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Need
     return Needs(tuple(modules), tuple(paths), pins.transformers)
 
 
-def render_notes(needs: Needs) -> list[str]:
-    """What ``verl-pipeline render`` says of the packages the GPU nodes need beyond the image's basics."""
-    notes = []
+def render_notes(needs: Needs, *, n_gpus: int | None = None, settings: Mapping[str, Any] | None = None) -> list[str]:
+    """What ``verl-pipeline render`` says the nodes need: one line per check the environment probe makes
+    (:func:`evaluate`), and with ``n_gpus`` the cluster as a whole (``steps.cluster_problems``)."""
+    engines = [n for n in needs.modules if n.module not in ("flash_attn", "flash_attn_interface")]
+    notes = [f"needs torch with CUDA on every GPU node, seeing as many GPUs as Ray advertises there: verl trains and "
+             f"rolls out on CUDA GPUs ({GPU_REQUIREMENTS}: the torch verl[vllm] pins)",
+             "needs verl on every node" + (f", with transformers{needs.transformers}" if needs.transformers else "")
+             + f" ({GPU_REQUIREMENTS})"]
     for need in needs.modules:
         where = "every GPU node"
-        if need.module in ("flash_attn", "flash_attn_interface"):
-            notes.append(f"needs {need.package} on {where}: {need.why}. {GPU_REQUIREMENTS} does not install it "
-                         f"(requirements/gpu-flash-attn.txt does; {FLASH_ATTN_DOC}); fix otherwise: {need.fix}")
+        if need in engines:
+            notes.append(f"needs {need.package} on {where}, built for the node's torch: {need.why} ({need.fix})")
         else:
-            notes.append(f"needs {need.package} on {where}: {need.why} ({need.fix})")
+            notes.append(f"needs {need.package} on {where}: {need.why}. {GPU_REQUIREMENTS} does not install it; "
+                         f"the GPU image does with --build-arg FLASH_ATTN=build, wheels or a wheel's URL "
+                         f"({FLASH_ATTN_DOC}); fix otherwise: {need.fix}")
+    if needs.paths:
+        notes.append("needs on every node, at the same path: " + ", ".join(f"{key}={path}" for key, path in needs.paths)
+                     + " (storage every node mounts)")
+    notes.append(f"needs {CPUS_PER_GPU_BUNDLE} CPUs per GPU on every GPU node (verl's placement bundles)")
+    if n_gpus is not None:
+        need_cpus, why = required_cpus(n_gpus, dict(settings or {}))
+        wanted = ".".join(map(str, MIN_RAY_VERSION))
+        notes.append(f"needs on the cluster as a whole: Ray >= {wanted}, {n_gpus} GPU(s) and {need_cpus} CPUs ({why})")
     return notes
 
 
