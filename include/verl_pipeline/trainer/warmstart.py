@@ -33,7 +33,7 @@ from typing import Any
 
 from verl_pipeline.trainer.choices import Choices
 from verl_pipeline.trainer.nodefacts import GpuNode, NodeFacts
-from verl_pipeline.trainer.overrides import spelled
+from verl_pipeline.trainer.overrides import spelled, spellings
 
 #: Each cache the job's workers keep: environment variable -> its folder under the key's folder.
 CACHE_DIRS = {
@@ -145,7 +145,7 @@ def resume_validation(c: Choices, *, resume_step: int, validate_on_resume: bool)
                                            "again: validate_on_resume: true in the run profile")
         return
     # Written where the run wrote it (its bare or ++ key), or bare after a section given as one value.
-    name = found.spelling if found is not None and found.spelling.lstrip("+") == VAL_BEFORE_TRAIN_KEY else \
+    name = found.spelling if found is not None and found.spelling in spellings(VAL_BEFORE_TRAIN_KEY) else \
         VAL_BEFORE_TRAIN_KEY
     c.updates[name] = False
     c.note(name, False, f"a resume attempt (from run step {resume_step}): the validation before the run's first "
