@@ -496,10 +496,9 @@ def _keep_probe_facts(spec: RunSpec, decision: Decision) -> None:
     shared storage this worker cannot write is only logged (the job does not need either file)."""
     try:
         write_json_atomic(spec.cluster_facts_file, {"run": spec.run_name, "nodes": decision.nodes.to_dict()})
-        if decision.caches.enabled and decision.caches.directory:
-            key_file = Path(decision.caches.directory) / "key.json"
-            if not key_file.is_file():
-                write_json_atomic(key_file, {"key": decision.caches.key, "built_for": decision.caches.facts})
+        key_file = decision.caches.key_file
+        if key_file is not None and not key_file.is_file():
+            write_json_atomic(key_file, {"key": decision.caches.key, "built_for": decision.caches.facts})
     except OSError as e:
         log.warning("Run %s: could not record the probe's findings on the storage (%s)", spec.run_name, e)
 

@@ -86,12 +86,17 @@ class CachePlan:
     why: str
     directory: str | None = None
     key: str | None = None
-    #: What the key stands for (:func:`fingerprint`), written beside the caches as ``key.json``.
+    #: What the key stands for (:func:`fingerprint`), written beside the caches (:attr:`key_file`).
     facts: dict[str, Any] = field(default_factory=dict)
     #: What the job's runtime_env gets.
     env: dict[str, str] = field(default_factory=dict)
     #: Variables the cluster profile's runtime.env sets itself (kept; the plan does not set them).
     kept: tuple[str, ...] = ()
+
+    @property
+    def key_file(self) -> Path | None:
+        """``key.json`` in the cache folder: the key and what it stands for, for a reader of the folder."""
+        return Path(self.directory) / "key.json" if self.enabled and self.directory else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "why": self.why, "directory": self.directory, "key": self.key,
