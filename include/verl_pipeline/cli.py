@@ -352,8 +352,8 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
         # The directory is keyed by the data's content and the model's tokenizer, which only the
         # preprocess task (on the shared storage) can hash.
         recipe = str(spec.data_options.get("recipe") or pre.DEFAULT_RECIPE)
-        out_dir = spec.data_root / f"{recipe}-{pre.CODE_VERSION}-<content-key>"
-        data = {"train_path": str(out_dir / "train.parquet"), "val_path": str(out_dir / "val.parquet")}
+        out_dir = pre.output_dir(spec.data_root, recipe, "<content-key>")
+        data = {"train_path": str(pre.split_file(out_dir, "train")), "val_path": str(pre.split_file(out_dir, "val"))}
         notes.append(f"shared storage {list(spec.shared_roots)} is not mounted here: data paths are where "
                      "the preprocess task will write (<content-key> is computed there)")
     models: dict[str, Any] = {}

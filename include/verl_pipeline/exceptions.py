@@ -1,6 +1,10 @@
-"""The project's exception types: one base, so callers can catch everything the pipeline raises."""
+"""The project's exception types: one base, so callers can catch everything the pipeline raises; and
+:func:`section_of`, the refusal every run-profile section reader starts with."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 
 class PipelineError(Exception):
@@ -19,6 +23,20 @@ class ConfigError(PipelineError):
         if fix:
             msg += f" (fix: {fix})"
         super().__init__(msg)
+
+
+def section_of(value: object, where: str, keys: Sequence[str], *, what: str, example: str) -> dict[str, Any] | None:
+    """A profile section (``where``: ``profiles/<name>.<section>``) as a mapping of ``keys``; None when it is
+    absent. Anything but a mapping, or a key outside ``keys``, is a :class:`ConfigError` (``what``: what one
+    of its keys is, e.g. "watch setting"; ``example``: a section to copy)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(where, value, "must be a mapping", example)
+    unknown = sorted(set(value) - set(keys))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", value[unknown[0]], f"is not a {what}", f"one of {list(keys)}")
+    return value
 
 
 class EnvironmentCheckError(PipelineError):

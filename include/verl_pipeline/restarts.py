@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
-from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.exceptions import ConfigError, section_of
 
 #: The run profile's section and its keys.
 SECTION = "restarts"
@@ -59,14 +59,9 @@ class RestartPolicy:
     def from_profile(cls, section: Any, profile: str) -> RestartPolicy:
         """The policy of a run profile's ``restarts:`` section (absent: the defaults)."""
         where = f"profiles/{profile}.{SECTION}"
+        section = section_of(section, where, _KEYS, what="restarts setting", example="restarts: {no_progress_limit: 2}")
         if section is None:
             return cls()
-        if not isinstance(section, dict):
-            raise ConfigError(where, section, "must be a mapping", "restarts: {no_progress_limit: 2}")
-        unknown = sorted(set(section) - set(_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}", section[unknown[0]], "is not a restarts setting",
-                              f"one of {list(_KEYS)}")
         out: dict[str, Any] = {}
         limit = section.get("no_progress_limit")
         if limit is not None:

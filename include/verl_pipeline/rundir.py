@@ -245,16 +245,14 @@ class RunDir:
     def attempts(self) -> list[Attempt]:
         if not self.attempts_file.is_file():
             return []
-        return [Attempt(**json.loads(line)) for line in self.attempts_file.read_text().splitlines() if line.strip()]
+        return [Attempt(**json.loads(line)) for line in self.attempts_file.read_text(encoding="utf-8").splitlines()
+                if line.strip()]
 
     def attempt_of(self, submission_id: str) -> Attempt | None:
         return next((a for a in self.attempts() if a.submission_id == submission_id), None)
 
     def record_attempt(self, attempt: Attempt) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.attempts_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(attempt.to_dict()) + "\n")
-            f.flush()
+        _append_line(self.attempts_file, attempt.to_dict())
 
     def latest_job_id(self, fallback: str | None = None) -> str | None:
         """The run's latest job: its last recorded attempt (a retry's, or the wait task's on a shared
@@ -264,57 +262,54 @@ class RunDir:
 
     def record_decision(self, record: dict[str, Any]) -> None:
         """Append one attempt's decision (``trainer.decisions.Decision.to_dict`` with its attempt)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.decisions_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+        _append_line(self.decisions_file, record)
 
     def decisions(self) -> list[dict[str, Any]]:
         """Every attempt's decision, oldest first (a line cut by a crash is skipped)."""
-        if not self.decisions_file.is_file():
-            return []
-        out = []
-        for line in self.decisions_file.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                out.append(row)
-        return out
+        return _read_lines(self.decisions_file)
 
     def record_stop(self, submission_id: str, reason: str) -> None:
         """Note that the pipeline stopped ``submission_id`` because of an infrastructure problem."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.stops_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"submission_id": submission_id, "reason": reason, "at": now()}) + "\n")
+        _append_line(self.stops_file, {"submission_id": submission_id, "reason": reason, "at": now()})
 
     def stop_reason(self, submission_id: str) -> str | None:
         """Why the pipeline stopped ``submission_id``, if it did."""
         if not self.stops_file.is_file():
             return None
-        reasons = [row["reason"] for line in self.stops_file.read_text().splitlines() if line.strip()
+        reasons = [row["reason"] for line in self.stops_file.read_text(encoding="utf-8").splitlines() if line.strip()
                    for row in [json.loads(line)] if row.get("submission_id") == submission_id]
         return reasons[-1] if reasons else None
 
     def record_restart(self, row: dict[str, Any]) -> None:
         """Append one restart decision (see :attr:`restarts_file`)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.restarts_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        _append_line(self.restarts_file, row)
 
     def restart_records(self) -> list[dict[str, Any]]:
         """Every restart decision recorded, oldest first (a line cut by a kill is skipped)."""
-        if not self.restarts_file.is_file():
-            return []
-        rows = []
-        for line in self.restarts_file.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
+        return _read_lines(self.restarts_file)
+
+
+def _append_line(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON line to a run file, readable as written (UTF-8, not escaped), flushed at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, default=str, ensure_ascii=False) + "\n")
+        f.flush()
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object line of a run file, oldest first; a line cut by a crash or a kill is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

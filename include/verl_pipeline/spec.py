@@ -18,7 +18,7 @@ from typing import Any
 from verl_pipeline.admission import Admission
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
 from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
-from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.exceptions import ConfigError, section_of
 from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
 from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import RunDir
@@ -276,14 +276,9 @@ class WatchSettings:
     def from_profile(cls, section: Any, profile: str) -> WatchSettings:
         """Settings from a run profile's ``watch:`` section (durations as strings, the factor a number)."""
         where = f"profiles/{profile}.{SECTION}"
+        section = section_of(section, where, _KEYS, what="watch setting", example="watch: {stall_timeout: 45m}")
         if section is None:
             return cls()
-        if not isinstance(section, dict):
-            raise ConfigError(where, section, "must be a mapping", "watch: {stall_timeout: 45m}")
-        unknown = sorted(set(section) - set(_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}", section[unknown[0]], "is not a watch setting",
-                              f"one of {list(_KEYS)}")
         out: dict[str, Any] = {}
         for key in ("stall_timeout", "startup_timeout", "min_stall_timeout"):
             value = section.get(key)

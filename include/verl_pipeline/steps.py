@@ -13,7 +13,7 @@ from verl_pipeline.cluster.base import ClusterHandle, ClusterHealth, ClusterStat
 from verl_pipeline.cluster.registry import cluster_deadline, get_backend
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, SubmitAction
 from verl_pipeline.exceptions import ClusterError, ConfigError, PipelineError
-from verl_pipeline.jobs.client import RayJobsClient
+from verl_pipeline.jobs.client import RayJobsClient, wait_job_ended
 from verl_pipeline.jobs.deadlines import Deadline, earliest
 from verl_pipeline.jobs.ids import submission_prefix
 from verl_pipeline.jobs.submit import Submission, existing_job, submit_or_reattach
@@ -496,10 +496,9 @@ def _keep_probe_facts(spec: RunSpec, decision: Decision) -> None:
     shared storage this worker cannot write is only logged (the job does not need either file)."""
     try:
         write_json_atomic(spec.cluster_facts_file, {"run": spec.run_name, "nodes": decision.nodes.to_dict()})
-        if decision.caches.enabled and decision.caches.directory:
-            key_file = Path(decision.caches.directory) / "key.json"
-            if not key_file.is_file():
-                write_json_atomic(key_file, {"key": decision.caches.key, "built_for": decision.caches.facts})
+        key_file = decision.caches.key_file
+        if key_file is not None and not key_file.is_file():
+            write_json_atomic(key_file, {"key": decision.caches.key, "built_for": decision.caches.facts})
     except OSError as e:
         log.warning("Run %s: could not record the probe's findings on the storage (%s)", spec.run_name, e)
 
@@ -645,20 +644,6 @@ def _backend_spec(handle: ClusterHandle) -> dict[str, Any]:
         return {"dashboard_url": handle.dashboard_url, "auth_mode": handle.auth_mode,
                 "allow_insecure": bool(handle.extra.get("allow_insecure", False))}
     return {}
-
-
-def wait_job_ended(client: Any, job_id: str, timeout_s: float = 30.0) -> bool:
-    """Wait (bounded) until Ray says a stopped job ended (Ray sends SIGTERM, then SIGKILL)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        info = client.get_job(job_id)
-        if info is None or info.status.is_terminal():
-            return True
-        time.sleep(0.5)
-    log.warning("Ray job %s did not stop within %.0fs", job_id, timeout_s)
-    return False
 
 
 __all__ = [

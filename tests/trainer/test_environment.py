@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 
-from verl_pipeline.trainer.attention import actor_attn_implementation
+from verl_pipeline.trainer.attention import SDPA_OVERRIDE, actor_attn_implementation
 from verl_pipeline.trainer.environment import (
     REPORTED_VERSIONS,
-    SDPA_OVERRIDE,
     Needs,
     VerlPins,
     evaluate,

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
-from verl_pipeline.airflow.task_ids import PROVISION_TASK, RUN_DIR_KEY, TEARDOWN_TASK
+from verl_pipeline.airflow.task_ids import PROVISION_TASK, RUN_DIR_KEY, TEARDOWN_TASK, stored_xcom
 from verl_pipeline.exceptions import PipelineError
 
 if TYPE_CHECKING:
@@ -142,15 +142,10 @@ def run_dir_from_xcom(value: Any) -> Path:
 
 def find_cluster(dag_id: str, run_id: str, *, session: Session) -> ClusterHandle:
     """The run's current cluster: ``cluster.json`` of the run directory its provision task named."""
-    from airflow.models.xcom import XComModel
-
     from verl_pipeline.cluster.base import ClusterHandle
     from verl_pipeline.rundir import RunDir
 
-    row = session.execute(
-        XComModel.get_many(key=RUN_DIR_KEY, run_id=run_id, dag_ids=dag_id, task_ids=PROVISION_TASK,
-                           map_indexes=-1).with_only_columns(XComModel.value)
-    ).first()
+    row = stored_xcom(session, dag_id=dag_id, run_id=run_id, task_id=PROVISION_TASK, key=RUN_DIR_KEY)
     if row is None:
         raise DashboardUnavailable(f"run {run_id!r} of DAG {dag_id!r} has no cluster yet (its task "
                                    f"{PROVISION_TASK!r} has not recorded a run directory)")

@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from verl_pipeline.profiles import DEFAULT_PROFILE, list_profiles
+from verl_pipeline.trainer.attention import SDPA_OVERRIDE
 
 MAX_ACTIVE_RUNS_ENV = "VERL_PIPELINE_MAX_ACTIVE_RUNS"
 DEFAULT_MAX_ACTIVE_RUNS = 4
@@ -81,7 +82,7 @@ def build_params() -> dict[str, Any]:
                                 items={"type": "string", "pattern": r"^(\s*|\+{0,2}[A-Za-z_][\w.]*=.*)$"},
                                 description="verl settings, one KEY=VALUE per line, winning over every profile, "
                                             "e.g. actor_rollout_ref.actor.optim.lr=1e-6 or "
-                                            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa "
+                                            f"{SDPA_OVERRIDE} "
                                             "(+ appends a key verl's YAML does not list). Empty: none."),
         "data_source": Param(None, type=["null", "string"],
                              description="builtin:arithmetic; an absolute file/glob/directory (JSONL, JSON, CSV, "

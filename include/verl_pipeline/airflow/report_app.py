@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from verl_pipeline.airflow.task_ids import REPORT_TASK, RESTART_BUDGET_KEY, WAIT_TASK
+from verl_pipeline.airflow.task_ids import REPORT_TASK, RESTART_BUDGET_KEY, WAIT_TASK, stored_xcom
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -128,28 +128,17 @@ def report_file(report: RunReport, name: str) -> Path:
 
 def find_report(dag_id: str, run_id: str, *, session: Session) -> RunReport:
     """The report of a DAG run, from the XCom return value of its report task."""
-    from airflow.models.xcom import XComModel
-
-    row = session.execute(
-        XComModel.get_many(key="return_value", run_id=run_id, dag_ids=dag_id, task_ids=REPORT_TASK,
-                           map_indexes=-1).with_only_columns(XComModel.value)
-    ).first()
+    row = stored_xcom(session, dag_id=dag_id, run_id=run_id, task_id=REPORT_TASK)
     if row is None:
         raise ReportNotFound(f"run {run_id!r} of DAG {dag_id!r} has no report (its task {REPORT_TASK!r} "
                              "has not finished, or the DAG has no such task)")
-    # Plain JSON only: Airflow's XComDecoder could build arbitrary classes from a stored value.
     return RunReport.from_xcom(row.value)
 
 
 def restart_budget(dag_id: str, run_id: str, *, session: Session) -> str | None:
     """The run's restart budget as the wait task last decided it (its ``restart_budget`` XCom), in words;
     None when it decided none (no infrastructure failure yet) or the value is not the wait task's."""
-    from airflow.models.xcom import XComModel
-
-    row = session.execute(
-        XComModel.get_many(key=RESTART_BUDGET_KEY, run_id=run_id, dag_ids=dag_id, task_ids=WAIT_TASK,
-                           map_indexes=-1).with_only_columns(XComModel.value)
-    ).first()
+    row = stored_xcom(session, dag_id=dag_id, run_id=run_id, task_id=WAIT_TASK, key=RESTART_BUDGET_KEY)
     value = row.value if row is not None else None
     if isinstance(value, str):
         try:

@@ -35,6 +35,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from verl_pipeline.airflow.operators import spec_from_context
 from verl_pipeline.airflow.operators.export import run_skip_reason
+from verl_pipeline.airflow.operators.wait_result import succeeded
 from verl_pipeline.airflow.task_ids import EXPORT_TASK, PREFETCH_TASK, PREPROCESS_TASK, SUBMIT_TASK, WAIT_TASK
 from verl_pipeline.durations import format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError, PipelineError
@@ -147,7 +148,7 @@ def promotion_blocker(waited: Any, exported: Any, export_skipped: str | None) ->
     (``export_skipped``: :func:`~verl_pipeline.airflow.operators.export.run_skip_reason`, e.g. a
     preflight run), whose model was exported and verified (the export's manifest names its ``model_dir``).
     """
-    if not isinstance(waited, dict) or waited.get("status") != "SUCCEEDED":
+    if not succeeded(waited):
         return "its job did not succeed"
     if export_skipped is None and not (isinstance(exported, dict) and exported.get("model_dir")):
         return f"its trained model was not exported and verified (task {EXPORT_TASK})"

@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 #: Cluster-profile settings every backend accepts: read by the submit step, not by the backend
 #: (``probe_timeout_s``: seconds each node has for the environment probe, :mod:`verl_pipeline.cluster.probe`).
 COMMON_SETTINGS = ("probe_timeout_s",)
+#: What every Ray node the pipeline starts runs with, whatever the backend: no usage reports to Ray's
+#: servers (nothing of a run leaves the site, and a site's nodes may have no way out).
+RAY_NODE_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl_pipeline import auth
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.base import RAY_NODE_ENV, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.cluster.settings import Key, Parser, environment, read_settings, setting
 from verl_pipeline.exceptions import ClusterError, ConfigError
 from verl_pipeline.paths import short_hash, slug
@@ -287,8 +287,8 @@ class KubeRayBackend(ClusterBackend):
         return f"{self.name_prefix}-{slug(name, 24)}-{short_hash(name, length=8)}"[:47].strip("-")
 
     def _pod_template(self, container_name: str, group: Group, ports: list[dict[str, Any]]) -> dict[str, Any]:
-        env = [{"name": auth.MODE_VAR, "value": AUTH_MODE.value}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
-        env += [{"name": k, "value": v} for k, v in self.env.items()]
+        env = [{"name": auth.MODE_VAR, "value": AUTH_MODE.value}]
+        env += [{"name": k, "value": v} for k, v in {**RAY_NODE_ENV, **self.env}.items()]
         mounts = [{"name": v.name, "mountPath": v.mount_path} for v in self.volumes]
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes: list[dict[str, Any]] = [{"name": v.name, "persistentVolumeClaim": {"claimName": v.claim}}

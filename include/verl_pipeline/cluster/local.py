@@ -29,7 +29,7 @@ from typing import Any
 
 from verl_pipeline import auth
 from verl_pipeline.cluster import procs
-from verl_pipeline.cluster.base import ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
+from verl_pipeline.cluster.base import RAY_NODE_ENV, ClusterBackend, ClusterHandle, ClusterHealth, wait_ready
 from verl_pipeline.cluster.settings import Key, read_settings, setting
 from verl_pipeline.constants import DEFAULT_AUTH_MODE
 from verl_pipeline.exceptions import ClusterError, ConfigError
@@ -204,7 +204,7 @@ class LocalBackend(ClusterBackend):
         # token auth on by itself when ~/.ray/auth_token exists. Every node, and every job driver
         # (they inherit the raylet's environment), reads the token from the file.
         env = auth.apply_env(dict(os.environ), auth.ray_env(self.auth_mode, token_file))
-        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env.update(RAY_NODE_ENV)
         # Job entrypoints run `python …` through a shell on the head: make it this environment's.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.pop("RAY_ADDRESS", None)

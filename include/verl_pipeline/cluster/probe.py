@@ -11,7 +11,8 @@ that is busy.
 
 The probe runs as a short Ray job through the Jobs API (the same path, cluster and
 ``runtime_env`` as the verl job it checks), started by :func:`run_probe` on the Airflow worker or
-the CLI: ``python -m verl_pipeline.cluster.probe --request JSON --timeout S``. It prints its
+the CLI: ``python -m verl_pipeline.cluster.probe --request JSON --timeout S``, the request built from the
+job's settings (:meth:`verl_pipeline.trainer.environment.Needs.request`). It prints its
 report after :data:`PROBE_REPORT_MARKER`. A node that dies or hangs during the probe is reported,
 not waited for. :mod:`verl_pipeline.trainer.environment` turns the report into findings.
 """

@@ -29,6 +29,7 @@ from typing import Any
 
 from verl_pipeline import auth
 from verl_pipeline.cluster.base import (
+    RAY_NODE_ENV,
     ClusterBackend,
     ClusterHandle,
     ClusterHealth,
@@ -607,7 +608,7 @@ def _sbatch_options(b: SlurmBackend, name: str, workdir: Path) -> list[str]:
 
 def _node_environment(b: SlurmBackend, name: str) -> list[str]:
     q = shlex.quote
-    env = {"RAY_USAGE_STATS_ENABLED": "0", **b.env}
+    env = {**RAY_NODE_ENV, **b.env}
     lines = [f"export {k}={q(v)}" for k, v in env.items()]
     # Every node (and every job driver, which inherits the raylet's environment) reads the token file.
     for k, v in auth.ray_env(b.auth_mode, b.token_file_for(name)).items():

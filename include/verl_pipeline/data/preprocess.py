@@ -61,6 +61,8 @@ INSTRUCTION = 'Let\'s think step by step and output the final answer after "####
 OPTION_KEYS = frozenset({"recipe", "train_size", "val_size", "seed", "val_fraction", "max_reject_fraction", "dedup",
                          "batch_rows", "max_prompt_length", "tokenizer", *RECIPE_KEYS})
 FINGERPRINTS = "fingerprints.json"
+#: Written last into a data directory: its counts, and the mark that the directory is complete.
+STATS_FILE = "stats.json"
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
 ROW_SCHEMA = pa.schema(
@@ -92,6 +94,21 @@ class PreprocessResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def output_dir(out_root: Path, recipe: str, key: str) -> Path:
+    """The data directory of ``recipe``'s output with content ``key`` (same inputs, same directory)."""
+    return out_root / f"{recipe}-{CODE_VERSION}-{key}"
+
+
+def split_file(out_dir: Path, split: str) -> Path:
+    """A split's parquet file (``train``, ``val``) in a data directory."""
+    return out_dir / f"{split}.parquet"
+
+
+def _result(out_dir: Path, key: str, cached: bool, counts: dict[str, Any], t0: float) -> PreprocessResult:
+    return PreprocessResult(str(split_file(out_dir, "train")), str(split_file(out_dir, "val")), str(out_dir), key,
+                            cached, counts, round(time.monotonic() - t0, 3))
 
 
 def row_schema(recipe: Recipe) -> pa.Schema:
@@ -329,7 +346,7 @@ class _Run:
         if split not in self.writers:
             # Dictionary encoding only for the constant columns (it is wasted work on unique text).
             constant = ["data_source", "ability", "prompt.list.element.role", "reward_model.style", "extra_info.split"]
-            self.writers[split] = pq.ParquetWriter(self.tmp_dir / f"{split}.parquet", self.schema,
+            self.writers[split] = pq.ParquetWriter(split_file(self.tmp_dir, split), self.schema,
                                                    use_dictionary=constant)
         # Parquet encoding runs on a writer thread (Arrow releases the GIL) while the next batch is read;
         # one write in flight at a time keeps memory bounded.
@@ -401,13 +418,12 @@ def preprocess(
             parts.setdefault(split, []).extend(ps)
     out_root.mkdir(parents=True, exist_ok=True)
     key, tok_hash = _output_key(out_root, parts, recipe, options, tokenizer, max_len)
-    out_dir = out_root / f"{recipe.name}-{CODE_VERSION}-{key}"
-    stats_path = out_dir / "stats.json"
+    out_dir = output_dir(out_root, recipe.name, key)
+    stats_path = out_dir / STATS_FILE
     if stats_path.is_file():
         counts = json.loads(stats_path.read_text())
         log.info("Preprocessed data already present (key %s) in %s: nothing to do", key, out_dir)
-        return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
-                                True, counts, round(time.monotonic() - t0, 3))
+        return _result(out_dir, key, True, counts, t0)
 
     tmp_dir = out_root / f".{out_dir.name}.{os.getpid()}.partial"
     shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -423,7 +439,7 @@ def preprocess(
         max_frac = float(options.get("max_reject_fraction", 0.0))
         _check_kept(run, max_frac, source_text, kept_rejects=out_root / f"rejects-{key}.jsonl")
         counts = run.stats(source_text=source_text, max_frac=max_frac, tokenizer_digest=tok_hash, t0=t0)
-        write_json_atomic(tmp_dir / "stats.json", counts)
+        write_json_atomic(tmp_dir / STATS_FILE, counts)
         try:
             os.rename(tmp_dir, out_dir)
         except OSError:
@@ -436,8 +452,7 @@ def preprocess(
     log.info("Preprocessed %s with recipe %s: %d rows read, %d train / %d val written, rejected %s, "
              "filtered %s, longest prompt %s, into %s", source_text, recipe.name, run.read, counts["train_rows"],
              counts["val_rows"], dict(run.rejected), dict(run.filtered), run.longest, out_dir)
-    return PreprocessResult(str(out_dir / "train.parquet"), str(out_dir / "val.parquet"), str(out_dir), key,
-                            False, counts, round(time.monotonic() - t0, 3))
+    return _result(out_dir, key, False, counts, t0)
 
 
 def _output_key(out_root: Path, parts: dict[str, list[Part]], recipe: Recipe, options: dict[str, Any],

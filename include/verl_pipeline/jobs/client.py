@@ -49,6 +49,12 @@ _NODE_SUMMARY = "/nodes?view=summary"
 #: Seconds a client reads a job's log through the state API after its dashboard agent could not be
 #: reached, before it tries the agent again (a busy moment must not cost the whole file every poll for good).
 AGENT_RETRY_S = 600.0
+#: Seconds to wait for a job the pipeline stopped to end, before a restart submits the next attempt or a
+#: teardown goes on. Ray sends SIGTERM, then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S`` (3 s by default;
+#: a site may raise it so a job can finish writing); the wait returns as soon as Ray says the job ended,
+#: so the bound costs time only when the stop does not work, and a next attempt started beside a job
+#: that still holds the GPUs would fail.
+STOP_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -571,6 +577,18 @@ async def _write_new_bytes(client: RayJobsClient, info: JobInfo, cursor: int, wr
         cursor += read
         if read < max_bytes:
             return cursor
+
+
+def wait_job_ended(client: RayJobsClient, job_id: str, timeout_s: float = STOP_WAIT_S) -> bool:
+    """Wait (bounded) until Ray says a stopped job ended: True when it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = client.get_job(job_id)
+        if info is None or info.status.is_terminal():
+            return True
+        time.sleep(0.5)
+    log.warning("Ray job %s did not stop within %.0fs", job_id, timeout_s)
+    return False
 
 
 def _range_of(r: Any, url: str) -> tuple[int, int]:

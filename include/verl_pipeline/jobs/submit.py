@@ -76,6 +76,8 @@ def submit_or_reattach(
     runtime_env = copy.deepcopy(job.runtime_env)
     metrics_path = None
     if run_dir is not None:
+        # Decided here, where the attempt's number is known: each attempt its own file (verl truncates it
+        # on start), over whatever the rendered job or the cluster profile's runtime.env said.
         metrics_path = RunDir(run_dir).metrics_file(attempt)
         runtime_env.setdefault("env_vars", {})["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     if secret_env:

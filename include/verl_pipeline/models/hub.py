@@ -28,7 +28,7 @@ from typing import Any
 
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.models.cache import ProgressLog, check_free_space, disk_full_error, ensure_writable, model_lock
-from verl_pipeline.models.manifest import FileEntry, Manifest, check_against_disk, read_manifest
+from verl_pipeline.models.manifest import FileEntry, Manifest, check_against_disk, manifest_path, read_manifest
 from verl_pipeline.spec import ModelSource
 from verl_pipeline.trainer.verify import verify_model_dir
 
@@ -159,7 +159,7 @@ def _write_ref(rdir: Path, rev: str, commit: str) -> None:
 def cached_hub_model(source: ModelSource, cache_root: Path, commit: str) -> Manifest | None:
     """The manifest when ``commit`` is fully in the cache and its files still match it, else None."""
     rdir = repo_dir(cache_root, source.ref)
-    m = read_manifest(rdir / f"{commit}.manifest.json")
+    m = read_manifest(manifest_path(rdir, commit))
     if m is None:
         return None
     try:
@@ -242,7 +242,7 @@ def fetch_hub(source: ModelSource, cache_root: Path, *, token: str | None = None
         if hit is not None:  # another run finished it while we waited
             return dest, hit, True
         manifest = _download(source, commit, dest, token=token, verify_hashes=verify_hashes)
-        manifest.write(rdir / f"{commit}.manifest.json")
+        manifest.write(manifest_path(rdir, commit))
         _write_ref(rdir, source.revision or "main", commit)
     return dest, manifest, False
 

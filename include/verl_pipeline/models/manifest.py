@@ -21,6 +21,11 @@ from verl_pipeline.paths import write_json_atomic
 MANIFEST_FORMAT = 1
 
 
+def manifest_path(directory: Path, name: str) -> Path:
+    """The manifest of the model ``name`` (a commit, a version, a keyed local path) in ``directory``."""
+    return directory / f"{name}.manifest.json"
+
+
 @dataclass
 class FileEntry:
     size: int
@@ -107,4 +112,5 @@ def check_against_disk(manifest: Manifest, root: Path) -> None:
             check_safetensors(p)
 
 
-__all__ = ["MANIFEST_FORMAT", "FileEntry", "Manifest", "check_against_disk", "list_files", "read_manifest"]
+__all__ = ["MANIFEST_FORMAT", "FileEntry", "Manifest", "check_against_disk", "list_files", "manifest_path",
+           "read_manifest"]

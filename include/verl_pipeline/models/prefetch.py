@@ -24,7 +24,14 @@ from verl_pipeline.models.cache import (
     model_lock,
 )
 from verl_pipeline.models.hub import DEFAULT_ALLOW_PATTERNS, fetch_hub
-from verl_pipeline.models.manifest import FileEntry, Manifest, check_against_disk, list_files, read_manifest
+from verl_pipeline.models.manifest import (
+    FileEntry,
+    Manifest,
+    check_against_disk,
+    list_files,
+    manifest_path,
+    read_manifest,
+)
 from verl_pipeline.models.tiny import TINY_MODEL_VERSION, build_tiny_model
 from verl_pipeline.paths import short_hash, slug
 from verl_pipeline.spec import ModelSource, RunSpec
@@ -89,7 +96,7 @@ def _manifest_for(source: ModelSource, root: Path, *, revision: str | None, comm
 # -- built-in ---------------------------------------------------------------------------------------
 def _builtin(source: ModelSource, cache_root: Path) -> tuple[Path, Manifest, bool, Path]:
     dest = (cache_root / "builtin" / TINY_MODEL_VERSION).resolve()
-    mpath = dest.with_name(f"{dest.name}.manifest.json")
+    mpath = manifest_path(dest.parent, dest.name)
     hit = _cached(mpath, dest, str(source))
     if hit is not None:
         return dest, hit, True, mpath
@@ -110,7 +117,7 @@ def _local(source: ModelSource, cache_root: Path) -> tuple[Path, Manifest, bool,
     if not path.is_dir():
         raise ModelError(f"model directory {path} does not exist")
     # The directory may be read-only: its manifest lives in the cache, keyed by path, with mtimes.
-    mpath = cache_root / "local" / f"{slug(path.name, 40)}-{short_hash(str(path))}.manifest.json"
+    mpath = manifest_path(cache_root / "local", f"{slug(path.name, 40)}-{short_hash(str(path))}")
     hit = _cached(mpath, path, str(source))
     if hit is not None:
         return path, hit, True, mpath
@@ -151,7 +158,7 @@ def _fsspec(source: ModelSource, cache_root: Path) -> tuple[Path, Manifest, bool
     from huggingface_hub.utils import filter_repo_objects
 
     dest = cache_root / "fsspec" / f"{slug(source.ref.rsplit('/', 1)[-1], 40)}-{short_hash(source.ref)}"
-    mpath = dest.with_name(f"{dest.name}.manifest.json")
+    mpath = manifest_path(dest.parent, dest.name)
     try:
         fs, _root, listing = _remote_listing(source.ref)
     except (OSError, ModelError) as e:
@@ -214,7 +221,7 @@ def prefetch(source: ModelSource, cache_root: Path, *, token: str | None = None,
         path, m, cached, mpath = _builtin(source, cache_root)
     elif source.kind == "hf":
         path, m, cached = fetch_hub(source, cache_root, token=token, verify_hashes=verify_hashes)
-        mpath = path.with_name(f"{path.name}.manifest.json")
+        mpath = manifest_path(path.parent, path.name)
     elif source.kind == "fsspec":
         path, m, cached, mpath = _fsspec(source, cache_root)
     else:

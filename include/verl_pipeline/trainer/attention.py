@@ -26,11 +26,8 @@ FLASH_IMPLS = {
 ACTOR_ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 #: How the pipeline writes the key: verl's ``override_config`` is an empty mapping, so Hydra needs ``+``.
 ACTOR_ATTN_OVERRIDE = "+" + ACTOR_ATTN_KEY
-
-
-def attn_override(implementation: str) -> str:
-    """The Hydra override that sets the actor's attention (``+…attn_implementation=sdpa``)."""
-    return f"{ACTOR_ATTN_OVERRIDE}={implementation}"
+#: The override that lets the actor run without flash-attn (what an error or a form tells the user to set).
+SDPA_OVERRIDE = f"{ACTOR_ATTN_OVERRIDE}={SDPA}"
 
 
 def explicit_attn_implementation(settings: Mapping[str, Any]) -> str | None:
@@ -44,5 +41,5 @@ def actor_attn_implementation(settings: Mapping[str, Any]) -> str:
     return explicit_attn_implementation(settings) or VERL_DEFAULT_ATTN
 
 
-__all__ = ["ACTOR_ATTN_KEY", "ACTOR_ATTN_OVERRIDE", "FLASH_IMPLS", "SDPA", "VERL_DEFAULT_ATTN",
-           "actor_attn_implementation", "attn_override", "explicit_attn_implementation"]
+__all__ = ["ACTOR_ATTN_KEY", "ACTOR_ATTN_OVERRIDE", "FLASH_IMPLS", "SDPA", "SDPA_OVERRIDE", "VERL_DEFAULT_ATTN",
+           "actor_attn_implementation", "explicit_attn_implementation"]

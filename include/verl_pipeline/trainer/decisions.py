@@ -26,17 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.spec import Hardware, ModelFacts, RunSpec
+from verl_pipeline.trainer.attention import ACTOR_ATTN_KEY
 from verl_pipeline.trainer.choices import Choices
 from verl_pipeline.trainer.fastpath import (
     ACTOR_TOKENS_KEY,
     DYNAMIC_BSZ_KEY,
+    FUSED_KERNELS_KEY,
     ROLLOUT_LOG_PROB_TOKENS_KEY,
     AttentionPath,
     decide_fast_path,
 )
 from verl_pipeline.trainer.nodefacts import NodeFacts
+from verl_pipeline.trainer.overrides import spellings
 from verl_pipeline.trainer.scaling import Rule
-from verl_pipeline.trainer.warmstart import CachePlan, plan_caches, resume_validation
+from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY, CachePlan, plan_caches, resume_validation
 
 #: A GPU memory the probe found this far from the cluster profile's is named in the record: the scaling
 #: rules of the frozen spec (rollout TP, vLLM's share, offload) were sized for the profile's.
@@ -71,7 +74,7 @@ class Decision:
 
     def summary(self) -> str:
         """One line for a log or a report: the path, the budgets, the caches, the resume."""
-        attention = next((r.value for r in self.rules if r.key.lstrip("+").endswith("attn_implementation")), None)
+        attention = next((r.value for r in self.rules if r.key in spellings(ACTOR_ATTN_KEY)), None)
         shown = self.attention.value if attention in (None, self.attention.value) else \
             f"{self.attention.value} ({attention})"
         parts = [f"attention: {shown}"]
@@ -81,12 +84,12 @@ class Decision:
             parts.append(f"dynamic batches: {dynamic}" + (
                 f" (update {budgets.get(ACTOR_TOKENS_KEY)}, log-prob {budgets.get(ROLLOUT_LOG_PROB_TOKENS_KEY)} "
                 "tokens per GPU)" if budgets else ""))
-        fused = next((r.value for r in self.rules if r.key.endswith("use_fused_kernels")), None)
+        fused = next((r.value for r in self.rules if r.key in spellings(FUSED_KERNELS_KEY)), None)
         if fused is not None:
             parts.append(f"fused log-prob kernels: {fused}")
         parts.append(f"warm caches: {self.caches.key}" if self.caches.enabled else "warm caches: off")
         if self.resume_step:
-            validate = next((r.value for r in self.rules if r.key.lstrip("+") == "trainer.val_before_train"), None)
+            validate = next((r.value for r in self.rules if r.key in spellings(VAL_BEFORE_TRAIN_KEY)), None)
             parts.append(f"resumes from step {self.resume_step}" +
                          ("" if validate is None else f", validation before training: {validate}"))
         return "; ".join(parts)

@@ -18,13 +18,11 @@ from verl_pipeline.trainer.attention import (
     ACTOR_ATTN_KEY,
     FLASH_IMPLS,
     SDPA,
-    attn_override,
+    SDPA_OVERRIDE,
     explicit_attn_implementation,
 )
 from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, MIN_RAY_VERSION, required_cpus, uses_critic
 
-#: The override that lets the actor run without flash-attn.
-SDPA_OVERRIDE = attn_override(SDPA)
 #: What the probe always looks for on the GPU nodes, whatever the job needs: flash-attn decides the
 #: attention path (:mod:`verl_pipeline.trainer.fastpath`), so it is imported (and on a node with GPUs run
 #: once on a GPU) even where the rendered settings do not need it.
@@ -349,6 +347,6 @@ def _torch_findings(label: str, facts: Mapping[str, Any], gpus: float, gpu_work:
     return []
 
 
-__all__ = ["OPTIONAL_MODULES", "PATH_KEYS", "REPORTED_VERSIONS", "SDPA_OVERRIDE", "Finding", "Need", "Needs",
+__all__ = ["OPTIONAL_MODULES", "PATH_KEYS", "REPORTED_VERSIONS", "Finding", "Need", "Needs",
            "VerlPins", "evaluate", "installed_verl_pins", "needs_for", "node_label", "read_verl_pins", "render_notes",
            "transformers_problem", "unconditional_specifier"]

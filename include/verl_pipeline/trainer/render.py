@@ -164,8 +164,6 @@ def render_job(
     elif spec.nccl_debug:
         env["NCCL_DEBUG"] = "INFO"
     env.update(decision.env)  # the warm caches; the cluster profile's runtime.env below still wins
-    # The first attempt's file; the submit points every attempt at its own (verl truncates it on start).
-    env["VERL_FILE_LOGGER_PATH"] = str(spec.metrics_path(1))
     env.update({str(k): str(v) for k, v in (spec.runtime.get("env") or {}).items()})
     runtime_env: dict[str, Any] = {"env_vars": env}
     if spec.runtime.get("ship_package", True):

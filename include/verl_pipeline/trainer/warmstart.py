@@ -33,7 +33,7 @@ from typing import Any
 
 from verl_pipeline.trainer.choices import Choices
 from verl_pipeline.trainer.nodefacts import GpuNode, NodeFacts
-from verl_pipeline.trainer.overrides import spelled
+from verl_pipeline.trainer.overrides import spelled, spellings
 
 #: Each cache the job's workers keep: environment variable -> its folder under the key's folder.
 CACHE_DIRS = {
@@ -86,12 +86,17 @@ class CachePlan:
     why: str
     directory: str | None = None
     key: str | None = None
-    #: What the key stands for (:func:`fingerprint`), written beside the caches as ``key.json``.
+    #: What the key stands for (:func:`fingerprint`), written beside the caches (:attr:`key_file`).
     facts: dict[str, Any] = field(default_factory=dict)
     #: What the job's runtime_env gets.
     env: dict[str, str] = field(default_factory=dict)
     #: Variables the cluster profile's runtime.env sets itself (kept; the plan does not set them).
     kept: tuple[str, ...] = ()
+
+    @property
+    def key_file(self) -> Path | None:
+        """``key.json`` in the cache folder: the key and what it stands for, for a reader of the folder."""
+        return Path(self.directory) / "key.json" if self.enabled and self.directory else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "why": self.why, "directory": self.directory, "key": self.key,
@@ -145,7 +150,7 @@ def resume_validation(c: Choices, *, resume_step: int, validate_on_resume: bool)
                                            "again: validate_on_resume: true in the run profile")
         return
     # Written where the run wrote it (its bare or ++ key), or bare after a section given as one value.
-    name = found.spelling if found is not None and found.spelling.lstrip("+") == VAL_BEFORE_TRAIN_KEY else \
+    name = found.spelling if found is not None and found.spelling in spellings(VAL_BEFORE_TRAIN_KEY) else \
         VAL_BEFORE_TRAIN_KEY
     c.updates[name] = False
     c.note(name, False, f"a resume attempt (from run step {resume_step}): the validation before the run's first "

@@ -11,6 +11,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context
+from verl_pipeline.airflow.operators.wait_result import succeeded
 from verl_pipeline.airflow.task_ids import WAIT_TASK
 from verl_pipeline.exceptions import PipelineError
 
@@ -39,7 +40,7 @@ class ReportRunOperator(PipelineOperator):
             raise AirflowSkipException(f"no run report: the run has no frozen spec (its provision failed), "
                                        f"nothing ran ({e})") from e
         waited = self._pull(context, self.wait_task_id)
-        ok = isinstance(waited, dict) and waited.get("status") == "SUCCEEDED"
+        ok = succeeded(waited)
         try:
             files = write_report(spec.run_dir, status=RunOutcome.SUCCEEDED if ok else RunOutcome.FAILED,
                                  spec=spec.to_dict())

@@ -50,9 +50,6 @@ from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 
-#: Seconds to wait for a job the pipeline stopped to end (Ray sends SIGTERM, then SIGKILL).
-STOP_WAIT_S = 60.0
-
 
 class WaitForVerlJobOperator(PipelineOperator):
     """Wait for the verl job without holding a worker slot (deferrable); job logs go to this task's log.
@@ -317,7 +314,7 @@ class WaitForVerlJobOperator(PipelineOperator):
 
         try:
             hook.stop(job_id)
-            steps.wait_job_ended(hook.client, job_id, STOP_WAIT_S)
+            steps.wait_job_ended(hook.client, job_id)
         except PipelineError as e:
             self.log.warning("Could not stop Ray job %s: %s", job_id, e)
 

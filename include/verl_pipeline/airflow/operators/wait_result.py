@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from verl_pipeline.constants import Mode
+from verl_pipeline.constants import JobState, Mode
 from verl_pipeline.jobs.outcome import TrainingRecord
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
@@ -35,12 +35,17 @@ def training_record(spec: RunSpec, job_id: str) -> TrainingRecord:
     return TrainingRecord(spec.total_training_steps, run_steps(mine), mine.resume_from_step, mine.metrics_path)
 
 
+def succeeded(waited: Any) -> bool:
+    """Whether the wait task's XCom (:func:`wait_result`) says the run's job succeeded."""
+    return isinstance(waited, dict) and waited.get("status") == JobState.SUCCEEDED.value
+
+
 def wait_result(spec: RunSpec, job_id: str, sub: dict[str, Any], training: TrainingRecord | None, *,
                 job_log: Callable[[], str], log: logging.Logger | Any) -> dict[str, Any]:
     """The result of a wait whose job succeeded (``job_log``: the job's log, read for a preflight's summary)."""
     from verl_pipeline.jobs.logstream import WaitCursor
 
-    result: dict[str, Any] = {"job_id": job_id, "status": "SUCCEEDED", "mode": sub.get("mode"),
+    result: dict[str, Any] = {"job_id": job_id, "status": JobState.SUCCEEDED.value, "mode": sub.get("mode"),
                               "run_dir": sub.get("run_dir"),
                               "progress": WaitCursor.load(spec.run_dir, job_id).progress}
     if run_mode(sub) is Mode.PREFLIGHT:
