@@ -105,6 +105,15 @@ def test_tensor_parallel_must_divide_gpus_per_node() -> None:
         build_run_spec({"n_gpus_per_node": 8}, run_name="r", overrides={key: 4})
 
 
+def test_a_value_the_user_spells_with_plus_signs_wins_over_its_rule() -> None:
+    """``++key`` (or ``+key``) for a key a scaling rule sets: the user's value is the one rendered, once."""
+    key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    for spelling in (f"++{key}", f"+{key}"):
+        spec = build_run_spec({"n_gpus_per_node": 1}, run_name="r", overrides={spelling: 1})
+        assert spec.verl[key] == 1 and spelling not in spec.verl, spelling
+        assert "set explicitly" in spec.derived[key]
+
+
 def test_layers_cluster_then_run_profile_then_params() -> None:
     # gpu-address says 1 x 8; the run profile repeats it; DAG params win over both.
     spec = build_run_spec({"profile": "gsm8k-qwen2.5-0.5b-ppo"}, run_name="r")

@@ -21,6 +21,7 @@ from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.spec import Hardware, ModelFacts, PoolSplit
+from verl_pipeline.trainer.overrides import spellings
 
 #: Share of a GPU's memory the rollout weights may take; the rest is KV cache and the actor.
 ROLLOUT_WEIGHT_SHARE = 0.35
@@ -67,7 +68,13 @@ class Derivation:
     rules: list[Rule] = field(default_factory=list)
 
     def set(self, key: str, value: Any, rule: str, explicit: set[str]) -> None:
-        if key in explicit:
+        given = next((spelling for spelling in spellings(key) if spelling in explicit), None)
+        if given is not None:
+            if given != key:
+                # ``++key`` / ``+key`` for a key the rules set bare: the bare spelling is valid for it and means the
+                # same, and with one spelling the user's value is the one rendered (beside the rule's bare key,
+                # Hydra applied whichever sorted last) and the one the later rules read.
+                self.settings[key] = self.settings.pop(given)
             self.rules.append(Rule(key, self.settings[key], f"set explicitly; the rule would give {value!r} ({rule})",
                                    overridden=True))
             return
