@@ -5,7 +5,7 @@ Usage (runs need a GPU machine with requirements/gpu.txt; ``--plan``, ``--table`
     python bench/gpu_scaling.py --plan [--gpus 8] [--bare]         # configurations, waves, sittings, minutes
     python bench/gpu_scaling.py --gpus 8 --sitting 1 --out DIR     # run sitting 1's waves
     python bench/gpu_scaling.py --gpus 1 --only 'tiny-grpo-*'      # the one-GPU dry run
-    python bench/gpu_scaling.py --table DIR [DIR ...]              # the table from results written earlier
+    python bench/gpu_scaling.py --table DIR [DIR ...]              # the table of earlier sittings' results
     python bench/gpu_scaling.py --validate [--gpus 8]              # every configuration through verl (CPU)
 
 **Configurations** (:func:`matrix`, for a host of ``--gpus`` GPUs): each model profile (``tiny-grpo``,
