@@ -131,7 +131,7 @@ def test_the_accepted_keys_are_the_ones_accepted_before_the_fields_drove_them() 
         "poll_s", "rayjob", "probe_timeout_s"])
     assert known_keys(LocalBackend) == sorted([
         "num_cpus", "num_gpus", "nodes", "object_store_memory_mb", "ready_timeout_s", "temp_dir", "ports",
-        "min_worker_port", "stop_grace_s", "auth_mode", "probe_timeout_s"])
+        "min_worker_port", "stop_grace_s", "auth_mode", "gpu_devices", "probe_timeout_s"])
     assert known_keys(AddressBackend, (POOL_KEY,)) == sorted([
         "dashboard_url", "conn_id", "auth_mode", "allow_insecure", "ca_bundle", "expected_nodes", "expected_gpus",
         "ready_timeout_s", "pool", "probe_timeout_s"])

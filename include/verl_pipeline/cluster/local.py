@@ -2,7 +2,9 @@
 
 One head node, plus ``nodes - 1`` worker nodes joined to it (several Ray nodes on one host, each
 with its own ports, for multi-node and node-failure tests). Worker nodes carry the custom resource
-``local_worker_node`` so work can be placed on them.
+``local_worker_node`` so work can be placed on them. Nodes with GPUs on one host each get GPUs of their
+own (``CUDA_VISIBLE_DEVICES`` of each ``ray start``: :meth:`LocalBackend.node_devices`), so two nodes
+never train on one GPU.
 
 ``ray start --head --block`` runs as the leader of a new session, so the head and everything it
 spawns share one process group. Teardown stops exactly those processes (by PID, process group and
@@ -60,6 +62,8 @@ _HEAD_ONLY_PORTS = {"gcs", "dashboard", "ray_client_server"}
 STATE_FILE = "verl_pipeline_cluster.json"
 #: Environment variable naming the cluster (its temp dir) in every process the cluster runs.
 CLUSTER_MARKER = "VERL_PIPELINE_CLUSTER"
+#: The GPUs a process may use (CUDA's, which Ray reads at ``ray start`` and hands out from).
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: Attempts to start a local cluster when ``ray start`` failed in a way a second start gets past.
 _START_ATTEMPTS = 3
 #: What ``ray start`` prints when a port it was given is taken or given twice, or when its GCS did not
@@ -152,6 +156,16 @@ def ray_executable() -> str:
     return found
 
 
+def _gpu_devices(key: Key, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in value):
+        raise key.refuse(value, "must list GPU indices as nvidia-smi numbers them, num_gpus per node in node order",
+                         "[0, 1, 2, 3]")
+    if len(set(value)) != len(value):
+        raise key.refuse(value, "names a GPU twice: each GPU belongs to one node", sorted(set(value)))
+    return tuple(value)
+
+
 def _ports(key: Key, value: Any) -> dict[str, int]:
     if not isinstance(value, dict):
         raise key.refuse(value, "must map Ray ports to numbers", "{gcs: 0, dashboard: 0}")
@@ -181,11 +195,45 @@ class LocalBackend(ClusterBackend):
     stop_grace_s: float = field(default=10.0, metadata=setting(ge=0))
     #: Ray's auth (a fresh token per start, in a 0600 file beside the temp dir, unless the profile says disabled).
     auth_mode: auth.AuthMode = field(default=DEFAULT_AUTH_MODE, metadata=setting())
+    #: The host's GPUs the nodes use (nvidia-smi's numbers), ``num_gpus`` each in node order; empty: see
+    #: :meth:`node_devices`.
+    gpu_devices: tuple[int, ...] = field(default=(), metadata=setting(parse=_gpu_devices))
     kind: str = "local"
+
+    def __post_init__(self) -> None:
+        want = self.nodes * self.num_gpus
+        if self.gpu_devices and len(self.gpu_devices) != want:
+            fix = f"gpu_devices: {list(range(want))}" if want else "gpu_devices: [] (num_gpus is 0)"
+            raise ConfigError("cluster.gpu_devices", list(self.gpu_devices),
+                              f"lists {len(self.gpu_devices)} GPU(s); {self.nodes} node(s) x num_gpus {self.num_gpus} "
+                              f"use {want}", fix)
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LocalBackend:
         return read_settings(cls, spec)
+
+    def node_devices(self, environ: Mapping[str, str]) -> list[str | None]:
+        """Each node's ``CUDA_VISIBLE_DEVICES`` by rank (None: the node inherits the caller's).
+
+        ``gpu_devices`` when the profile lists them; else, for several nodes with GPUs, the GPUs the
+        caller sees (its ``CUDA_VISIBLE_DEVICES``, else 0, 1, …) split in order, ``num_gpus`` per node:
+        each ``ray start`` would otherwise offer the same first GPUs of the host as its own. One node
+        keeps the caller's GPUs.
+        """
+        n = self.num_gpus
+        if self.gpu_devices:
+            ids = [str(d) for d in self.gpu_devices]
+        elif self.nodes > 1 and n > 0:
+            visible = environ.get(CUDA_VISIBLE_DEVICES)
+            ids = ([d.strip() for d in visible.split(",") if d.strip()] if visible is not None
+                   else [str(i) for i in range(self.nodes * n)])
+            if len(ids) < self.nodes * n:
+                raise ClusterError(f"{self.nodes} local Ray nodes x {n} GPU(s) need {self.nodes * n} GPUs, but "
+                                   f"{CUDA_VISIBLE_DEVICES}={visible} names {len(ids)} (fix: cluster.gpu_devices, "
+                                   "or fewer nodes or num_gpus)")
+        else:
+            return [None] * self.nodes
+        return [",".join(ids[rank * n:(rank + 1) * n]) for rank in range(self.nodes)]
 
     def temp_dir_for(self, name: str) -> Path:
         # Short on purpose: Ray puts unix sockets under it and socket paths are limited to 107 bytes.
@@ -212,16 +260,22 @@ class LocalBackend(ClusterBackend):
         env[CLUSTER_MARKER] = marker
         return env
 
-    def _start(self, cmd: list[str], log_path: Path, token_file: Path | None) -> subprocess.Popen[bytes]:
+    def _start(self, cmd: list[str], log_path: Path, token_file: Path | None,
+               devices: str | None) -> subprocess.Popen[bytes]:
         """Start one ``ray start --block`` node (leader of its own session), marked with its cluster,
-        working in the cluster's temp dir."""
-        log.info("Starting a local Ray node: %s", " ".join(cmd))
+        working in the cluster's temp dir, on ``devices`` (its ``CUDA_VISIBLE_DEVICES``; None: inherited)."""
+        log.info("Starting a local Ray node%s: %s", "" if devices is None else f" on GPUs {devices}", " ".join(cmd))
         # The node's log lives in the cluster's temp dir, which names the cluster.
         temp_dir = log_path.parent
+        env = self._env(str(temp_dir), token_file)
+        if devices is not None:
+            env[CUDA_VISIBLE_DEVICES] = devices
+            # The numbers as nvidia-smi (and Ray's GPU readings, NVML) give them, not CUDA's fastest-first order.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         with open(log_path, "ab") as out:
             return subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=self._env(str(temp_dir), token_file),
+                env=env,
                 # Not the caller's directory: every Ray process, and every job driver, inherits it, and
                 # a redeployed checkout deletes it (the next driver then fails in os.path.abspath).
                 cwd=temp_dir,
@@ -251,6 +305,7 @@ class LocalBackend(ClusterBackend):
 
     def _provision_once(self, name: str) -> ClusterHandle:
         temp_dir = self.temp_dir_for(name)
+        devices = self.node_devices(os.environ)  # before anything starts: too few GPUs is a one-line error
         leftovers = procs.alive(procs.with_cmdline(str(temp_dir)) + procs.with_environ(CLUSTER_MARKER, str(temp_dir)))
         if leftovers:
             log.warning("Stopping %d leftover Ray processes of an earlier attempt in %s", len(leftovers), temp_dir)
@@ -260,7 +315,7 @@ class LocalBackend(ClusterBackend):
         # A fresh token for every start: one that leaked from an earlier cluster opens nothing.
         token_file = (auth.write_token_file(self.token_dir_for(temp_dir))
                       if self.auth_mode is auth.AuthMode.TOKEN else None)
-        handle, started = self._start_head(name, temp_dir, token_file)
+        handle, started = self._start_head(name, temp_dir, token_file, devices[0])
 
         def still_starting() -> None:
             for p, path in started:
@@ -274,7 +329,7 @@ class LocalBackend(ClusterBackend):
         try:
             wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting, poll_s=_READY_POLL_S)
             if self.nodes > 1:
-                started += self._start_workers(handle, temp_dir, token_file)
+                started += self._start_workers(handle, temp_dir, token_file, devices)
                 wait_ready(handle, timeout_s=self.ready_timeout_s, still_starting=still_starting,
                            poll_s=_READY_POLL_S)
         except BaseException:
@@ -284,8 +339,8 @@ class LocalBackend(ClusterBackend):
         write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
         return handle
 
-    def _start_head(self, name: str, temp_dir: Path,
-                    token_file: Path | None) -> tuple[ClusterHandle, list[tuple[subprocess.Popen[bytes], Path]]]:
+    def _start_head(self, name: str, temp_dir: Path, token_file: Path | None,
+                    devices: str | None) -> tuple[ClusterHandle, list[tuple[subprocess.Popen[bytes], Path]]]:
         """Start the head node (on fresh ports, or the profile's pinned ones) and record the cluster's
         handle in its state file before anything waits: a teardown after a crash finds what was started."""
         pinned = {key: port for key, port in self.ports.items() if port}
@@ -298,7 +353,7 @@ class LocalBackend(ClusterBackend):
             *self._node_args(temp_dir, ports, worker_base),
         ]
         log_path = temp_dir / "ray-start-node0.log"
-        proc = self._start(cmd, log_path, token_file)
+        proc = self._start(cmd, log_path, token_file, devices)
         root = procs.ProcRef(proc.pid, procs.psutil.Process(proc.pid).create_time())
         handle = ClusterHandle(
             backend=self.kind,
@@ -319,14 +374,15 @@ class LocalBackend(ClusterBackend):
                 "worker_ports": [worker_base, worker_base + _WORKER_PORT_SPAN - 1],
                 "log": str(log_path),
                 "stop_grace_s": self.stop_grace_s,
-                "nodes": [{"rank": 0, "root": root.to_list(), "pgid": proc.pid, "log": str(log_path)}],
+                "nodes": [{"rank": 0, "root": root.to_list(), "pgid": proc.pid, "log": str(log_path),
+                           "gpu_devices": devices}],
             },
         )
         write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
         return handle, [(proc, log_path)]
 
-    def _start_workers(self, handle: ClusterHandle, temp_dir: Path,
-                       token_file: Path | None) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    def _start_workers(self, handle: ClusterHandle, temp_dir: Path, token_file: Path | None,
+                       devices: list[str | None]) -> list[tuple[subprocess.Popen[bytes], Path]]:
         """Start nodes 1..n-1 against the ready head (each recorded in the state file as it starts) and raise
         the handle's expectations to the whole cluster."""
         head_ip = self._head_ip(handle)
@@ -350,10 +406,11 @@ class LocalBackend(ClusterBackend):
                 *self._node_args(temp_dir, node_ports, base),
             ]
             node_log = temp_dir / f"ray-start-node{rank}.log"
-            p = self._start(cmd, node_log, token_file)
+            p = self._start(cmd, node_log, token_file, devices[rank])
             started.append((p, node_log))
             ref = procs.ProcRef(p.pid, procs.psutil.Process(p.pid).create_time())
-            handle.extra["nodes"].append({"rank": rank, "root": ref.to_list(), "pgid": p.pid, "log": str(node_log)})
+            handle.extra["nodes"].append({"rank": rank, "root": ref.to_list(), "pgid": p.pid, "log": str(node_log),
+                                          "gpu_devices": devices[rank]})
             write_json_atomic(temp_dir / STATE_FILE, handle.to_dict())
         handle.expected_nodes = self.nodes
         handle.expected_cpus = self.num_cpus * self.nodes
