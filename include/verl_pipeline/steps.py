@@ -451,17 +451,11 @@ def _node_summary(node: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def resume_point(spec: RunSpec, settings: dict[str, Any]) -> int:
-    """The run step the next training attempt resumes from (0: from the start), read as the submit will
-    read it (:func:`verl_pipeline.jobs.checkpoints.plan_for_job`; writes nothing)."""
-    from verl_pipeline.jobs.checkpoints import current_segment, plan_for_job
-    from verl_pipeline.rundir import tracker_step
+    """The run step the next training attempt resumes from (0: from the start): the run's newest complete
+    checkpoint, as the restart budget reads it too (:func:`~verl_pipeline.jobs.checkpoints.newest_run_step`)."""
+    from verl_pipeline.jobs.checkpoints import newest_run_step
 
-    ckpt, start, _ = current_segment(spec.checkpoint_dir)
-    try:
-        plan = plan_for_job(ckpt, settings, spec.on_world_size_change)
-    except ConfigError:
-        return start + (tracker_step(ckpt) or 0)  # another world size: the submit refuses it, naming both
-    return start + (plan.step if plan is not None else (tracker_step(ckpt) or 0))
+    return newest_run_step(spec.checkpoint_dir, settings)
 
 
 def decide_for_nodes(spec: RunSpec, intent: RenderedJob, raw: dict[str, Any]) -> Decision:
