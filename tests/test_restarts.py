@@ -64,3 +64,15 @@ def test_a_profiles_restarts_section_reaches_the_frozen_spec(tmp_path: Path, mon
     (cfg / "profiles" / "smoke.yaml").write_text(yaml.safe_dump({**smoke, "restarts": {"no_progress_limit": -2}}))
     with pytest.raises(ConfigError, match=r"^profiles/smoke\.restarts\.no_progress_limit=-2"):
         build_run_spec({"profile": "smoke"}, run_name="t/restarts")
+
+
+def test_reprobe_is_on_change_by_default_and_always_on_request() -> None:
+    from verl_pipeline.restarts import Reprobe
+
+    assert RestartPolicy().reprobe is Reprobe.ON_CHANGE
+    p = RestartPolicy.from_profile({"reprobe": "always"}, "p")
+    assert p.reprobe is Reprobe.ALWAYS and p.to_dict()["reprobe"] == "always"
+    assert RestartPolicy.from_dict(p.to_dict()) == p  # as the frozen spec keeps it
+    with pytest.raises(ConfigError) as err:
+        RestartPolicy.from_profile({"reprobe": "never"}, "p")
+    assert str(err.value).startswith("profiles/p.restarts.reprobe=") and "reprobe: always" in str(err.value)

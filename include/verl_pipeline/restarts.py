@@ -12,11 +12,13 @@ from the run's records by :mod:`verl_pipeline.jobs.budget`; ``jobs.outcome.decid
       no_progress_limit: 2   # attempts in a row without progress that are restarted; one more fails the run
       delay: 20s             # before a restart after progress; x2 per attempt in a row without progress
       max_delay: 10m         # the most a restart waits
+      reprobe: on_change     # or always: probe the nodes again before every restart (jobs/reprobe.py)
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
@@ -24,7 +26,16 @@ from verl_pipeline.exceptions import ConfigError, section_of
 
 #: The run profile's section and its keys.
 SECTION = "restarts"
-_KEYS = ("no_progress_limit", "delay", "max_delay")
+_KEYS = ("no_progress_limit", "delay", "max_delay", "reprobe")
+
+
+class Reprobe(str, Enum):
+    """Whether a restart probes the nodes again (``restarts: reprobe``)."""
+
+    #: Only when something may have changed on them (:mod:`verl_pipeline.jobs.reprobe` decides).
+    ON_CHANGE = "on_change"
+    #: Before every restart, as before the first attempt.
+    ALWAYS = "always"
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,11 @@ class RestartPolicy:
     delay_s: float = 20.0
     #: The longest wait before a restart.
     max_delay_s: float = 600.0
+    #: Whether a restart probes the nodes again or reuses the probe its run's earlier attempt passed.
+    reprobe: Reprobe = Reprobe.ON_CHANGE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reprobe", Reprobe(self.reprobe))  # from a frozen spec's string
 
     def delay(self, no_progress: int) -> float:
         """Seconds to wait before the restart after ``no_progress`` attempts in a row without progress
@@ -49,7 +65,7 @@ class RestartPolicy:
                 f"at most {format_duration(self.max_delay_s)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "reprobe": self.reprobe.value}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> RestartPolicy:
@@ -77,6 +93,12 @@ class RestartPolicy:
             if seconds is None:
                 raise ConfigError(f"{where}.{key}", value, "is not a duration", f"{key}: one of {EXAMPLES}, or 0s")
             out[f"{key}_s"] = float(seconds)
+        reprobe = section.get("reprobe")
+        if reprobe is not None:
+            if reprobe not in {r.value for r in Reprobe}:
+                raise ConfigError(f"{where}.reprobe", reprobe, "is not one of " + ", ".join(r.value for r in Reprobe),
+                                  "reprobe: on_change (the default) or reprobe: always")
+            out["reprobe"] = Reprobe(reprobe)
         policy = cls(**out)
         if policy.max_delay_s < policy.delay_s:
             raise ConfigError(f"{where}.max_delay", format_duration(policy.max_delay_s),
@@ -85,4 +107,4 @@ class RestartPolicy:
         return policy
 
 
-__all__ = ["SECTION", "RestartPolicy"]
+__all__ = ["SECTION", "Reprobe", "RestartPolicy"]

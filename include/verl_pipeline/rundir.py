@@ -136,6 +136,12 @@ class RunDir:
         return self.path / "environment.json"
 
     @property
+    def probe_file(self) -> Path:
+        """The run's latest probe as it ran: what it asked and the nodes' raw answers; a restart on the same
+        nodes may reuse it (``jobs.reprobe``)."""
+        return self.path / "probe.json"
+
+    @property
     def decisions_file(self) -> Path:
         """What was decided for each submitted attempt's nodes (``trainer.decisions``): one JSON line per
         attempt, with what the probe found and what the job therefore used."""
@@ -263,6 +269,13 @@ class RunDir:
     def record_decision(self, record: dict[str, Any]) -> None:
         """Append one attempt's decision (``trainer.decisions.Decision.to_dict`` with its attempt)."""
         _append_line(self.decisions_file, record)
+
+    def kept_probe(self) -> dict[str, Any] | None:
+        """The run's latest probe (:attr:`probe_file`), if any."""
+        return _read_json(self.probe_file)
+
+    def keep_probe(self, request: dict[str, Any], report: dict[str, Any]) -> None:
+        write_json_atomic(self.probe_file, {"request": request, "report": report, "at": now()})
 
     def decisions(self) -> list[dict[str, Any]]:
         """Every attempt's decision, oldest first (a line cut by a crash is skipped)."""

@@ -367,17 +367,30 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
 def probe_cluster(spec: RunSpec, job: RenderedJob, *, client: RayJobsClient, status: ClusterStatus,
                   id_prefix: str) -> dict[str, Any]:
     """Run the environment probe (:mod:`verl_pipeline.cluster.probe`) with ``job``'s runtime_env, for what
-    it needs and what the decisions read (flash-attn, the GPUs, the versions): the probe's raw report."""
+    it needs and what the decisions read (flash-attn, the GPUs, the versions): the probe's raw report. A
+    restart on nodes where nothing changed reuses the run's passed probe instead
+    (:func:`verl_pipeline.jobs.reprobe.decide`; the report then says ``reused`` and why)."""
     from verl_pipeline.cluster.probe import DEFAULT_TIMEOUT_S, run_probe
+    from verl_pipeline.jobs.reprobe import decide, latest_failure
     from verl_pipeline.trainer.environment import installed_verl_pins, needs_for
 
     hard = cluster_problems(spec, status, Mode.PREFLIGHT)  # too old a Ray: nothing else is worth probing
     if hard:
         raise hard[0]
-    needs = needs_for(job.settings, installed_verl_pins())
+    request = needs_for(job.settings, installed_verl_pins()).request()
+    run = RunDir(spec.run_dir)
+    kept = run.kept_probe()
+    failure = latest_failure(run)
+    if failure is not None:
+        reuse = decide(spec.restarts.reprobe, kept, request=request, alive=client.nodes, failure=failure)
+        if reuse.reuse and kept is not None:
+            log.info("Run %s: no probe before this restart: %s", spec.run_name, reuse.why)
+            return {**kept["report"], "reused": reuse.why, "wall_seconds": 0.0}
+        log.info("Run %s: probing the nodes again before this restart: %s", spec.run_name, reuse.why)
     timeout = float(spec.cluster.get("probe_timeout_s", DEFAULT_TIMEOUT_S))
-    return run_probe(client, request=needs.request(), runtime_env=job.runtime_env, id_prefix=id_prefix,
-                     timeout_s=timeout)
+    raw = run_probe(client, request=request, runtime_env=job.runtime_env, id_prefix=id_prefix, timeout_s=timeout)
+    run.keep_probe(request, raw)
+    return raw
 
 
 def check_environment(spec: RunSpec, job: RenderedJob, raw: dict[str, Any], *, status: ClusterStatus,
@@ -404,7 +417,7 @@ def check_environment(spec: RunSpec, job: RenderedJob, raw: dict[str, Any], *, s
         "mode": job.mode.value, "enforced": enforced, "ok": not problems, "problems": problems,
         "unreachable": unreachable, "needs": [n.to_dict() for n in needs.modules],
         "nodes": [_node_summary(n, node_label(n)) for n in raw["nodes"]],
-        "probe_job_id": raw["job_id"], "seconds": raw["wall_seconds"],
+        "probe_job_id": raw["job_id"], "seconds": raw["wall_seconds"], "reused": raw.get("reused"),
         # Where the probe's seconds went: submitting it, its driver's ray.init, the pinned node tasks.
         "phases_s": {"submit": raw.get("submit_s"), "ray_init": (raw.get("driver") or {}).get("ray_init_s"),
                      "node_tasks": raw.get("seconds")},
@@ -412,8 +425,9 @@ def check_environment(spec: RunSpec, job: RenderedJob, raw: dict[str, Any], *, s
         "found": decision.nodes.to_dict() if decision else None,
         "decided": decision.summary() if decision else None,
     }
-    log.info("Environment probe of %d node(s) in %.1fs (Ray job %s): %s", len(raw["nodes"]), raw["wall_seconds"],
-             raw["job_id"], f"{len(problems)} problem(s)" if problems else "nothing missing")
+    log.info("Environment probe of %d node(s) %s (Ray job %s): %s", len(raw["nodes"]),
+             "reused" if raw.get("reused") else f"in {raw['wall_seconds']:.1f}s", raw["job_id"],
+             f"{len(problems)} problem(s)" if problems else "nothing missing")
     for node in report["nodes"]:
         log.info("Probe of node %s: %s", node["node"], node)
     for line in unreachable:
@@ -467,7 +481,8 @@ def decide_for_nodes(spec: RunSpec, intent: RenderedJob, raw: dict[str, Any]) ->
     nodes = NodeFacts.from_probe(raw["nodes"], source=f"probe job {raw['job_id']}")
     settings = intent.undecided_settings()
     resume = resume_point(spec, settings) if intent.mode is Mode.TRAIN else 0
-    decision = decide_for_spec(spec, settings, nodes, resume_step=resume)
+    probe = f"reused probe job {raw['job_id']}: {raw['reused']}" if raw.get("reused") else f"ran (job {raw['job_id']})"
+    decision = decide_for_spec(spec, settings, nodes, resume_step=resume, probe=probe)
     log.info("Run %s: %s", spec.run_name, nodes.describe())
     log.info("Run %s: decided for these nodes: %s", spec.run_name, decision.summary())
     for note in decision.notes:

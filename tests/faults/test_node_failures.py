@@ -102,6 +102,8 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
     assert second[0] == resumed + 1 and second[-1] == TOTAL_STEPS
     redone = max(first) - resumed
     assert 0 <= redone <= SAVE_FREQ
+    # A node was lost: the restart probes the nodes again, never reusing what the lost node answered.
+    assert [d["rules"]["probe"].startswith("'ran (job ") for d in RunDir(rd).decisions()] == [True, True]
     assert _checkpoints_intact(fault_env) == list(range(SAVE_FREQ, TOTAL_STEPS + 1, SAVE_FREQ))
     # Each attempt's start, phase by phase, from the lines the stand-in prints as verl and vLLM do: the
     # waiter saw every phase end, in order, the resume's too, which skips validation before training
@@ -197,6 +199,12 @@ def test_a_run_that_crashes_before_its_first_step_three_times_fails_with_one_cle
             "is 2") in line
     report = json.loads((rd / "report" / "report.json").read_text())
     assert report["status"] == "failed" and report["restarts"]["exhausted"] is True
+    # The same nodes each time and a killed process: the restarts reuse attempt 1's probe (jobs/reprobe.py).
+    probes = [d["rules"]["probe"] for d in RunDir(rd).decisions()]
+    assert probes[0].startswith("'ran (job ") and len(probes) == 3, probes
+    first_probe = probes[0].split("(job ")[1].split(")")[0]
+    assert all(p.startswith(f"'reused probe job {first_probe}: the same 1 node(s) and GPUs") for p in probes[1:]), \
+        "|".join(p[:120] for p in probes)
     _no_leftovers(rd)
     record_result(results_file, "trainer killed before its first step, every attempt", {
         "attempts": len(attempts), "restarts": 2, "dag_run_s": took,

@@ -37,7 +37,7 @@ def test_the_record_says_what_the_probe_found_and_what_the_job_uses() -> None:
     assert (node["gpu_name"], node["gpu_memory_gb"], node["flash_attn"]) == ("NVIDIA H200", 139.8, "2.8.3.post2")
     assert record["nodes"]["flash_attn_on_every_gpu_node"] is True and record["gpu_memory_gb"] == 139.8
     assert record["caches"]["enabled"] and record["env"][COMPILE_CACHE_SWITCH] == "0"
-    assert "every submission probes the nodes" in record["rules"]["probe"]
+    assert record["rules"]["probe"].startswith("'ran' — the first submission probes the nodes; a restart probes")
     assert record["summary"].startswith("attention: flash-attn (flash_attention_2); dynamic batches: True (update ")
     # The record reads back as the same nodes (render --nodes, a retry's comparison).
     assert NodeFacts.from_dict(record["nodes"]) == decision.nodes

@@ -152,15 +152,16 @@ def _driver_version() -> str | None:
 
 
 def _gpu_facts() -> dict[str, Any]:
-    """Each GPU torch sees (name, memory in GiB, compute capability) and the driver; no CUDA context needed."""
+    """Each GPU torch sees (name, memory in GiB, compute capability, UUID) and the driver; no CUDA context needed."""
     try:
         import torch
 
         devices = []
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
+            uuid_ = getattr(props, "uuid", None)  # what NVML calls GPU-<uuid>: a restart's check reads it
             devices.append({"name": str(props.name), "memory_gib": round(props.total_memory / 2**30, 1),
-                            "capability": f"{props.major}.{props.minor}"})
+                            "capability": f"{props.major}.{props.minor}", "uuid": str(uuid_) if uuid_ else None})
     except Exception as e:  # a broken CUDA install is the finding
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     return {"devices": devices, "driver": _driver_version()}

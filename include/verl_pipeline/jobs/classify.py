@@ -59,31 +59,37 @@ _GPU_OOM: list[tuple[str, str]] = [
      "shows what the scaling rules chose and why"),
 ]
 
-_INFRA: list[tuple[str, str]] = [
-    ("node died", r"NodeDiedError|node .{0,80}(has )?died|The node .{0,120} (is dead|has been marked dead)"),
-    ("actor died with its node", r"ActorDiedError.{0,400}(node|raylet)|owner.{0,40}died"),
+#: Infrastructure failures: (reason, pattern, whether the reason spares the nodes). A reason that spares
+#: them says nothing against the nodes' GPUs, drivers or packages (a process killed, a message lost, an
+#: overloaded head): a restart on the same nodes need not probe them again (:mod:`verl_pipeline.jobs.reprobe`).
+#: A lost node comes back under a new Ray node id anyway; an NCCL error may be a GPU or a link going bad.
+_INFRA: list[tuple[str, str, bool]] = [
+    ("node died", r"NodeDiedError|node .{0,80}(has )?died|The node .{0,120} (is dead|has been marked dead)", False),
+    ("actor died with its node", r"ActorDiedError.{0,400}(node|raylet)|owner.{0,40}died", False),
     ("actor unreachable (its node or process is gone)", r"ActorUnavailableError|RPC error: Socket closed|"
-                                                        r"rpc_code: 14\b"),
+                                                        r"rpc_code: 14\b", True),
     ("raylet or GCS lost", r"raylet (died|is dead|crashed)|GCS .{0,40}(unavailable|failed|lost|died)|"
                            r"Failed to connect to GCS|RaySystemError|"
-                           r"Job supervisor actor (died|could not be scheduled)"),
-    ("object lost with its node", r"ObjectLostError|OwnerDiedError|ObjectFetchTimedOutError"),
+                           r"Job supervisor actor (died|could not be scheduled)", False),
+    ("object lost with its node", r"ObjectLostError|OwnerDiedError|ObjectFetchTimedOutError", True),
     ("worker killed (OOM or signal)", r"OutOfMemoryError|killed by the (Linux )?OOM|memory monitor|"
-                                      r"WorkerCrashedError|SIGKILL|exit code (137|-9)\b"),
+                                      r"WorkerCrashedError|SIGKILL|exit code (137|-9)\b", True),
     ("NCCL timeout or error", r"NCCL (timeout|error|WARN.*Timeout)|Watchdog caught collective operation timeout|"
-                              r"ProcessGroupNCCL.{0,80}(timeout|Timeout)"),
-    ("preempted", r"[Pp]reempt(ed|ion)|spot instance .{0,40}reclaim"),
-    ("Jobs API unreachable", r"Ray Jobs API unreachable|dashboard .{0,60} is unreachable|Connection refused"),
+                              r"ProcessGroupNCCL.{0,80}(timeout|Timeout)", False),
+    ("preempted", r"[Pp]reempt(ed|ion)|spot instance .{0,40}reclaim", False),
+    ("Jobs API unreachable", r"Ray Jobs API unreachable|dashboard .{0,60} is unreachable|Connection refused", True),
     # An overloaded head: the GCS answers a driver's (or a node's) call too late. Ray raises it as a
     # plain RuntimeError from ``ray.init``, which would otherwise read as the user's exception. Only
     # the raised forms: Ray also logs a Deadline Exceeded it then retries ("Failed to get node info b'…'").
-    ("Ray control plane overloaded (GCS call timed out)", r"Error: b'RPC error: Deadline Exceeded'|"
-                                                          r"Exception: The current node timed out during startup"),
+    ("Ray control plane overloaded (GCS call timed out)",
+     r"Error: b'RPC error: Deadline Exceeded'|Exception: The current node timed out during startup", True),
     # verl's resource check counts the GPUs free right now. The pipeline checked the cluster's total
     # before submitting, so fewer free ones means another job holds them for now (a shared cluster).
     ("GPUs held by another job (verl's resource check)", r"Total available GPUs [\d.]+ is less than total "
-                                                         r"desired GPUs"),
+                                                         r"desired GPUs", True),
 ]
+#: The infrastructure reasons that spare the nodes (see :data:`_INFRA`).
+NODES_SPARED = frozenset(reason for reason, _, spares in _INFRA if spares)
 
 _USER: list[tuple[str, str]] = [
     ("configuration rejected", r"ConfigError|VerlConfigError|ValidationError|ConfigAttributeError|"
@@ -116,7 +122,7 @@ def classify(message: str, log_tail: str = "", *, status: str = "FAILED") -> Cla
             fits = ending is not None and re.search(pattern, ending)
             return Classification(FailureKind.USER, _GPU_OOM_REASON,
                                   ending if fits and ending else _line(text, oom[-1]), remedy)
-    for reason, pattern in _INFRA:
+    for reason, pattern, _ in _INFRA:
         matches = list(re.finditer(pattern, text))
         if matches:
             fits = ending is not None and re.search(pattern, ending)

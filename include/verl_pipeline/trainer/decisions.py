@@ -1,8 +1,9 @@
 """The one place where a job's node-dependent decisions are made: what the probe found, what the job uses.
 
 The frozen spec (``run_spec.json``) holds what the user asked for; every submission — the first,
-a retry on other nodes, the CLI's — probes the cluster as it is and decides here, from what the
-probe found (:class:`~verl_pipeline.trainer.nodefacts.NodeFacts`):
+a retry on other nodes, the CLI's — decides here, from what the probe of the cluster as it is found
+(:class:`~verl_pipeline.trainer.nodefacts.NodeFacts`; a restart on unchanged nodes reuses the run's
+passed probe, :mod:`verl_pipeline.jobs.reprobe`):
 
 - the attention path and what goes with it (:mod:`verl_pipeline.trainer.fastpath`): flash-attn's
   fast path with packed sequences and dynamic batches sized for the GPU, or SDPA with fused
@@ -44,10 +45,11 @@ from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY, CachePlan, pla
 #: A GPU memory the probe found this far from the cluster profile's is named in the record: the scaling
 #: rules of the frozen spec (rollout TP, vLLM's share, offload) were sized for the profile's.
 MEMORY_MISMATCH = 0.1
-#: Why every submission probes, retries included (the record says it; docs/failures.md too).
-PROBE_RULE = ("every submission probes the nodes, retries included: a retry after a failure is when a node may "
-              "have lost a GPU or a package, which Ray's resource count (fixed when the raylet started) does not "
-              "show; the probe's torch sees it (~20 s on an H200 node against ~4 min to a first step)")
+#: When a submission probes the nodes (the record says it; docs/failures.md too; ``jobs/reprobe.py`` decides).
+PROBE_RULE = ("the first submission probes the nodes; a restart probes them again unless the same nodes (Ray node "
+              "ids), the same GPUs (UUIDs, as the nodes' agents report them) and a failure that spares the nodes say "
+              "nothing changed since the run's passed probe (~20 s on an H200 node against ~4 min to a first step); "
+              "restarts.reprobe: always probes before every restart")
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,10 @@ def decide(
     runtime_env: Mapping[str, Any] | None = None,
     resume_step: int = 0,
     validate_on_resume: bool = False,
+    probe: str = "ran",
 ) -> Decision:
-    """Every node-dependent decision for a job with these verl ``settings`` on ``nodes`` (pure)."""
+    """Every node-dependent decision for a job with these verl ``settings`` on ``nodes`` (pure); ``probe`` says
+    how the nodes were seen (``ran``, or the probe reused and why)."""
     c = Choices(settings)
     notes = []
     profile_gb = hardware.gpu_memory_gb if hardware is not None else None
@@ -148,17 +152,17 @@ def decide(
     caches = plan_caches(nodes, root=cache_root, enabled=warm_caches, user_env=dict(runtime_env or {}))
     resume_validation(c, resume_step=resume_step, validate_on_resume=validate_on_resume)
     if nodes.probed:
-        c.note("probe", "every submission", PROBE_RULE)
+        c.note("probe", probe, PROBE_RULE)
     return Decision(nodes, path, dict(c.updates), dict(caches.env), tuple(c.rules), caches, resume_step,
                     memory or None, tuple(notes))
 
 
 def decide_for_spec(spec: RunSpec, settings: Mapping[str, Any], nodes: NodeFacts | None = None, *,
-                    resume_step: int = 0) -> Decision:
+                    resume_step: int = 0, probe: str = "ran") -> Decision:
     """:func:`decide` for a run's job: its model facts, hardware, cache storage and restart settings."""
     return decide(settings, nodes=nodes or NodeFacts(), model=spec.model_facts, hardware=spec.hardware,
                   cache_root=spec.cache_root, warm_caches=spec.warm_caches, runtime_env=spec.runtime.get("env") or {},
-                  resume_step=resume_step, validate_on_resume=spec.validate_on_resume)
+                  resume_step=resume_step, validate_on_resume=spec.validate_on_resume, probe=probe)
 
 
 __all__ = ["MEMORY_MISMATCH", "PROBE_RULE", "Decision", "decide", "decide_for_spec"]
