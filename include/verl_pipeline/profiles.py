@@ -397,6 +397,8 @@ def derive_verl_settings(
                             explicit=explicit)
     if pools is not None:
         scaling.separate_settings(result, pools, explicit)
+    rollout_gpus = pools.rollout_nnodes * pools.rollout_gpus_per_node if pools else nnodes * n_gpus_per_node
+    scaling.rollout_settings(result, facts, hardware, rollout_gpus=rollout_gpus, explicit=explicit)
     return result.settings, {r.key: r.text() for r in result.rules}, pools
 
 

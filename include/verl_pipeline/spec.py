@@ -166,6 +166,9 @@ class ModelFacts:
     #: The vocabulary (config.json's ``vocab_size``): the logits' width, which sizes the dynamic-batch token
     #: budgets (``trainer/fastpath.py``); None when the profile does not give it.
     vocab_size: int | None = None
+    #: config.json's ``num_key_value_heads`` (grouped-query attention): the KV cache's size per token, which
+    #: sizes vLLM's ``max_num_seqs`` (``trainer/scaling.py``); None: as many as the attention heads.
+    num_key_value_heads: int | None = None
 
     @classmethod
     def from_profile(cls, section: dict[str, Any], profile: str) -> ModelFacts:
@@ -174,11 +177,11 @@ class ModelFacts:
         values: dict[str, Any] = {}
         for name, kind, example in (("hidden_size", int, "3584"), ("num_layers", int, "28"),
                                     ("num_attention_heads", int, "28"), ("params_b", float, "7.6"),
-                                    ("vocab_size", int, "152064")):
+                                    ("vocab_size", int, "152064"), ("num_key_value_heads", int, "4")):
             raw = section.get(name)
             key = f"models/{profile}.model.{name}"
             if raw is None:
-                if name in ("params_b", "vocab_size"):
+                if name in ("params_b", "vocab_size", "num_key_value_heads"):
                     continue
                 raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it",
                                   f"{name}: {example}")

@@ -4,6 +4,7 @@ import pytest
 
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.profiles import build_run_spec
+from verl_pipeline.spec import RunSpec
 from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.scaling import Hardware, ModelFacts
 
@@ -184,3 +185,48 @@ def test_verl_accepts_the_separate_placement_at_every_documented_shape(nnodes: i
 ])
 def test_vllm_share_leaves_room_for_the_training_state(mem: float, resident: float, util: float) -> None:
     assert scaling.rollout_memory_utilization(mem, resident)[0] == util
+
+
+QWEN_05B = ModelFacts(params_b=0.49, hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2)
+H200 = Hardware(gpu_memory_gb=140, cpus_per_node=16)
+
+
+def _seqs(model: ModelFacts, hw: Hardware, replicas: int, tp: int = 1, **settings: object) -> tuple[int | None, str]:
+    base: dict[str, object] = {"data.train_batch_size": 128, "actor_rollout_ref.rollout.n": 5,
+                               "data.max_prompt_length": 512, "data.max_response_length": 1024,
+                               "actor_rollout_ref.rollout.gpu_memory_utilization": 0.8}
+    return scaling.rollout_max_num_seqs({**base, **settings}, model, hw, replicas=replicas, tp=tp)
+
+
+def test_vllm_takes_a_replicas_share_of_the_step_in_one_wave_as_far_as_its_kv_cache_holds_it() -> None:
+    # The 0.5B GRPO profile on one H200: 640 sequences in one wave instead of three at verl's 256.
+    value, why = _seqs(QWEN_05B, H200, replicas=1)
+    assert value == 640 and "in 1 wave(s) instead of 3 at verl's 256" in why and "12 KiB per token, 2 KV heads" in why
+    # K and V in bf16: 2 x 2 bytes x 24 layers x 64 head dims x 2 KV heads.
+    assert scaling.kv_bytes_per_token(QWEN_05B, 1) == 12288
+    # Eight replicas share the step: 80 each, verl's default holds them, nothing is set.
+    assert _seqs(QWEN_05B, H200, replicas=8) == (
+        None, "80 sequences per replica per step (data.train_batch_size x rollout.n / 8 replica(s) of tp 1) fit "
+              "verl's default 256: one wave")
+    # A 7B on an 80 GB GPU: the KV cache holds fewer than the step's share, which bounds it (two waves).
+    qwen7 = ModelFacts(params_b=7.6, hidden_size=3584, num_layers=28, num_attention_heads=28, num_key_value_heads=4)
+    value, why = _seqs(qwen7, H100, replicas=1)
+    assert value is not None and 256 < value < 640 and "in 2 wave(s) instead of 3" in why
+    # Without num_key_value_heads the KV heads are taken to be the attention heads (7x more here): a smaller bound.
+    assert (_seqs(QWEN_7B, H100, replicas=1)[0] or 256) < value
+    # Where the KV cache holds no more than 256, verl's default stays; other engines are not vLLM's.
+    assert _seqs(QWEN_7B, L4, replicas=1)[0] is None
+    assert _seqs(QWEN_05B, H200, replicas=1, **{"actor_rollout_ref.rollout.name": "sglang"})[0] is None
+
+
+def test_the_profiles_get_max_num_seqs_and_an_explicit_value_wins() -> None:
+    def spec(**overrides: object) -> RunSpec:
+        return build_run_spec({"model_source": "/m"}, run_name="t/seqs", model_profile="qwen2.5-0.5b-grpo",
+                              cluster_profile="local-gpu", overrides=overrides)
+
+    derived = spec()
+    assert derived.verl[scaling.MAX_NUM_SEQS_KEY] == 640  # 1 node x 1 GPU, tp 1
+    assert "in 1 wave(s) instead of 3" in derived.derived[scaling.MAX_NUM_SEQS_KEY]
+    kept = spec(**{scaling.MAX_NUM_SEQS_KEY: 256})
+    assert kept.verl[scaling.MAX_NUM_SEQS_KEY] == 256
+    assert "[explicit value kept]" in kept.derived[scaling.MAX_NUM_SEQS_KEY]

@@ -43,6 +43,8 @@ from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.scaling import (
     ROLLOUT_HEADROOM_GB,
     ROLLOUT_HEADROOM_SHARE,
+    VERL_DEFAULT_PROMPT,
+    VERL_DEFAULT_RESPONSE,
     train_state_gb,
     uses_critic,
     uses_reference,
@@ -82,8 +84,6 @@ LOGIT_BYTES_FORWARD = 8
 LAYER_BYTES = 34
 #: Bytes per token per hidden unit per layer that gradient checkpointing keeps (each layer's bf16 input).
 CHECKPOINT_BYTES = 2
-#: verl's defaults for the lengths when the run leaves them unset (ppo_trainer.yaml ``data:``).
-VERL_DEFAULT_PROMPT, VERL_DEFAULT_RESPONSE = 512, 512
 
 
 class AttentionPath(str, Enum):

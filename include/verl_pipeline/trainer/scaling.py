@@ -44,6 +44,14 @@ MIN_RAY_VERSION = (2, 41)
 
 # gpu_memory_utilization by GPU memory (GB): bigger GPUs keep a smaller share free for the actor.
 _UTILIZATION = ((24, 0.8), (48, 0.85), (96, 0.9), (math.inf, 0.95))
+#: verl 0.9.1's ``actor_rollout_ref.rollout.max_num_seqs`` (rollout.yaml): the most sequences one vLLM replica
+#: decodes at once; a step's sequences beyond it wait and run in another wave, as long as its longest response.
+VERL_MAX_NUM_SEQS = 256
+MAX_NUM_SEQS_KEY = "actor_rollout_ref.rollout.max_num_seqs"
+#: Share of vLLM's memory left after the weights that is not KV cache (its activations, CUDA graphs, sampler).
+ROLLOUT_NON_KV_SHARE = 0.2
+#: verl's defaults for the lengths when the run leaves them unset (ppo_trainer.yaml ``data:``).
+VERL_DEFAULT_PROMPT, VERL_DEFAULT_RESPONSE = 512, 512
 #: What vLLM's share must leave on the GPU besides the training state that stays there while it
 #: generates: the other processes' CUDA contexts and allocator caches (the larger of the two).
 ROLLOUT_HEADROOM_GB, ROLLOUT_HEADROOM_SHARE = 4.0, 0.10
@@ -322,6 +330,52 @@ def derive(
         d.set("critic.fsdp.param_offload", offload, why, explicit)
         d.set("critic.fsdp.optimizer_offload", offload, why, explicit)
     return d
+
+
+def kv_bytes_per_token(model: ModelFacts, tp: int) -> float:
+    """One token's K and V in bf16 on one GPU of a replica (TP shards the KV heads; a head is not split)."""
+    kv_heads = model.num_key_value_heads or model.num_attention_heads
+    head_dim = model.hidden_size / model.num_attention_heads
+    return 2 * 2 * model.num_layers * head_dim * kv_heads / min(tp, kv_heads)
+
+
+def rollout_max_num_seqs(settings: dict[str, Any], model: ModelFacts, hw: Hardware, *, replicas: int,
+                         tp: int) -> tuple[int | None, str]:
+    """vLLM's ``max_num_seqs`` for a step's sequences in one wave per replica, as far as the KV cache holds them;
+    None where verl's default already does (or the KV cache holds no more, or the rollout is not vLLM's)."""
+    seqs = math.ceil(int(settings["data.train_batch_size"]) * int(settings.get("actor_rollout_ref.rollout.n", 1) or 1)
+                     / max(1, replicas))
+    wave = (f"{seqs} sequences per replica per step (data.train_batch_size x rollout.n / {replicas} replica(s) of tp "
+            f"{tp})")
+    if settings.get("actor_rollout_ref.rollout.name", "vllm") != "vllm":
+        return None, "vLLM's setting; the rollout is not vLLM's"
+    if seqs <= VERL_MAX_NUM_SEQS:
+        return None, f"{wave} fit verl's default {VERL_MAX_NUM_SEQS}: one wave"
+    length = int(settings.get("data.max_prompt_length", VERL_DEFAULT_PROMPT) or VERL_DEFAULT_PROMPT) + \
+        int(settings.get("data.max_response_length", VERL_DEFAULT_RESPONSE) or VERL_DEFAULT_RESPONSE)
+    util = float(settings.get("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
+    kv_gb = (util * hw.gpu_memory_gb - model.weights_gb / tp) * (1 - ROLLOUT_NON_KV_SHARE)
+    per_token = kv_bytes_per_token(model, tp)
+    fit = int(kv_gb * 1e9 // (per_token * length)) if kv_gb > 0 else 0
+    heads = (f"{model.num_key_value_heads} KV heads" if model.num_key_value_heads else
+             f"{model.num_attention_heads} KV heads assumed (set model.num_key_value_heads)")
+    kv = (f"the KV cache ({1 - ROLLOUT_NON_KV_SHARE:.0%} of {util} x {hw.gpu_memory_gb:g} GB less the weights "
+          f"= {kv_gb:.0f} GB; {per_token / 1024:.0f} KiB per token, {heads}) holds {fit} of "
+          f"{length}-token sequences")
+    if fit <= VERL_MAX_NUM_SEQS:
+        return None, f"{wave}, but {kv}: verl's default {VERL_MAX_NUM_SEQS} stays"
+    value = min(seqs, fit)
+    waves = math.ceil(seqs / value)
+    return value, (f"{wave} in {waves} wave(s) instead of {math.ceil(seqs / VERL_MAX_NUM_SEQS)} at verl's "
+                   f"{VERL_MAX_NUM_SEQS} (each wave lasts as long as its longest response); {kv}")
+
+
+def rollout_settings(d: Derivation, model: ModelFacts, hw: Hardware, *, rollout_gpus: int, explicit: set[str]) -> None:
+    """How many sequences each vLLM replica of the rollout's ``rollout_gpus`` decodes at once."""
+    tp = int(d.settings.get("actor_rollout_ref.rollout.tensor_model_parallel_size", 1) or 1)
+    value, why = rollout_max_num_seqs(d.settings, model, hw, replicas=max(1, rollout_gpus // tp), tp=tp)
+    if value is not None or any(sp in explicit for sp in spellings(MAX_NUM_SEQS_KEY)):
+        d.set(MAX_NUM_SEQS_KEY, value if value is not None else VERL_MAX_NUM_SEQS, why, explicit)
 
 
 def required_cpus(n_gpus: int, settings: dict[str, Any]) -> tuple[int, str]:
