@@ -22,7 +22,9 @@ Scenarios (default: ``acceptance``):
     The shipped ``qwen2.5-0.5b-grpo`` model profile's architecture (24 layers, hidden 896, 14 heads,
     vocabulary 151,936) with random weights written here (no hub), through the DAG, then the job's
     exact overrides as bare ``python -m verl.trainer.main_ppo`` on the same machine: time to first
-    step and steady seconds per step of both, and their ratio.
+    step and steady seconds per step of both, and their ratio. ``--real-size-profile
+    qwen2.5-0.5b-ppo`` runs the same architecture with PPO (a critic of the same size, GAE); its
+    critic is then checked as ``ppo``'s is.
 ``resume-worker`` / ``resume-raylet`` / ``resume-ppo``
     A 6-step run whose attempt 1 loses, after checkpoint 3, a training worker (SIGKILL, as the OOM
     killer does) or its node's raylet; the DAG retries, and attempt 2 must train steps 4 to 6 only.
@@ -53,6 +55,8 @@ REPO = Path(__file__).resolve().parents[1]
 DAG_ID = "verl_ppo"
 PROFILE = "gpu-acceptance"
 REAL_SIZE_MODEL_PROFILE = "qwen2.5-0.5b-grpo"
+#: The model profiles of the 0.5B architecture the real-size scenario runs (the same random weights).
+REAL_SIZE_PROFILES = (REAL_SIZE_MODEL_PROFILE, "qwen2.5-0.5b-ppo")
 SCENARIOS = ("acceptance", "ppo", "real-size", "resume-worker", "resume-raylet", "resume-ppo")
 PPO_MODEL_PROFILE = "tiny-ppo"
 #: A tiny random model's rewards are all 0: an entropy bonus gives its actor a gradient, and learning rates
@@ -391,7 +395,7 @@ def ppo(args: argparse.Namespace, configs: Path) -> Result:
 def real_size(args: argparse.Namespace, configs: Path) -> Result:
     result = Result("real-size")
     model = write_real_size_model(args.workdir / "models" / "qwen2.5-0.5b-arch-random")
-    conf = {**base_conf(args, args.steps), "model_profile": REAL_SIZE_MODEL_PROFILE, "model_source": str(model)}
+    conf = {**base_conf(args, args.steps), "model_profile": args.real_size_profile, "model_source": str(model)}
     conf["verl_overrides"] = [o for o in conf["verl_overrides"] if "gpu_memory_utilization" not in o]
     # A repeated run keeps the earlier one's log and run directory beside its own.
     args.real_size_runs = getattr(args, "real_size_runs", 0) + 1
@@ -400,6 +404,8 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
     run_dir = check_trained_run(result, run, configs, args.steps)
     if run_dir is None:
         return result
+    if args.real_size_profile != REAL_SIZE_MODEL_PROFILE:  # PPO: its critic trained and is reported
+        check_critic(result, run_dir, args.steps)
     if args.no_bare:
         return result
     bare = bare_verl(args.workdir / "bare", run_dir)  # cold caches of its own too (see bare_verl)
@@ -556,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="cap vLLM's share of the GPU (tiny-model scenarios), so several runs share one GPU")
     p.add_argument("--no-bare", action="store_true", help="real-size: skip the bare-verl twin")
+    p.add_argument("--real-size-profile", default=REAL_SIZE_MODEL_PROFILE, choices=REAL_SIZE_PROFILES,
+                   help="real-size: the 0.5B model profile (GRPO, or PPO with a critic)")
     p.add_argument("--shared-caches", type=Path, default=None, metavar="DIR",
                    help="keep every run's warm caches in DIR (the cluster profile's storage.caches), so a later "
                         "scenario (or the same one named again) starts as a repeated run on one cluster does")

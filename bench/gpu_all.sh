@@ -43,6 +43,8 @@ wanted real-size || exit 0
 # REAL_SIZE_OVERRIDES="k=v k2=v2": verl overrides for the 0.5B run and its twin (a setting tried against a run without it).
 extra=(); for o in ${REAL_SIZE_OVERRIDES:-}; do extra+=(--verl-override "$o"); done
 [ "${NO_BARE:-0}" = 1 ] && extra+=(--no-bare)
+# REAL_SIZE_PROFILE=qwen2.5-0.5b-ppo: the same architecture with PPO (a critic of the same size).
+[ -n "${REAL_SIZE_PROFILE:-}" ] && extra+=(--real-size-profile "$REAL_SIZE_PROFILE")
 for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
 "$py" "$here/gpu_acceptance.py" --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
   --out "$out/real-size.json" $(caches real-size) "${extra[@]}" > "$out/real-size.out" 2>&1
