@@ -114,6 +114,9 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
         ends = [p["ended_after_s"] for p in attempt["startup"] if p["phase"] not in skipped]
         assert None not in ends and ends == sorted(ends), attempt["startup"]
         assert all(p["ended_after_s"] is None for p in attempt["startup"] if p["phase"] in skipped)
+        # Skipped, not unknown: the job was rendered without it, and the first step counts from the phase before.
+        assert {p["phase"] for p in attempt["startup"] if p["skipped"]} == skipped
+        assert all(p["duration_s"] is not None for p in attempt["startup"] if p["phase"] not in skipped)
     _no_leftovers(rd)
     # The critic's section covers both attempts (the stand-in's value loss is a function of the run's step).
     critic = json.loads((rd / "report" / "report.json").read_text())["critic"]

@@ -41,6 +41,12 @@ def test_each_phase_lasts_from_the_end_of_the_one_before_and_an_unseen_one_is_un
     assert (times[Phase.FIRST_STEP].duration_s, times[Phase.FIRST_STEP].ended_after_s) == (None, 200.0)
     assert [t.text() for t in phases.times(1000.0)][4:] == [
         "checkpoint load 10 s", "validation unknown", "first step unknown (done 200 s after submission)"]
+    # Rendered without validation (a resume attempt): skipped, and the first step lasts from the checkpoint load.
+    skipped = {t.phase: t for t in phases.times(1000.0, frozenset({Phase.VALIDATION}))}
+    assert skipped[Phase.VALIDATION].skipped and skipped[Phase.VALIDATION].text() == "validation skipped"
+    assert (skipped[Phase.FIRST_STEP].duration_s, skipped[Phase.FIRST_STEP].text()) == (80.0, "first step 80 s")
+    # A phase whose line came anyway is timed as it ran, whatever was expected.
+    assert not phases.times(1000.0, frozenset({Phase.MODEL_LOAD}))[1].skipped
     # Without the submission time the first phase's length is unknown too.
     assert phases.times(None)[0].duration_s is None and phases.times(None)[1].duration_s == 40.0
 

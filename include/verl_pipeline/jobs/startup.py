@@ -5,7 +5,9 @@ load, engine start, graph capture, checkpoint load, validation, first step); a p
 line that ends it reaches the waiter (:class:`StartupPhases`), so the times are as precise as the
 log reads (every other poll: 10 s at the default 5 s polls). A phase is **unknown** when its line
 never showed, and so is the length of the phase after it (its start is unknown): the report and the
-task log say "unknown", never a guess. A marker that shows after a later phase's is out of order and
+task log say "unknown", never a guess. A phase the job was rendered not to run (validation before
+training with ``trainer.val_before_train=false``, a resume's default) is **skipped** instead: the
+phase after it lasts from the end of the one before. A marker that shows after a later phase's is out of order and
 ignored; a phase whose line shows several times (one vLLM engine per replica) ends with the last
 one before the next phase's. A waiter that takes over mid-start (a restarted triggerer) keeps the
 phases the earlier one recorded.
@@ -37,9 +39,14 @@ class PhaseTime:
     #: Seconds from the submission to the phase's end.
     ended_after_s: float | None
     duration_s: float | None
+    #: The job did not run the phase (it was rendered without it).
+    skipped: bool = False
 
     def text(self) -> str:
-        """``model load 40 s``, ``validation unknown``, ``first step unknown (done 243 s after submission)``."""
+        """``model load 40 s``, ``validation unknown``, ``first step unknown (done 243 s after submission)``,
+        ``validation skipped``."""
+        if self.skipped:
+            return f"{self.phase.words} skipped"
         if self.duration_s is not None:
             return f"{self.phase.words} {self.duration_s:.0f} s"
         if self.ended_after_s is not None:
@@ -73,13 +80,17 @@ class StartupPhases:
         self.ended[phase] = at
         return first
 
-    def times(self, started_at: float | None) -> list[PhaseTime]:
+    def times(self, started_at: float | None, skipped: frozenset[Phase] = frozenset()) -> list[PhaseTime]:
         """Every phase's end after ``started_at`` (the submission) and length; unknown where its
-        line (or, for the length, the line before it) was not seen."""
+        line (or, for the length, the line before it) was not seen; a phase in ``skipped`` that did not
+        run is skipped, and the next one lasts from the end of the one before it."""
         out = []
         previous = started_at
         for phase in PHASES:
             end = self.ended.get(phase)
+            if end is None and phase in skipped:
+                out.append(PhaseTime(phase, None, None, skipped=True))
+                continue
             out.append(PhaseTime(phase, None if end is None or started_at is None else max(0.0, end - started_at),
                                  None if end is None or previous is None else max(0.0, end - previous)))
             previous = end

@@ -63,15 +63,17 @@ class AttemptInfo:
     last_row_at: float | None = None
     #: When each phase of the attempt's start ended, as its waiter saw the lines (``jobs.startup``).
     startup_ended: dict[Phase, float] = field(default_factory=dict)
+    #: Phases the attempt's job was rendered not to run (validation before training on a resume).
+    startup_skipped: frozenset[Phase] = frozenset()
 
     @property
     def startup(self) -> list[PhaseTime]:
         """Each phase of the attempt's start: when it ended after the submission and how long it took
-        (unknown where the waiter did not see the line that ends it)."""
+        (unknown where the waiter did not see the line that ends it; skipped where the job had none)."""
         ended = dict(self.startup_ended)
         if self.first_step_seen_at is not None:
             ended.setdefault(Phase.FIRST_STEP, self.first_step_seen_at)
-        return StartupPhases(ended).times(self.submitted_at)
+        return StartupPhases(ended).times(self.submitted_at, self.startup_skipped)
 
     @property
     def time_to_first_step_s(self) -> float | None:
@@ -197,8 +199,9 @@ class Report:
         for attempt, a in zip(out["attempts"], self.attempts, strict=True):
             attempt["time_to_first_step_s"] = a.time_to_first_step_s
             attempt["startup_ended"] = {p.value: t for p, t in a.startup_ended.items()}
+            attempt["startup_skipped"] = sorted(p.value for p in a.startup_skipped)
             attempt["startup"] = [{"phase": t.phase.value, "ended_after_s": t.ended_after_s,
-                                   "duration_s": t.duration_s} for t in a.startup]
+                                   "duration_s": t.duration_s, "skipped": t.skipped} for t in a.startup]
         out["flags"] = [f.to_dict() for f in self.flags]
         out["restarts"] = self.restarts.to_dict() if self.restarts else None
         for row, g in zip(out["gpus"], self.gpus, strict=True):

@@ -106,12 +106,16 @@ def _startup(r: Report) -> str:
             "submission to its first training step. A phase ends when the line verl or vLLM prints at its end "
             "reaches the pipeline's log reader (the table of those lines: trainer/startup_markers.py), so the "
             "times are those of the log reads (every 10 s at the default poll): a phase shorter than that can "
-            "show as 0 s. <i>unknown</i>: the line was not seen (the phase did not run, as validation without "
-            "trainer.val_before_train, or the line differs); the phase after it is unknown too.</p>"
+            "show as 0 s. <i>skipped</i>: the job was rendered without the phase (validation before training on "
+            "an attempt that resumes, or with trainer.val_before_train=false); the phase after it counts from the "
+            "one before. <i>unknown</i>: the line was not seen (or it differs); the phase after it is unknown "
+            "too.</p>"
             + _grid(("attempt", *(p.words for p in phases)), rows))
 
 
 def _phase_cell(t: PhaseTime) -> str:
+    if t.skipped:
+        return "skipped"
     if t.duration_s is not None:
         return f"{t.duration_s:.0f} s"
     return "unknown" if t.ended_after_s is None else f"unknown (done at {t.ended_after_s:.0f} s)"

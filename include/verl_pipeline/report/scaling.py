@@ -57,9 +57,10 @@ class FlagKind(str, Enum):
 
 REMEDIES = {
     FlagKind.GENERATION_DOMINATES: (
-        "speed up rollout: raise actor_rollout_ref.rollout.tensor_model_parallel_size, "
-        "actor_rollout_ref.rollout.gpu_memory_utilization (more KV cache) and the rollout micro batch "
-        "(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)"
+        "speed up rollout: let each vLLM replica decode its share of the step at once "
+        "(actor_rollout_ref.rollout.max_num_seqs, which the scaling rules size where the KV cache holds it: "
+        "`verl-pipeline render` shows it), give it more KV cache (actor_rollout_ref.rollout.gpu_memory_utilization) "
+        "or, for a large model, raise actor_rollout_ref.rollout.tensor_model_parallel_size"
     ),
     FlagKind.MEMORY_NEAR_LIMIT: (
         "offload: actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload=true "
