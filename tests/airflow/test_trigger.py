@@ -456,7 +456,8 @@ def _every_field_set() -> WaitRequest:
                        progress_interval=1.5, watch={"stall_timeout_s": 60.0}, cursor_dir="/runs/r",
                        gpu_sample_interval=120.0,
                        log_offset_bytes=42, metrics_offset_bytes=9,
-                       progress={"step": 3, "total": 500, "seconds_per_step": 6.0, "metrics": {}})
+                       progress={"step": 3, "total": 500, "seconds_per_step": 6.0, "metrics": {}},
+                       startup_skipped=["validation"])
 
 
 def test_a_trigger_built_from_its_serialized_kwargs_equals_the_original() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.fakes.fake_verl_trainer import startup_lines
 from verl_pipeline.jobs.progress import Progress, first_step_seen_at
 from verl_pipeline.jobs.run_files import write_all
-from verl_pipeline.jobs.startup import StartupPhases, StartupWatch
+from verl_pipeline.jobs.startup import StartupPhases, StartupWatch, skipped_phases
 from verl_pipeline.rundir import startup_file
 from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
 
@@ -64,7 +64,7 @@ def test_the_last_of_several_engines_ends_a_phase_and_a_marker_out_of_order_is_i
     assert StartupPhases.from_dict(phases.to_dict()) == phases
 
 
-def _watch(metrics: Path | None, messages: list[str]) -> StartupWatch:
+def _watch(metrics: Path | None, messages: list[str], skipped: frozenset[Phase] = frozenset()) -> StartupWatch:
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             messages.append(record.getMessage())
@@ -73,7 +73,7 @@ def _watch(metrics: Path | None, messages: list[str]) -> StartupWatch:
     log.setLevel(logging.INFO)
     log.addHandler(Keep())
     log.propagate = False
-    return StartupWatch(job_id="j", metrics_path=str(metrics) if metrics else None, log=log)
+    return StartupWatch(job_id="j", metrics_path=str(metrics) if metrics else None, log=log, skipped=skipped)
 
 
 def test_the_start_up_part_says_each_phase_and_the_summary_and_records_both(tmp_path: Path) -> None:
@@ -117,3 +117,19 @@ def test_a_waiter_that_reattaches_after_the_first_step_watches_nothing_and_keeps
     unrecorded = _watch(None, [])
     unrecorded.first_step(Progress(step=1, total=4, first_step_seen_at=500.0))
     assert unrecorded.writes() == []
+
+
+def test_a_resume_rendered_without_validation_says_skipped_and_times_the_first_step_from_the_phase_before(
+        tmp_path: Path) -> None:
+    messages: list[str] = []
+    watch = _watch(tmp_path / "metrics-a2.jsonl", messages, skipped=skipped_phases({"trainer.val_before_train": False}))
+    watch.resume(started=False)
+    watch.started_at = 1000.0
+    watch.observe_lines(_lines("Resuming from global_step_3", validate=False), 1100.0)
+    watch.first_step(Progress(step=4, total=6, first_step_seen_at=1150.0))
+    assert messages[-1].endswith("checkpoint load 0 s · validation skipped · first step 50 s")
+    # Any spelling, and the first layer that sets it decides (an attempt's decision, then the run's settings).
+    assert skipped_phases(None, {"trainer": {"val_before_train": "false"}}) == {Phase.VALIDATION}
+    assert skipped_phases({}, {"+trainer.val_before_train": False}) == {Phase.VALIDATION}
+    assert skipped_phases({"trainer.val_before_train": True}, {"trainer.val_before_train": False}) == frozenset()
+    assert skipped_phases(None, None) == frozenset()

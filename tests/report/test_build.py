@@ -336,16 +336,3 @@ def test_the_stand_in_trainer_logs_a_zero_gradient_when_every_reward_is_equal() 
     assert FlagKind.GRAD_NORM_ZERO in report_of([{"score": 0.0, "length": 60.0}, {"score": 0.0, "length": 70.0}])
     assert FlagKind.GRAD_NORM_ZERO not in report_of([{"score": 0.0, "length": 60.0}, {"score": 1.0, "length": 70.0}])
 
-
-def test_validation_is_skipped_where_the_attempts_job_or_the_run_turned_it_off() -> None:
-    from verl_pipeline.report.write import skipped_phases
-    from verl_pipeline.trainer.startup_markers import Phase
-
-    resumed = {"attempt": 2, "settings": {"trainer.val_before_train": False}}
-    assert skipped_phases({"verl": {"trainer.val_before_train": True}}, resumed) == {Phase.VALIDATION}
-    assert skipped_phases({"verl": {"+trainer.val_before_train": "false"}}, None) == {Phase.VALIDATION}
-    assert skipped_phases({"verl": {"trainer": {"val_before_train": False}}}, {"settings": {}}) == {Phase.VALIDATION}
-    # The attempt's decision wins over the run's settings; unset anywhere: verl's default validates.
-    assert skipped_phases({"verl": {"trainer.val_before_train": False}},
-                          {"settings": {"trainer.val_before_train": True}}) == frozenset()
-    assert skipped_phases({}, None) == frozenset()

@@ -37,7 +37,7 @@ def test_generation_dominates_above_half_the_step(gen: float, flagged: bool) -> 
     if flag:
         assert flag.kind is FlagKind.GENERATION_DOMINATES and "52% of a step" in flag.evidence
         assert "tensor_model_parallel_size" in flag.remedy and "gpu_memory_utilization" in flag.remedy
-        assert "micro_batch" in flag.remedy
+        assert "max_num_seqs" in flag.remedy
 
 
 def test_no_generation_flag_without_verls_timing() -> None:

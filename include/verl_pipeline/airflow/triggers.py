@@ -70,6 +70,7 @@ from verl_pipeline.jobs.startup import StartupWatch
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.trainer.startup_markers import Phase
 
 if TYPE_CHECKING:
     from verl_pipeline.jobs.client import JobInfo
@@ -147,7 +148,8 @@ class RayJobTrigger(BaseTrigger):
             usage_file=RunDir(Path(req.cursor_dir)).gpu_usage_file if req.cursor_dir else None,
             sample_interval=req.gpu_sample_interval, poll_interval=req.poll_interval, reads=NODE_READS,
             cluster=self._cluster, log=self.log)
-        self._startup = StartupWatch(job_id=req.job_id, metrics_path=req.metrics_path, log=self.log)
+        self._startup = StartupWatch(job_id=req.job_id, metrics_path=req.metrics_path, log=self.log,
+                                     skipped=frozenset(Phase(p) for p in req.startup_skipped))
         self._stall: StallWatch | None = None  # started with the wait (its windows are the waiter's clock)
 
     # -- the cursor, as far as this waiter got ------------------------------------------------------

@@ -19,6 +19,7 @@ Both records lie beside the attempt's metrics file, one pair per attempt: ``rund
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,20 @@ from verl_pipeline.jobs.progress import Progress, record_first_step
 from verl_pipeline.jobs.run_files import FileWrite
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import startup_file
+from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
+from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY
+
+
+def skipped_phases(*settings: Mapping[str, Any] | None) -> frozenset[Phase]:
+    """The phases a job with these verl settings was rendered not to run: validation before training where
+    ``trainer.val_before_train`` is false. The first of ``settings`` that sets it decides (an attempt's decision,
+    then the run's settings)."""
+    for layer in settings:
+        found = spelled(layer or {}, VAL_BEFORE_TRAIN_KEY)
+        if found is not None:
+            return frozenset({Phase.VALIDATION}) if str(found.value).lower() == "false" else frozenset()
+    return frozenset()
 
 
 @dataclass(frozen=True)
@@ -120,10 +134,13 @@ class StartupWatch:
     and records the phases and the first step's arrival beside the attempt's metrics file.
 
     :param metrics_path: the attempt's metrics file (None: nothing is recorded, the phases still logged).
+    :param skipped: the phases the job was rendered without (:func:`skipped_phases`).
     """
 
-    def __init__(self, *, job_id: str, metrics_path: str | None, log: TaskLog) -> None:
+    def __init__(self, *, job_id: str, metrics_path: str | None, log: TaskLog,
+                 skipped: frozenset[Phase] = frozenset()) -> None:
         self.job_id = job_id
+        self.skipped = skipped
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.log = log
         self.phases = StartupPhases()
@@ -148,7 +165,7 @@ class StartupWatch:
             return
         for phase in self.phases.observe("\n".join(lines), now):
             self._changed = True
-            (time,) = [t for t in self.phases.times(self.started_at) if t.phase is phase]
+            (time,) = [t for t in self.phases.times(self.started_at, self.skipped) if t.phase is phase]
             after = f" {time.ended_after_s:.0f} s after submission" if time.ended_after_s is not None else ""
             self.log.info("Ray job %s start-up: %s done%s (%s)", self.job_id, phase.words, after, time.text())
 
@@ -163,7 +180,7 @@ class StartupWatch:
         if progress.first_step_seen_at is not None:
             self.phases.end(Phase.FIRST_STEP, progress.first_step_seen_at)
             self._changed = True
-        times = self.phases.times(self.started_at)
+        times = self.phases.times(self.started_at, self.skipped)
         total = times[-1].ended_after_s
         self.log.info("Ray job %s start-up: first step %s: %s", self.job_id,
                       f"{total:.0f} s after submission" if total is not None else "seen",

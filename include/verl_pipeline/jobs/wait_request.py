@@ -11,7 +11,7 @@ Imports nothing heavy: the triggerer and every DAG parse import it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
@@ -70,6 +70,8 @@ class WaitRequest:
     metrics_offset_bytes: int = 0
     #: The last progress seen (:meth:`verl_pipeline.jobs.progress.Progress.to_dict`).
     progress: dict[str, Any] | None = None
+    #: Start-up phases the job was rendered without (``jobs.startup.skipped_phases``: validation on a resume).
+    startup_skipped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # The operator builds its request before deferring: a bad setting fails there, not in the triggerer.

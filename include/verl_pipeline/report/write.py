@@ -29,7 +29,6 @@ from verl_pipeline.report.build import (
 )
 from verl_pipeline.report.restarts import RestartSummary, summarise
 from verl_pipeline.rundir import RunDir
-from verl_pipeline.trainer.startup_markers import Phase
 
 log = logging.getLogger(__name__)
 
@@ -97,19 +96,6 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def skipped_phases(spec: dict[str, Any], decision: dict[str, Any] | None) -> frozenset[Phase]:
-    """The start-up phases an attempt's job was rendered not to run: validation before training where
-    ``trainer.val_before_train`` was false, by the run's settings or by the attempt's decision (a resume)."""
-    from verl_pipeline.trainer.overrides import spelled
-    from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY
-
-    for settings in ((decision or {}).get("settings") or {}, spec.get("verl") or {}):
-        found = spelled(settings, VAL_BEFORE_TRAIN_KEY)
-        if found is not None:
-            return frozenset({Phase.VALIDATION}) if str(found.value).lower() == "false" else frozenset()
-    return frozenset()
-
-
 def _restarts(run_dir: Path, spec: dict[str, Any]) -> RestartSummary:
     """The run's restart decisions and its budget (the frozen spec's, else the defaults)."""
     from verl_pipeline.restarts import RestartPolicy
@@ -140,14 +126,15 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     status = status or infer_status(run_dir, facts, rows, preflight)
     from verl_pipeline.jobs.gpu_usage import read_samples
     from verl_pipeline.jobs.progress import first_step_seen_at
-    from verl_pipeline.jobs.startup import StartupPhases
+    from verl_pipeline.jobs.startup import StartupPhases, skipped_phases
 
     decided = {d.get("attempt"): d for d in RunDir(run_dir).decisions()}
     attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment,
                             first_step_seen_at=first_step_seen_at(RunDir(run_dir).metrics_file(a.attempt)),
                             last_row_at=_mtime(RunDir(run_dir).metrics_file(a.attempt)),
                             startup_ended=StartupPhases.load(RunDir(run_dir).metrics_file(a.attempt)).ended,
-                            startup_skipped=skipped_phases(spec, decided.get(a.attempt)))
+                            startup_skipped=skipped_phases((decided.get(a.attempt) or {}).get("settings"),
+                                                           spec.get("verl")))
                 for a in RunDir(run_dir).attempts()]
     gpu_series = gpu.collect(read_samples(RunDir(run_dir).gpu_usage_file))
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent

@@ -51,6 +51,13 @@ from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 
 
+def _skipped(spec: RunSpec) -> list[str]:
+    """The start-up phases the run's current job was rendered without (its ``job.json``: validation on a resume)."""
+    from verl_pipeline.jobs.startup import skipped_phases
+
+    return sorted(p.value for p in skipped_phases((RunDir(spec.run_dir).job() or {}).get("settings")))
+
+
 class WaitForVerlJobOperator(PipelineOperator):
     """Wait for the verl job without holding a worker slot (deferrable); job logs go to this task's log.
 
@@ -302,7 +309,7 @@ class WaitForVerlJobOperator(PipelineOperator):
                 total_steps=spec.total_training_steps if metrics_path else 0,
                 progress_interval=self.progress_interval,
                 max_lines_per_poll=self.max_lines_per_poll,
-                watch=spec.watch.to_dict() if training else None,
+                watch=spec.watch.to_dict() if training else None, startup_skipped=_skipped(spec) if training else [],
                 cursor_dir=str(spec.run_dir)).to_dict()),
             method_name="execute_complete",
             timeout=None,
