@@ -2,6 +2,7 @@
 trainer dies before its first step three times and fails with one line.
 
 Usage: .venv/bin/python bench/restart_budget.py [--losses 5] [--delay 20s] [--scenario losses|crashes|both]
+       [--reprobe on_change|always|both]
 
 Each scenario is a real ``verl_ppo`` DAG run (``dag.test()``) on local Ray clusters started by the
 pipeline, with the stand-in trainer (``tests/fakes/fake_verl_trainer.py``: verl's checkpoint layout
@@ -14,7 +15,11 @@ profiles, ``tests/faults/conftest.py``):
   after ``--delay`` (the budget's delay after progress), and finishes.
 - **crashes**: one Ray node; every attempt's trainer is SIGKILLed before its first step (the
   ``die_before_first_step`` knob). The budget's default (2 restarts in a row without progress)
-  restarts attempts 1 and 2 and fails the run after attempt 3.
+  restarts attempts 1 and 2 and fails the run after attempt 3. The nodes stay the same and the failure
+  (a killed process) spares them, so each restart reuses the first attempt's probe; ``--reprobe both``
+  also runs it with ``restarts.reprobe: always`` (a probe before every attempt) and prints, per
+  restart, the seconds from the decision to the next attempt's submission (the delay, the probe or
+  none, the submit).
 
 Prints, per loss: the attempt, the step it reached, the checkpoint it saved, the restart delay
 decided, and the time from the kill to the next attempt's first step; then the run's totals and the
@@ -45,6 +50,7 @@ from tests.faults.conftest import _profile, kill_node, load_dag, metric_lines, r
 from verl_pipeline.rundir import RunDir, tracker_step  # noqa: E402
 
 TOTAL_STEPS, SAVE_FREQ, STEP_S = 12, 2, 1.5
+CRASH_PROFILE = "faults-crash-before-first-step"
 
 
 @dataclass
@@ -145,23 +151,40 @@ def losses(losses: int, delay: str) -> dict[str, Any]:
     return {"state": str(dr.state), "seconds": round(took), "attempts": len(attempts), "kills": watcher.kills}
 
 
-def crashes() -> dict[str, Any]:
-    home = _setup(Path(tempfile.mkdtemp(prefix="restart-bench-")), {})
+def crashes(reprobe: str) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="restart-bench-"))
+    home = _setup(root, {})
+    profiles = Path(os.environ["VERL_PIPELINE_CONFIGS"]) / "profiles"
+    base = yaml.safe_load((profiles / f"{CRASH_PROFILE}.yaml").read_text())
+    base["restarts"] = {**(base.get("restarts") or {}), "reprobe": reprobe}
+    (profiles / "bench-crashes.yaml").write_text(yaml.safe_dump(base))
     started = time.monotonic()
-    dr = load_dag().test(run_conf={"profile": "faults-crash-before-first-step"})
+    dr = load_dag().test(run_conf={"profile": "bench-crashes"})
     took = time.monotonic() - started
     rd = run_dir(home)
     assert rd is not None
     state, tries = _wait_state(dr)
     rows = RunDir(rd).restart_records()
-    print("\n## Trainer killed before its first step, every attempt (budget default: 2 in a row without progress)\n")
-    print("| attempt | outcome | in a row without progress | left | delay (s) |")
-    print("|---|---|---|---|---|")
+    submitted = {a.attempt: a.submitted_at for a in RunDir(rd).attempts()}
+    probes = {d["attempt"]: str(d["rules"].get("probe", "")).split(":")[0].split(" (")[0].strip("'")
+              for d in RunDir(rd).decisions()}
+    print("\n## Trainer killed before its first step, every attempt (budget default: 2 in a row without progress), "
+          f"restarts.reprobe: {reprobe}\n")
+    print("| attempt | outcome | in a row without progress | left | delay (s) | next attempt's probe "
+          "| decision → next attempt submitted (s) |")
+    print("|---|---|---|---|---|---|---|")
+    gaps = []
     for r in rows:
-        print(f"| {r['attempt']} | {r['outcome']} | {r['no_progress']} | {r['left']} | {r['delay_s']} |")
+        nxt = r["attempt"] + 1
+        gap = round(submitted[nxt] - r["at"], 1) if nxt in submitted else None
+        if gap is not None:
+            gaps.append(gap)
+        print(f"| {r['attempt']} | {r['outcome']} | {r['no_progress']} | {r['left']} | {r['delay_s']} "
+              f"| {probes.get(nxt, '-')} | {gap if gap is not None else '-'} |")
     print(f"\nDAG run {dr.state} in {took:.0f} s; wait task {state} in {tries} try(s); "
           f"{len(RunDir(rd).attempts())} attempts")
-    return {"state": str(dr.state), "seconds": round(took), "decisions": rows}
+    return {"state": str(dr.state), "seconds": round(took), "decisions": rows, "restart_gaps_s": gaps,
+            "reprobe": reprobe}
 
 
 def main() -> None:
@@ -169,6 +192,8 @@ def main() -> None:
     parser.add_argument("--losses", type=int, default=5)
     parser.add_argument("--delay", default="20s", help="restarts.delay of the loss run (the default's 20s)")
     parser.add_argument("--scenario", choices=("losses", "crashes", "both"), default="both")
+    parser.add_argument("--reprobe", choices=("on_change", "always", "both"), default="on_change",
+                        help="restarts.reprobe of the crash run (both: one run each, always first)")
     args = parser.parse_args()
     airflow = Path(sys.executable).parent / "airflow"
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, env=dict(os.environ))
@@ -176,11 +201,12 @@ def main() -> None:
     if args.scenario in ("losses", "both"):
         out["losses"] = losses(args.losses, args.delay)
     if args.scenario in ("crashes", "both"):
-        out["crashes"] = crashes()
+        for reprobe in (("always", "on_change") if args.reprobe == "both" else (args.reprobe,)):
+            out["crashes" if reprobe == "on_change" else f"crashes-reprobe-{reprobe}"] = crashes(reprobe)
     (REPO / ".work").mkdir(exist_ok=True)
     (REPO / ".work" / "restart-budget.json").write_text(json.dumps(out, indent=2, default=str))
     ok = out.get("losses", {}).get("state", "success") == "success" and \
-        out.get("crashes", {}).get("state", "failed") == "failed"
+        all(v["state"] == "failed" for k, v in out.items() if k.startswith("crashes"))
     raise SystemExit(0 if ok else 1)
 
 

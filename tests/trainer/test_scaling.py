@@ -199,9 +199,12 @@ def _seqs(model: ModelFacts, hw: Hardware, replicas: int, tp: int = 1, **setting
 
 
 def test_vllm_takes_a_replicas_share_of_the_step_in_one_wave_as_far_as_its_kv_cache_holds_it() -> None:
-    # The 0.5B GRPO profile on one H200: 640 sequences in one wave instead of three at verl's 256.
+    # The 0.5B GRPO profile on one H200: 640 sequences in two waves of 320 instead of three at verl's 256 (the
+    # KV cache would hold all 640, but a decode batch over 512 runs without vLLM's CUDA graphs).
     value, why = _seqs(QWEN_05B, H200, replicas=1)
-    assert value == 640 and "in 1 wave(s) instead of 3 at verl's 256" in why and "12 KiB per token, 2 KV heads" in why
+    assert value == 320 and "in 2 wave(s) instead of 3 at verl's 256" in why and "12 KiB per token, 2 KV heads" in why
+    # 400 sequences fit one wave under 512.
+    assert _seqs(QWEN_05B, H200, replicas=1, **{"data.train_batch_size": 80})[0] == 400
     # K and V in bf16: 2 x 2 bytes x 24 layers x 64 head dims x 2 KV heads.
     assert scaling.kv_bytes_per_token(QWEN_05B, 1) == 12288
     # Eight replicas share the step: 80 each, verl's default holds them, nothing is set.
@@ -212,6 +215,10 @@ def test_vllm_takes_a_replicas_share_of_the_step_in_one_wave_as_far_as_its_kv_ca
     qwen7 = ModelFacts(params_b=7.6, hidden_size=3584, num_layers=28, num_attention_heads=28, num_key_value_heads=4)
     value, why = _seqs(qwen7, H100, replicas=1)
     assert value is not None and 256 < value < 640 and "in 2 wave(s) instead of 3" in why
+    # A KV cache of 278 sequences: three waves, as at verl's 256, which stays.
+    small = Hardware(gpu_memory_gb=30, cpus_per_node=8)
+    value7, why7 = _seqs(ModelFacts(0.49, 896, 24, 14, num_key_value_heads=7), small, replicas=1)
+    assert value7 is None and "holds 278 of" in why7 and "3 wave(s) either way" in why7
     # Without num_key_value_heads the KV heads are taken to be the attention heads (7x more here): a smaller bound.
     assert (_seqs(QWEN_7B, H100, replicas=1)[0] or 256) < value
     # Where the KV cache holds no more than 256, verl's default stays; other engines are not vLLM's.
@@ -225,8 +232,8 @@ def test_the_profiles_get_max_num_seqs_and_an_explicit_value_wins() -> None:
                               cluster_profile="local-gpu", overrides=overrides)
 
     derived = spec()
-    assert derived.verl[scaling.MAX_NUM_SEQS_KEY] == 640  # 1 node x 1 GPU, tp 1
-    assert "in 1 wave(s) instead of 3" in derived.derived[scaling.MAX_NUM_SEQS_KEY]
+    assert derived.verl[scaling.MAX_NUM_SEQS_KEY] == 320  # 1 node x 1 GPU, tp 1
+    assert "in 2 wave(s) instead of 3" in derived.derived[scaling.MAX_NUM_SEQS_KEY]
     kept = spec(**{scaling.MAX_NUM_SEQS_KEY: 256})
     assert kept.verl[scaling.MAX_NUM_SEQS_KEY] == 256
     assert "[explicit value kept]" in kept.derived[scaling.MAX_NUM_SEQS_KEY]

@@ -48,6 +48,9 @@ _UTILIZATION = ((24, 0.8), (48, 0.85), (96, 0.9), (math.inf, 0.95))
 #: decodes at once; a step's sequences beyond it wait and run in another wave, as long as its longest response.
 VERL_MAX_NUM_SEQS = 256
 MAX_NUM_SEQS_KEY = "actor_rollout_ref.rollout.max_num_seqs"
+#: The largest decode batch vLLM 0.24 captures a CUDA graph for by default (``min(2 x max_num_seqs, 512)``,
+#: vllm/config/vllm.py): a larger one runs without graphs, so a wave is kept at most this large.
+VLLM_MAX_GRAPH_BATCH = 512
 #: Share of vLLM's memory left after the weights that is not KV cache (its activations, CUDA graphs, sampler).
 ROLLOUT_NON_KV_SHARE = 0.2
 #: verl's defaults for the lengths when the run leaves them unset (ppo_trainer.yaml ``data:``).
@@ -364,10 +367,13 @@ def rollout_max_num_seqs(settings: dict[str, Any], model: ModelFacts, hw: Hardwa
           f"{length}-token sequences")
     if fit <= VERL_MAX_NUM_SEQS:
         return None, f"{wave}, but {kv}: verl's default {VERL_MAX_NUM_SEQS} stays"
-    value = min(seqs, fit)
-    waves = math.ceil(seqs / value)
+    waves = math.ceil(seqs / min(fit, VLLM_MAX_GRAPH_BATCH))
+    value = math.ceil(seqs / waves)  # waves of equal size
+    if value <= VERL_MAX_NUM_SEQS:  # as many waves as verl's default gives
+        return None, f"{wave}, but {kv}: {waves} wave(s) either way, verl's default {VERL_MAX_NUM_SEQS} stays"
     return value, (f"{wave} in {waves} wave(s) instead of {math.ceil(seqs / VERL_MAX_NUM_SEQS)} at verl's "
-                   f"{VERL_MAX_NUM_SEQS} (each wave lasts as long as its longest response); {kv}")
+                   f"{VERL_MAX_NUM_SEQS} (with responses near the length cap each wave lasts as long as its longest); "
+                   f"a wave at most {VLLM_MAX_GRAPH_BATCH}, vLLM's largest CUDA-graph batch; {kv}")
 
 
 def rollout_settings(d: Derivation, model: ModelFacts, hw: Hardware, *, rollout_gpus: int, explicit: set[str]) -> None:
