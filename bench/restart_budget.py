@@ -166,7 +166,7 @@ def crashes(reprobe: str) -> dict[str, Any]:
     state, tries = _wait_state(dr)
     rows = RunDir(rd).restart_records()
     submitted = {a.attempt: a.submitted_at for a in RunDir(rd).attempts()}
-    probes = {d["attempt"]: str(d["rules"].get("probe", "")).split(":")[0].split(" (")[0].strip("'")
+    probes = {d["attempt"]: "reused" if str(d["rules"].get("probe", "")).startswith("'reused") else "ran"
               for d in RunDir(rd).decisions()}
     print("\n## Trainer killed before its first step, every attempt (budget default: 2 in a row without progress), "
           f"restarts.reprobe: {reprobe}\n")
