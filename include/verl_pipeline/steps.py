@@ -382,7 +382,7 @@ def probe_cluster(spec: RunSpec, job: RenderedJob, *, client: RayJobsClient, sta
     kept = run.kept_probe()
     failure = latest_failure(run)
     if failure is not None:
-        reuse = decide(spec.restarts.reprobe, kept, request=request, alive=client.nodes, failure=failure)
+        reuse = decide(spec.restarts.reprobe, kept, request=request, alive=client.nodes, failure=failure, now=now())
         if reuse.reuse and kept is not None:
             log.info("Run %s: no probe before this restart: %s", spec.run_name, reuse.why)
             return {**kept["report"], "reused": reuse.why, "wall_seconds": 0.0}

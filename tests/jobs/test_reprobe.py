@@ -11,7 +11,7 @@ import pytest
 from verl_pipeline.jobs.budget import RestartOutcome
 from verl_pipeline.jobs.client import NodeInfo
 from verl_pipeline.jobs.gpu_usage import GpuReading
-from verl_pipeline.jobs.reprobe import decide, latest_failure
+from verl_pipeline.jobs.reprobe import MAX_AGE_S, decide, latest_failure
 from verl_pipeline.restarts import Reprobe
 from verl_pipeline.rundir import Attempt, RunDir
 
@@ -26,8 +26,11 @@ def probed_node(node_id: str, uuids: Sequence[str | None] = UUIDS) -> dict[str, 
             "facts": {"gpu": {"devices": devices, "driver": "580.95"}} if uuids else {"modules": {}}}
 
 
-def kept(*nodes: dict[str, Any], request: dict[str, Any] = REQUEST) -> dict[str, Any]:
-    return {"request": request, "report": {"job_id": "run-probe-1", "nodes": list(nodes)}, "at": 0.0}
+NOW = 1_800_000_000.0
+
+
+def kept(*nodes: dict[str, Any], request: dict[str, Any] = REQUEST, age_s: float = 600.0) -> dict[str, Any]:
+    return {"request": request, "report": {"job_id": "run-probe-1", "nodes": list(nodes)}, "at": NOW - age_s}
 
 
 def alive(node_id: str, uuids: Sequence[str] = UUIDS, *, is_alive: bool = True) -> NodeInfo:
@@ -37,7 +40,7 @@ def alive(node_id: str, uuids: Sequence[str] = UUIDS, *, is_alive: bool = True) 
 
 def reuse(kept_probe: dict[str, Any] | None, nodes: list[NodeInfo], failure: str | None = KILLED,
           policy: Reprobe = Reprobe.ON_CHANGE, request: dict[str, Any] = REQUEST) -> tuple[bool, str]:
-    d = decide(policy, kept_probe, request=request, alive=lambda: nodes, failure=failure)
+    d = decide(policy, kept_probe, request=request, alive=lambda: nodes, failure=failure, now=NOW)
     return d.reuse, d.why
 
 
@@ -76,6 +79,12 @@ def test_changed_nodes_gpus_or_request_probe_again() -> None:
         False, "the job asks the nodes for something else than the kept probe did")
 
 
+def test_a_probe_older_than_a_day_is_not_reused() -> None:
+    assert reuse(kept(probed_node("a"), age_s=MAX_AGE_S - 1), [alive("a")])[0]
+    assert reuse(kept(probed_node("a"), age_s=3 * 86400), [alive("a")]) == (
+        False, "the kept probe is 72 h old (reused up to 24 h)")
+
+
 def test_a_probe_from_before_uuids_were_recorded_counts_the_gpus() -> None:
     k = kept(probed_node("a", (None, None)))
     assert reuse(k, [alive("a")])[0]
@@ -94,9 +103,10 @@ def test_the_nodes_are_not_read_unless_everything_else_allows_a_reuse() -> None:
     def unreachable() -> list[NodeInfo]:
         raise AssertionError("read the nodes")
 
-    assert not decide(Reprobe.ALWAYS, kept(probed_node("a")), request=REQUEST, alive=unreachable, failure=KILLED).reuse
+    assert not decide(Reprobe.ALWAYS, kept(probed_node("a")), request=REQUEST, alive=unreachable, failure=KILLED,
+                      now=NOW).reuse
     assert not decide(Reprobe.ON_CHANGE, kept(probed_node("a")), request=REQUEST, alive=unreachable,
-                      failure="node died").reuse
+                      failure="node died", now=NOW).reuse
 
 
 def _attempt(run: RunDir, n: int) -> None:

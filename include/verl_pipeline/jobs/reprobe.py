@@ -8,6 +8,8 @@ run) is reused when **all** of these hold; otherwise the nodes are probed again:
 
 - the run profile's ``restarts: reprobe`` is ``on_change`` (the default; ``always`` probes before every
   restart, as before the first attempt);
+- the kept probe is less than :data:`MAX_AGE_S` old (a week-long run's restart on day 6 looks again:
+  packages can change on a long-lived node without a new Ray node id);
 - every node answered the kept probe, and it asked exactly what this job asks (the same modules,
   versions and paths: a job rendered differently probes again); its findings are judged again as a
   new probe's would be;
@@ -34,6 +36,9 @@ from verl_pipeline.jobs.classify import NODES_SPARED
 from verl_pipeline.jobs.client import NodeInfo
 from verl_pipeline.restarts import Reprobe
 from verl_pipeline.rundir import RunDir
+
+#: The oldest probe a restart reuses, in seconds.
+MAX_AGE_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -75,10 +80,10 @@ def _gpus_missing(kept_nodes: Sequence[Mapping[str, Any]], alive: Mapping[str, N
 
 
 def decide(policy: Reprobe, kept: Mapping[str, Any] | None, *, request: Mapping[str, Any],
-           alive: Callable[[], Sequence[NodeInfo]], failure: str | None) -> ProbeReuse:
-    """Reuse the ``kept`` probe (``{"request", "report"}``) for a job asking ``request``, given the reason
-    the run's latest attempt failed (None: not a restart the pipeline decided, or unknown) and the cluster's
-    nodes now (``alive``: read only when the rest allows a reuse)?"""
+           alive: Callable[[], Sequence[NodeInfo]], failure: str | None, now: float) -> ProbeReuse:
+    """Reuse the ``kept`` probe (``{"request", "report", "at"}``) for a job asking ``request`` at ``now`` (epoch
+    seconds), given the reason the run's latest attempt failed (None: not a restart the pipeline decided, or
+    unknown) and the cluster's nodes now (``alive``: read only when the rest allows a reuse)?"""
     if policy is Reprobe.ALWAYS:
         return ProbeReuse(False, "restarts.reprobe is always")
     if kept is None:
@@ -87,6 +92,9 @@ def decide(policy: Reprobe, kept: Mapping[str, Any] | None, *, request: Mapping[
         return ProbeReuse(False, "not a restart after a known infrastructure failure")
     if failure not in NODES_SPARED:
         return ProbeReuse(False, f"the attempt failed for a reason that may lie in the nodes ({failure})")
+    age = now - float(kept.get("at") or 0.0)
+    if age > MAX_AGE_S:
+        return ProbeReuse(False, f"the kept probe is {age / 3600:.0f} h old (reused up to {MAX_AGE_S / 3600:.0f} h)")
     if dict(kept.get("request") or {}) != dict(request):
         return ProbeReuse(False, "the job asks the nodes for something else than the kept probe did")
     report = kept.get("report") or {}
@@ -94,14 +102,14 @@ def decide(policy: Reprobe, kept: Mapping[str, Any] | None, *, request: Mapping[
     if silent:
         return ProbeReuse(False, f"{len(silent)} node(s) did not answer the kept probe")
     probed = {str(n["node_id"]) for n in report.get("nodes", [])}
-    now = {n.node_id: n for n in alive() if n.alive}
-    if probed != set(now):
+    current = {n.node_id: n for n in alive() if n.alive}
+    if probed != set(current):
         return ProbeReuse(False, f"the alive nodes changed since probe job {report.get('job_id')} "
-                                 f"({len(probed - set(now))} gone, {len(set(now) - probed)} new)")
-    missing = _gpus_missing(report.get("nodes", []), now)
+                                 f"({len(probed - set(current))} gone, {len(set(current) - probed)} new)")
+    missing = _gpus_missing(report.get("nodes", []), current)
     if missing:
         return ProbeReuse(False, missing)
-    return ProbeReuse(True, f"the same {len(now)} node(s) and GPUs that probe job {report.get('job_id')} checked, "
+    return ProbeReuse(True, f"the same {len(current)} node(s) and GPUs that probe job {report.get('job_id')} checked, "
                             f"and the attempt failed for a reason that spares them ({failure})")
 
 
@@ -119,4 +127,4 @@ def latest_failure(run_dir: RunDir) -> str | None:
     return str(reason) if reason else None
 
 
-__all__ = ["ProbeReuse", "decide", "latest_failure"]
+__all__ = ["MAX_AGE_S", "ProbeReuse", "decide", "latest_failure"]
