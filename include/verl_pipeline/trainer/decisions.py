@@ -48,8 +48,8 @@ MEMORY_MISMATCH = 0.1
 #: When a submission probes the nodes (the record says it; docs/failures.md too; ``jobs/reprobe.py`` decides).
 PROBE_RULE = ("the first submission probes the nodes; a restart probes them again unless the same nodes (Ray node "
               "ids), the same GPUs (UUIDs, as the nodes' agents report them) and a failure that spares the nodes say "
-              "nothing changed since the run's passed probe (~20 s on an H200 node against ~4 min to a first step); "
-              "restarts.reprobe: always probes before every restart")
+              "nothing changed since the run's last probe, at most a day old (~20 s on an H200 node against ~4 min "
+              "to a first step); restarts.reprobe: always probes before every restart")
 
 
 @dataclass(frozen=True)
