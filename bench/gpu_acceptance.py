@@ -541,6 +541,14 @@ def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
         result.figures["kill_to_resubmit_s"] = round(last.submitted_at - marks["killed_at"], 1)
     result.check(len(attempts) >= 2 and last.resume_from_step >= RESUME_KILL_AFTER,
                  f"attempts {result.figures['attempts']}: the last should resume from step ≥ {RESUME_KILL_AFTER}")
+    # A killed worker spares the node: the restart reuses attempt 1's probe (jobs/reprobe.py); a lost raylet is a
+    # new Ray node, which is probed again.
+    probes = [str(d.get("rules", {}).get("probe", "")).strip("'").split(":")[0] for d in rd.decisions()]
+    result.figures["probes"] = probes
+    if kind != "raylet" and len(probes) >= 2:
+        result.check(probes[-1].startswith("reused probe job"),
+                     f"the restart after a killed worker probed the node again ({probes[-1]}): the node's GPU "
+                     "UUIDs (torch's, NVML's in Ray's node summary) may not have matched")
     steps = sorted(int(r["step"]) for r in training_rows(rd.metrics_file(last.attempt)))
     result.figures["last_attempt_steps"] = steps
     result.check(steps == list(range(last.resume_from_step + 1, RESUME_TOTAL + 1)),
