@@ -543,7 +543,7 @@ def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
                  f"attempts {result.figures['attempts']}: the last should resume from step ≥ {RESUME_KILL_AFTER}")
     # A killed worker spares the node: the restart reuses attempt 1's probe (jobs/reprobe.py); a lost raylet is a
     # new Ray node, which is probed again.
-    probes = [str(d.get("rules", {}).get("probe", "")).strip("'").split(":")[0] for d in rd.decisions()]
+    probes = [str(d.get("rules", {}).get("probe", "")).split("' — ")[0].lstrip("'") for d in rd.decisions()]
     result.figures["probes"] = probes
     if kind != "raylet" and len(probes) >= 2:
         result.check(probes[-1].startswith("reused probe job"),
