@@ -368,7 +368,7 @@ def probe_cluster(spec: RunSpec, job: RenderedJob, *, client: RayJobsClient, sta
                   id_prefix: str) -> dict[str, Any]:
     """Run the environment probe (:mod:`verl_pipeline.cluster.probe`) with ``job``'s runtime_env, for what
     it needs and what the decisions read (flash-attn, the GPUs, the versions): the probe's raw report. A
-    restart on nodes where nothing changed reuses the run's passed probe instead
+    restart on nodes where nothing changed reuses the run's last probe instead
     (:func:`verl_pipeline.jobs.reprobe.decide`; the report then says ``reused`` and why)."""
     from verl_pipeline.cluster.probe import DEFAULT_TIMEOUT_S, run_probe
     from verl_pipeline.jobs.reprobe import decide, latest_failure
