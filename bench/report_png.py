@@ -19,6 +19,14 @@ from pathlib import Path
 from typing import Any
 
 
+def chromium() -> str:
+    """``$CHROMIUM``, else the ``chromium`` on PATH."""
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        raise SystemExit("Chromium not found: apt-get install -y chromium, or set CHROMIUM=/path/to/it")
+    return path
+
+
 def render(run_dir: Path, out: Path, *, width: int, until: str | None = None) -> Path:
     """Rebuild the report of a copy of ``run_dir`` and write its page to ``out``: the whole page, or the part
     above the section headed ``until``."""
@@ -31,8 +39,7 @@ def render(run_dir: Path, out: Path, *, width: int, until: str | None = None) ->
         shutil.copytree(run_dir, copy)
         files = write_report(copy)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
-                                        args=["--no-sandbox"])
+            browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
             try:
                 page = browser.new_page(viewport={"width": width, "height": 900})
                 page.goto(files.html.resolve().as_uri())
@@ -40,7 +47,8 @@ def render(run_dir: Path, out: Path, *, width: int, until: str | None = None) ->
                 out.parent.mkdir(parents=True, exist_ok=True)
                 clip: Any = None  # playwright's Clip: x, y, width, height
                 if until:
-                    box = page.get_by_role("heading", name=until, exact=True).bounding_box()
+                    heading = page.get_by_role("heading", name=until, exact=True)
+                    box = heading.first.bounding_box() if heading.count() else None
                     if box is None:
                         raise SystemExit(f"the report has no section headed {until!r}")
                     clip = {"x": 0, "y": 0, "width": width, "height": box["y"]}

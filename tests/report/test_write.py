@@ -218,3 +218,20 @@ def test_a_run_whose_gradient_stayed_0_is_flagged_in_its_report(tmp_path: Path) 
     assert files.to_dict()["flags"] == ["grad_norm_zero"]
     html = files.html.read_text()
     assert "actor/grad_norm was 0 at all 4 training step(s)" in html and "entropy_coeff" in html
+
+
+def test_a_resume_rendered_without_validation_shows_it_skipped_and_times_the_first_step_from_the_phase_before(
+        tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "skipped")
+    _log(run_dir, 1, range(1, 4), resume_from=0)
+    _log(run_dir, 2, range(3, 7), resume_from=2)
+    RunDir(run_dir).record_decision({"attempt": 2, "settings": {"trainer.val_before_train": False}})
+    ends = dict(zip(list(Phase)[:5], (1022.0, 1042.0, 1102.0, 1112.0, 1112.0), strict=True))
+    write_json_atomic(startup_file(RunDir(run_dir).metrics_file(2)), StartupPhases(ends).to_dict())
+    record_first_step(RunDir(run_dir).metrics_file(2), Progress(step=3, total=6, first_step_seen_at=1162.0))
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    first, second = json.loads(files.json.read_text())["attempts"]
+    assert first["startup_skipped"] == [] and second["startup_skipped"] == ["validation"]
+    assert [(p["phase"], p["duration_s"], p["skipped"]) for p in second["startup"][-2:]] == [
+        ("validation", None, True), ("first_step", 50.0, False)]
+    assert "<td>skipped</td>" in files.html.read_text()
