@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from verl_pipeline.exceptions import ConfigError
 
 _PART = re.compile(r"(\d+)([dhms])")
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -25,3 +28,13 @@ def format_duration(seconds: float) -> str:
             parts.append(f"{rest // size}{unit}")
             rest %= size
     return "".join(parts) or "0s"
+
+
+def duration_setting(key: str, value: Any, *, positive: bool, also: str = "") -> float:
+    """Seconds of the profile setting ``key`` written as ``value``: a duration string, longer than zero when
+    ``positive``; anything else is a one-line ConfigError naming the key (``also``: what else it accepts)."""
+    seconds = parse_duration(value) if isinstance(value, str) else None
+    if seconds is None or (positive and seconds == 0):
+        rule = "is not a duration longer than zero" if positive else "is not a duration"
+        raise ConfigError(key, value, rule, f"{key.rsplit('.', 1)[-1]}: one of {EXAMPLES}{also}")
+    return float(seconds)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
+from verl_pipeline.durations import duration_setting, format_duration
 from verl_pipeline.exceptions import ConfigError, section_of
 
 #: The run profile's section and its keys.
@@ -48,7 +48,7 @@ class RestartPolicy:
     delay_s: float = 20.0
     #: The longest wait before a restart.
     max_delay_s: float = 600.0
-    #: Whether a restart probes the nodes again or reuses the probe its run's earlier attempt passed.
+    #: Whether a restart probes the nodes again or may reuse the run's last probe (``jobs/reprobe.py``).
     reprobe: Reprobe = Reprobe.ON_CHANGE
 
     def __post_init__(self) -> None:
@@ -86,13 +86,8 @@ class RestartPolicy:
                                   "no_progress_limit: 2 (0: fail at the first attempt that makes no progress)")
             out["no_progress_limit"] = limit
         for key in ("delay", "max_delay"):
-            value = section.get(key)
-            if value is None:
-                continue
-            seconds = parse_duration(value) if isinstance(value, str) else None
-            if seconds is None:
-                raise ConfigError(f"{where}.{key}", value, "is not a duration", f"{key}: one of {EXAMPLES}, or 0s")
-            out[f"{key}_s"] = float(seconds)
+            if section.get(key) is not None:
+                out[f"{key}_s"] = duration_setting(f"{where}.{key}", section[key], positive=False, also=", or 0s")
         reprobe = section.get("reprobe")
         if reprobe is not None:
             if reprobe not in {r.value for r in Reprobe}:

@@ -17,7 +17,7 @@ from typing import Any
 
 from verl_pipeline.admission import Admission
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
-from verl_pipeline.durations import EXAMPLES, format_duration, parse_duration
+from verl_pipeline.durations import duration_setting, format_duration
 from verl_pipeline.exceptions import ConfigError, section_of
 from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
 from verl_pipeline.restarts import RestartPolicy
@@ -287,11 +287,8 @@ class WatchSettings:
             value = section.get(key)
             if value is None or (key == "stall_timeout" and value == "auto"):
                 continue
-            seconds = parse_duration(value) if isinstance(value, str) else None
-            if not seconds:
-                raise ConfigError(f"{where}.{key}", value, "is not a duration longer than zero",
-                                  f"{key}: one of {EXAMPLES}" + (" or auto" if key == "stall_timeout" else ""))
-            out[f"{key}_s"] = float(seconds)
+            out[f"{key}_s"] = duration_setting(f"{where}.{key}", value, positive=True,
+                                               also=" or auto" if key == "stall_timeout" else "")
         factor = section.get("stall_factor")
         if factor is not None:
             if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
