@@ -9,10 +9,11 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from verl_pipeline.jobs.budget import RestartOutcome
 from verl_pipeline.jobs.startup import PhaseTime
 from verl_pipeline.report.build import Report, Series
 from verl_pipeline.report.gpu import MIB_PER_GIB, GpuUsage
-from verl_pipeline.report.restarts import restarts_html
+from verl_pipeline.report.restarts import RestartSummary
 from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT, under_used
 from verl_pipeline.trainer import metrics as m
 
@@ -148,6 +149,25 @@ def _critic(r: Report) -> str:
         rows.append(("critic's share of step time (values + update_critic)", f"{c.share_of_step:.0%}"))
     return ("<h2>Critic</h2><p>PPO's value function: its loss should fall and the explained variance rise; a "
             "resumed attempt carries on from the critic's checkpoint (see the critic plot).</p>" + _table(rows))
+
+
+def restarts_html(s: RestartSummary | None) -> str:
+    """The restarts section: the budget's headline and each decision (empty for a report without a restart
+    record, e.g. rebuilt from old files)."""
+    if s is None:
+        return ""
+    out = f"<h2>Restarts</h2><p>{escape(s.headline())}</p>"
+    if not s.decisions:
+        return out
+    rows = []
+    for d in s.decisions:
+        did = (f"checkpoint {d.resumed_from} → {d.checkpoint_after}" if d.progressed else
+               "no step" if d.last_step is None else f"to step {d.last_step}, no new checkpoint")
+        then = "budget used up: run failed" if d.outcome == RestartOutcome.EXHAUSTED.value else \
+            f"restarted after {d.delay_s:g} s"
+        rows.append((d.attempt, d.reason, did, d.no_progress, d.left, then))
+    return out + _grid(("attempt", "failure", "progress", "in a row without progress",
+                        "restarts without progress left", "then"), rows)
 
 
 def _checks(r: Report) -> str:

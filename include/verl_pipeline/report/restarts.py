@@ -4,14 +4,17 @@ The wait task records every decision after an infrastructure failure (``jobs.bud
 the attempt that failed, whether it moved the checkpoint on, how many attempts in a row had not, what
 was left of the budget and how long the restart waited — or that the budget was used up. The
 report shows them as recorded, one row per attempt (the last decision for it, when a later try
-decided again).
+decided again): :class:`RestartSummary` here, its section of the page in ``report/html.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from html import escape
 from typing import Any
+
+from verl_pipeline.jobs.budget import RestartOutcome
+
+_RESTART, _EXHAUSTED = RestartOutcome.RESTART.value, RestartOutcome.EXHAUSTED.value
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,7 @@ class RestartDecision:
 
     attempt: int
     reason: str
-    #: ``restart`` or ``exhausted`` (the budget was used up: the run failed).
+    #: A :class:`~verl_pipeline.jobs.budget.RestartOutcome` value (``exhausted``: the budget was used up, run failed).
     outcome: str
     progressed: bool
     resumed_from: int
@@ -51,11 +54,11 @@ class RestartSummary:
 
     @property
     def restarts(self) -> int:
-        return sum(d.outcome == "restart" for d in self.decisions)
+        return sum(d.outcome == _RESTART for d in self.decisions)
 
     @property
     def after_progress(self) -> int:
-        return sum(d.outcome == "restart" and d.progressed for d in self.decisions)
+        return sum(d.outcome == _RESTART and d.progressed for d in self.decisions)
 
     @property
     def most_in_a_row(self) -> int:
@@ -64,7 +67,7 @@ class RestartSummary:
 
     @property
     def exhausted(self) -> bool:
-        return any(d.outcome == "exhausted" for d in self.decisions)
+        return any(d.outcome == _EXHAUSTED for d in self.decisions)
 
     def headline(self) -> str:
         if self.exhausted:
@@ -91,20 +94,3 @@ def summarise(records: list[dict[str, Any]], no_progress_limit: int) -> RestartS
         last[d.attempt] = d
     return RestartSummary(no_progress_limit, [last[a] for a in sorted(last)])
 
-
-def restarts_html(s: RestartSummary | None) -> str:
-    """The report page's section (empty for a report without a restart record, e.g. rebuilt from old files)."""
-    if s is None:
-        return ""
-    out = f"<h2>Restarts</h2><p>{escape(s.headline())}</p>"
-    if not s.decisions:
-        return out
-    rows = []
-    for d in s.decisions:
-        did = (f"checkpoint {d.resumed_from} → {d.checkpoint_after}" if d.progressed else
-               "no step" if d.last_step is None else f"to step {d.last_step}, no new checkpoint")
-        then = f"restarted after {d.delay_s:g} s" if d.outcome == "restart" else "budget used up: run failed"
-        rows.append((d.attempt, d.reason, did, d.no_progress, d.left, then))
-    head = ("attempt", "failure", "progress", "in a row without progress", "restarts without progress left", "then")
-    cells = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return out + "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr>{cells}</table>"
