@@ -136,8 +136,8 @@ class RayJobTrigger(BaseTrigger):
         self._cluster: Cluster = (str(req.cluster.get("dashboard_url")), req.conn_id or "")
         # The parts; the cursor moves as the job is read, and every event carries it.
         self._follower = LogFollower(job_id=req.job_id, offset=req.log_offset_bytes,
-                                max_lines_per_poll=req.max_lines_per_poll, max_read_bytes=req.max_read_bytes,
-                                log=self.log, where=self._where)
+                                     max_lines_per_poll=req.max_lines_per_poll, max_read_bytes=req.max_read_bytes,
+                                     log=self.log, where=self._where)
         self._keeper = CursorKeeper(req.cursor_dir, req.job_id)
         self._progress = ProgressWatch(total=req.total_steps, metrics_path=req.metrics_path, progress=req.progress,
                                        metrics_offset=req.metrics_offset_bytes, interval=req.progress_interval)

@@ -3,7 +3,7 @@
 The frozen spec (``run_spec.json``) holds what the user asked for; every submission — the first,
 a retry on other nodes, the CLI's — decides here, from what the probe of the cluster as it is found
 (:class:`~verl_pipeline.trainer.nodefacts.NodeFacts`; a restart on unchanged nodes reuses the run's
-passed probe, :mod:`verl_pipeline.jobs.reprobe`):
+last probe, :mod:`verl_pipeline.jobs.reprobe`):
 
 - the attention path and what goes with it (:mod:`verl_pipeline.trainer.fastpath`): flash-attn's
   fast path with packed sequences and dynamic batches sized for the GPU, or SDPA with fused

@@ -8,7 +8,8 @@ correct the table against a real job log, change the text (or add a marker for t
 of a phase's markers ends it).
 
 A phase whose line never shows is **unknown**, never guessed: the line differs from the table, the
-phase did not run (no validation before training), or the job logs at a level that hides it. vLLM's
+phase did not run, or the job logs at a level that hides it. A phase the job was rendered without
+(validation before training, off on a resume) is **skipped** instead (``jobs.startup.skipped_phases``). vLLM's
 own lines are INFO, which verl's runtime environment silences (``VLLM_LOGGING_LEVEL=WARN``) unless
 the job sets the variable itself; the pipeline's jobs set it to INFO (``trainer/render.py``).
 
