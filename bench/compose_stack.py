@@ -380,9 +380,9 @@ def signed_in(stack: Stack) -> Iterator[Any]:
     import tempfile
 
     from playwright.sync_api import sync_playwright
+    from report_png import chromium as find_chromium  # bench/ is on the path of a script run from it
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Chromium not installed (apt-get install -y chromium chromium-driver)"
+    chromium = find_chromium()
     base = f"http://127.0.0.1:{stack.env['AIRFLOW_API_PORT']}"
     profile_dir = tempfile.mkdtemp(prefix="vp-compose-chromium-")
     with sync_playwright() as p:
