@@ -45,6 +45,12 @@ def startup_file(metrics_path: Path) -> Path:
     return metrics_path.with_suffix(".startup.json")
 
 
+def actor_starts_file(metrics_path: Path) -> Path:
+    """Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.actors.json``): how each Ray
+    actor of its start came up, as Ray recorded it (``jobs.actor_starts``)."""
+    return metrics_path.with_suffix(".actors.json")
+
+
 def retire(record: Path) -> Path | None:
     """Rename ``<name>.json`` to ``<name>.stopped.json`` (kept for the post-mortem); None when absent."""
     if not record.exists():
@@ -333,4 +339,5 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["TRACKER_FILE", "Attempt", "RunDir", "first_step_file", "now", "retire", "startup_file", "tracker_step"]
+__all__ = ["TRACKER_FILE", "Attempt", "RunDir", "actor_starts_file", "first_step_file", "now", "retire", "startup_file",
+           "tracker_step"]

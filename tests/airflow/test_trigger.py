@@ -15,6 +15,7 @@ from verl_pipeline.airflow import triggers
 from verl_pipeline.airflow.triggers import CLASSPATH, RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
+from verl_pipeline.exceptions import ClusterError
 from verl_pipeline.jobs.budget import AttemptProgress, RestartBudget
 from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream, NodeInfo
 from verl_pipeline.jobs.gpu_usage import read_samples, readings_from_summary
@@ -889,3 +890,91 @@ async def test_the_start_is_timed_phase_by_phase_up_to_the_first_step(tmp_path: 
     assert said[-1].startswith("first step 6") and " · validation 0 s · first step " in said[-1]
     assert list(StartupPhases.load(metrics).ended) == list(PHASES)
     assert first_step_seen_at(metrics) == StartupPhases.load(metrics).ended[PHASES[-1]]
+
+
+class ActorRecords(ScriptedHook):
+    """A job Ray knows by id ``02000000``, submitted ``SUBMITTED`` (epoch ms), whose state API holds
+    ``tasks`` and ``workers`` (or fails with ``error``); each read is kept with its ``alive_only``."""
+
+    def __init__(self, *args: Any, tasks: list[dict[str, Any]], workers: list[dict[str, Any]],
+                 error: Exception | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.tasks, self.workers, self.error = tasks, workers, error
+        self.actor_reads: list[bool] = []
+
+    async def aget_job(self, job_id: str) -> JobInfo | None:
+        from tests.jobs.test_actor_starts import SUBMITTED
+
+        info = await super().aget_job(job_id)
+        return info and replace(info, ray_job_id="02000000", start_time=int(SUBMITTED))
+
+    async def aactor_starts(self, ray_job_id: str, *, alive_only: bool) -> tuple[list[Any], list[Any]]:
+        assert ray_job_id == "02000000"
+        self.actor_reads.append(alive_only)
+        if self.error is not None:
+            raise self.error
+        return self.tasks, self.workers
+
+
+async def test_at_the_first_step_the_waiter_reads_once_how_each_actor_started_says_it_and_records_it(
+        tmp_path: Path) -> None:
+    from tests.jobs.test_actor_starts import SUBMITTED, _task, _worker
+    from verl_pipeline.jobs import actor_starts
+    from verl_pipeline.jobs.startup import StartupPhases
+    from verl_pipeline.rundir import actor_starts_file
+    from verl_pipeline.trainer.startup_markers import Phase
+
+    tasks = [_task("WorkerDict", f"w{i}", asked=57, running=60, loaded=85 + i, finished=90 + i) for i in range(2)]
+    workers = [_worker(f"w{i}", launch=57.5, ready=59.5) for i in range(2)]
+    metrics = tmp_path / "metrics-a1.jsonl"
+    hook = ActorRecords(["RUNNING"] * 5 + ["SUCCEEDED"], ["", "", _step(1), _step(1), _step(1) + _step(2)],
+                        tasks=tasks, workers=workers)
+    trigger = _trigger(total_steps=2, metrics_path=str(metrics), progress_interval=0)
+    lines = capture(trigger)
+    await _events(trigger, hook)
+    assert hook.actor_reads == [True]  # once, while the job ran: its actors' workers were alive
+    assert [m for m in lines if "by actor" in m] == [
+        "Ray job job-1 start-up by actor: WorkerDict x 2: asked 57 s after submission, ready at 91 s (waiting 1 s · "
+        "process 2 s · class load 26 s · __init__ 5 s)"]
+    assert actor_starts.load(actor_starts_file(metrics)) == actor_starts.from_ray(tasks, workers, SUBMITTED)
+    # Written in the same trip as the start's phases, each to its own file.
+    assert list(StartupPhases.load(metrics).ended) == [Phase.FIRST_STEP]
+
+
+async def test_a_job_that_ends_before_its_first_step_is_read_at_its_end_and_a_failed_read_is_said_once(
+        tmp_path: Path) -> None:
+    from tests.jobs.test_actor_starts import _task
+    from verl_pipeline.rundir import actor_starts_file
+
+    tasks = [_task("TaskRunner", "w0", asked=24, running=26, loaded=50, finished=50.1)]
+    hook = ActorRecords(["RUNNING", "RUNNING", "FAILED"], ["", "", "Traceback\n"], tasks=tasks, workers=[])
+    metrics = tmp_path / "metrics-a1.jsonl"
+    trigger = _trigger(total_steps=2, metrics_path=str(metrics))
+    lines = capture(trigger)
+    await _events(trigger, hook)
+    assert hook.actor_reads == [False]  # the job had ended: its workers are among the dead ones
+    assert [m for m in lines if "by actor" in m] == [
+        "Ray job job-1 start-up by actor: TaskRunner x 1: asked 24 s after submission, ready at 50 s (waiting unknown "
+        "· process unknown · class load 24 s · __init__ 0 s)"]
+    assert actor_starts_file(metrics).is_file()
+
+    failing = ActorRecords(["RUNNING"] * 5 + ["SUCCEEDED"], ["", "", _step(1), _step(1), _step(1) + _step(2)],
+                           tasks=[], workers=[], error=ClusterError("GET /api/v0/tasks failed (500)"))
+    metrics = tmp_path / "metrics-a2.jsonl"
+    trigger = _trigger(total_steps=2, metrics_path=str(metrics))
+    lines = capture(trigger)
+    events = await _events(trigger, failing)
+    assert events[0]["status"] == "succeeded" and failing.actor_reads == [True]  # said, never retried
+    assert [m for m in lines if "how its actors started" in m] == [
+        "Ray job job-1: no record of how its actors started (Ray's state API: GET /api/v0/tasks failed (500))"]
+    assert not actor_starts_file(metrics).exists()
+
+
+async def test_a_job_whose_driver_never_started_is_not_read() -> None:
+    hook = ScriptedHook(["PENDING", "FAILED"], [""])  # Ray gave no job id: no driver, no actors
+    hook.aactor_starts = None  # type: ignore[attr-defined]  # a read would fail the test
+    trigger = _trigger(total_steps=2, metrics_path=None)
+    lines = capture(trigger)
+    events = await _events(trigger, hook)
+    assert events[0]["status"] == "failed"
+    assert "Ray job job-1: no record of how its actors started (its driver never started)" in lines

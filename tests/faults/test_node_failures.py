@@ -117,6 +117,12 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
         # Skipped, not unknown: the job was rendered without it, and the first step counts from the phase before.
         assert {p["phase"] for p in attempt["startup"] if p["skipped"]} == skipped
         assert all(p["duration_s"] is not None for p in attempt["startup"] if p["phase"] not in skipped)
+        # How each actor of the start came up, as Ray recorded it (read at the attempt's first step, while
+        # the actors were alive): the stand-in's worker group and its tracking actor, each one ready.
+        actors = attempt["actors"]
+        assert sorted(a["cls"] for a in actors) == ["RolloutWorker", "RolloutWorker", "TrackingRunner"], actors
+        assert all(a["ready_s"] is not None and not a["failed"] and a["asked_s"] <= a["ready_s"]
+                   and None not in (a["before_s"], a["process_s"], a["load_s"], a["init_s"]) for a in actors), actors
     _no_leftovers(rd)
     # The critic's section covers both attempts (the stand-in's value loss is a function of the run's step).
     critic = json.loads((rd / "report" / "report.json").read_text())["critic"]

@@ -16,7 +16,7 @@ from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG, gpu_png
 from verl_pipeline.report.write import write_report
-from verl_pipeline.rundir import Attempt, RunDir, startup_file
+from verl_pipeline.rundir import Attempt, RunDir, actor_starts_file, startup_file
 from verl_pipeline.trainer.startup_markers import Phase
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -160,6 +160,32 @@ def test_each_attempt_shows_its_start_phase_by_phase_and_unknown_where_a_line_wa
     html = files.html.read_text()
     assert "Start-up, phase by phase" in html and "<th>graph capture</th>" in html
     assert "<td>60 s</td>" in html and "<td>unknown</td>" in html and "unknown (done at 300 s)" in html
+
+
+def test_each_attempts_actors_show_by_class_where_ray_recorded_them(tmp_path: Path) -> None:
+    """Attempt 1's waiter recorded how its actors came up; attempt 2's did not (no table row, not zeros)."""
+    from tests.jobs.test_actor_starts import SUBMITTED, _task, _worker
+    from verl_pipeline.jobs import actor_starts
+
+    run_dir = _run_dir(tmp_path, "actors")
+    _log(run_dir, 1, range(1, 4), resume_from=0)
+    _log(run_dir, 2, range(3, 7), resume_from=2)
+    tasks = [_task("TaskRunner", "t0", asked=24, running=26, loaded=50, finished=50.1),  # no worker record
+             *(_task("WorkerDict", f"w{i}", asked=57, running=60, loaded=85 + 9 * i, finished=90 + 9 * i)
+               for i in range(2))]
+    workers = [_worker(f"w{i}", launch=57.5, ready=59.5) for i in range(2)]
+    write_json_atomic(actor_starts_file(RunDir(run_dir).metrics_file(1)),
+                      actor_starts.to_record(actor_starts.from_ray(tasks, workers, SUBMITTED)))
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    first, second = json.loads(files.json.read_text())["attempts"]
+    assert [(a["cls"], a["load_s"]) for a in first["actors"]] == [("TaskRunner", 24.0), ("WorkerDict", 25.0),
+                                                                  ("WorkerDict", 34.0)]
+    assert second["actors"] is None
+    html = files.html.read_text()
+    assert "Ray actors of each start" in html
+    assert ("<tr><td>1</td><td>WorkerDict</td><td>2</td><td>10.0.0.2</td><td>57 s</td><td>1 s</td><td>2 s</td>"
+            "<td>30 s (slowest 34 s)</td><td>5 s</td><td>99 s</td></tr>") in html
+    assert "<td>TaskRunner</td><td>1</td><td>10.0.0.2</td><td>24 s</td><td>unknown</td><td>unknown</td>" in html
 
 
 def _trained_between(run_dir: Path, first_seen: float, last_row: float) -> None:

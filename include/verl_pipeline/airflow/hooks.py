@@ -170,3 +170,8 @@ class RayJobsHook(BaseHook):
     async def anodes(self) -> list[NodeInfo]:
         """Every node of the cluster, alive or dead, with its GPUs' readings (Ray's node summary)."""
         return await self._entered().anodes()
+
+    async def aactor_starts(self, ray_job_id: str, *, alive_only: bool) -> tuple[list[Any], list[Any]]:
+        """Ray's records of a job's actor creations and of the cluster's workers (see
+        :meth:`RayJobsClient.aactor_starts`)."""
+        return await self._entered().aactor_starts(ray_job_id, alive_only=alive_only)

@@ -24,7 +24,9 @@ wait that starts with its job: :func:`poll_pause`):
    (the lines that end each phase of the start, until the first step: :class:`StartupWatch`)
    and the nodes part (a line that says something died); verl's metrics file read when due
    (:class:`ProgressWatch`); a progress line logged when due (``step 120/500 (24%) · 3.1 min/step
-   · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases;
+   · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases; then, once
+   an attempt (at its first step, or at its end without one), Ray's records of how each actor of
+   the start came up (:mod:`~verl_pipeline.jobs.actor_starts`, two reads of Ray's state API);
 3. **ended** → the parts' files written, the terminal event;
 4. **nodes and GPUs** (:class:`ClusterWatch`): ``node_lost`` when fewer nodes than the cluster
    was provisioned with (``expected_nodes``) stayed alive for ``node_grace_polls`` counts while
@@ -54,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from verl_pipeline.jobs.actor_starts import from_ray
 from verl_pipeline.jobs.cluster_watch import ClusterWatch
 from verl_pipeline.jobs.logstream import CursorKeeper, LogFollower, WaitCursor, where_the_log_is
 from verl_pipeline.jobs.outcome import WaitEvent
@@ -82,6 +85,8 @@ CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
 #: time, until ``poll_interval``: a short job (a preflight, a probe) is seen to end within about its
 #: own duration, not a whole interval later, and a week-long one pays 3 or 4 extra polls at its start.
 FIRST_POLL_S = 0.5
+#: The longest the read of Ray's records of a start's actors may take (two state API lists, once an attempt).
+ACTOR_STARTS_READ_S = 30.0
 
 
 def poll_pause(polls: int, poll_interval: float, *, fresh: bool) -> float:
@@ -248,6 +253,8 @@ class RayJobTrigger(BaseTrigger):
             before = self.log_offset_bytes, self.metrics_offset_bytes
             read = await self._read_log(hook, info)
             moved = None if read is None else (self.log_offset_bytes, self.metrics_offset_bytes) != before
+            if self._tracking and self._startup.actors_due(ended=info.status.is_terminal()):
+                await self._read_actor_starts(hook, info)
             if info.status.is_terminal():
                 await self._write_run_files(moved, final=True)
                 yield self._event(WaitEvent.of_state(info.status), info.message, job_status=info.status.value,
@@ -316,6 +323,23 @@ class RayJobTrigger(BaseTrigger):
             self.log.warning("Could not read the log of Ray job %s (at byte %d): %s", self.job_id,
                              self.log_offset_bytes, e)
             return False
+
+    async def _read_actor_starts(self, hook: Any, info: JobInfo) -> None:
+        """Ray's records of how each actor of the start came up, read once: at the first step (the start's
+        actors are alive then) or at the end of a job that had none. A failed read is said, never retried."""
+        if not info.ray_job_id or not info.start_time:
+            self._startup.actors_unread("its driver never started")
+            return
+        ended = info.status.is_terminal()
+        try:
+            tasks, workers = await asyncio.wait_for(hook.aactor_starts(info.ray_job_id, alive_only=not ended),
+                                                    ACTOR_STARTS_READ_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._startup.actors_unread(f"Ray's state API: {e or type(e).__name__}")
+            return
+        self._startup.observe_actors(await asyncio.to_thread(from_ray, tasks, workers, info.start_time))
 
     def _steps_seen(self, *, final: bool) -> None:
         """Hand the newest step to the first-step record and the watchdog; log the progress when due."""

@@ -55,6 +55,8 @@ AGENT_RETRY_S = 600.0
 #: so the bound costs time only when the stop does not work, and a next attempt started beside a job
 #: that still holds the GPUs would fail.
 STOP_WAIT_S = 60.0
+#: The most rows one read of Ray's state API asks for (a week on a large cluster: thousands of workers).
+STATE_LIST_LIMIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class JobInfo:
     #: The dashboard agent of the driver's node (``http://ip:port``): it serves the driver's log file.
     driver_agent_http_address: str | None = None
     driver_node_id: str | None = None
+    #: Ray's id of the job (``driver_info.id``, e.g. ``02000000``) once its driver started: what Ray's
+    #: state API files the job's tasks and actors under.
+    ray_job_id: str | None = None
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> JobInfo:
@@ -86,6 +91,7 @@ class JobInfo:
             metadata=dict(data.get("metadata") or {}),
             driver_agent_http_address=data.get("driver_agent_http_address") or None,
             driver_node_id=data.get("driver_node_id") or None,
+            ray_job_id=(data.get("driver_info") or {}).get("id") or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +106,7 @@ class JobInfo:
             "metadata": self.metadata,
             "driver_agent_http_address": self.driver_agent_http_address,
             "driver_node_id": self.driver_node_id,
+            "ray_job_id": self.ray_job_id,
         }
 
 
@@ -530,6 +537,27 @@ class RayJobsClient:
                                        f"{text[:300]}")
                 yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.STATE_API, body=r.content,
                                 discard=start, limit=max_bytes)
+
+    async def aactor_starts(self, ray_job_id: str, *, alive_only: bool) -> tuple[list[Any], list[Any]]:
+        """Ray's records of the actors a job created (its ``ACTOR_CREATION_TASK`` tasks, with their events
+        and profiling) and of the cluster's worker processes (``alive_only``: those alive now; a running
+        job's actors are), from the state API: two reads, for :func:`verl_pipeline.jobs.actor_starts.from_ray`."""
+        tasks = await self._astate("tasks", [("job_id", ray_job_id), ("type", "ACTOR_CREATION_TASK")])
+        workers = await self._astate("workers", [("worker_type", "WORKER"),
+                                                 *([("is_alive", "True")] if alive_only else [])])
+        return tasks, workers
+
+    async def _astate(self, resource: str, filters: list[tuple[str, str]]) -> list[Any]:
+        """One list of Ray's state API (``/api/v0/<resource>``), in detail, filtered by equality."""
+        from urllib.parse import urlencode
+
+        query = [("detail", "1"), ("limit", str(STATE_LIST_LIMIT))]
+        for key, value in filters:
+            query += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
+        data = await self._aget(f"/api/v0/{resource}?{urlencode(query)}")
+        result = ((data or {}).get("data") or {}).get("result") or {}
+        rows = result.get("result") if isinstance(result, dict) else None
+        return rows if isinstance(rows, list) else []
 
     async def anodes(self) -> list[NodeInfo]:
         """Every node the cluster knows, alive or dead, with its total resources and its GPUs' readings."""

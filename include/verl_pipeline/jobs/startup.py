@@ -12,8 +12,13 @@ ignored; a phase whose line shows several times (one vLLM engine per replica) en
 one before the next phase's. A waiter that takes over mid-start (a restarted triggerer) keeps the
 phases the earlier one recorded.
 
-Both records lie beside the attempt's metrics file, one pair per attempt: ``rundir.startup_file``
-(the phases) and ``rundir.first_step_file`` (the first step's arrival, the report's training window).
+Once the first step came (or the job ended without one) the waiter reads Ray's records of how each actor of
+the start came up, once (:mod:`verl_pipeline.jobs.actor_starts`): what each phase spent waiting for workers,
+starting processes, importing and initialising. The task log says it class by class.
+
+The records lie beside the attempt's metrics file, one set per attempt: ``rundir.startup_file`` (the
+phases), ``rundir.first_step_file`` (the first step's arrival, the report's training window) and
+``rundir.actor_starts_file`` (the actors).
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.jobs import actor_starts
+from verl_pipeline.jobs.actor_starts import ActorStart
 from verl_pipeline.jobs.logstream import TaskLog
 from verl_pipeline.jobs.progress import Progress, record_first_step
 from verl_pipeline.jobs.run_files import FileWrite
 from verl_pipeline.paths import write_json_atomic
-from verl_pipeline.rundir import startup_file
+from verl_pipeline.rundir import actor_starts_file, startup_file
 from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
 from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY
@@ -151,6 +158,9 @@ class StartupWatch:
         self._first_step: Progress | None = None
         self._first_step_recorded = self.metrics_path is None
         self._changed = False
+        #: Ray's records of the start's actors were read (or could not be): once per attempt.
+        self._actors_read = False
+        self._actors: list[ActorStart] | None = None
 
     def resume(self, *, started: bool) -> None:
         """Continue from what an earlier waiter of this attempt saw (blocking file I/O): ``started``, a
@@ -158,6 +168,8 @@ class StartupWatch:
         self.done = started
         if self.metrics_path is not None and not started:
             self.phases = StartupPhases.load(self.metrics_path)
+        if self.metrics_path is not None and started:
+            self._actors_read = actor_starts_file(self.metrics_path).exists()
 
     def observe_lines(self, lines: list[str], now: float) -> None:
         """Lines of the job's log that arrived at ``now``: the phases they end, each said in the task log."""
@@ -186,19 +198,51 @@ class StartupWatch:
                       f"{total:.0f} s after submission" if total is not None else "seen",
                       " · ".join(t.text() for t in times))
 
+    def actors_due(self, *, ended: bool) -> bool:
+        """Read Ray's records of the start's actors now: the first step came, or the job ended without one."""
+        return not self._actors_read and (self.done or ended)
+
+    def observe_actors(self, starts: list[ActorStart]) -> None:
+        """How each actor of the start came up (Ray's records): said class by class, and recorded."""
+        self._actors_read = True
+        for group in actor_starts.by_class(starts):
+            self.log.info("Ray job %s start-up by actor: %s", self.job_id, group.text())
+        if starts:
+            self._actors = starts
+
+    def actors_unread(self, why: str) -> None:
+        """Ray's records of the start's actors could not be read: said once, not tried again (they only explain)."""
+        self._actors_read = True
+        self.log.info("Ray job %s: no record of how its actors started (%s)", self.job_id, why)
+
     def writes(self) -> list[FileWrite]:
-        """The records that changed since the last writes."""
-        out = []
-        if self._changed and self.metrics_path is not None:
-            self._changed = False
-            path, record = startup_file(self.metrics_path), self.phases.to_dict()
-            out.append(FileWrite("record its start-up phases", lambda: write_json_atomic(path, record),
-                                 self._failed))
-        if self._first_step is not None and self.metrics_path is not None:
-            metrics, first, self._first_step = self.metrics_path, self._first_step, None
-            out.append(FileWrite("record when it logged its first step", lambda: record_first_step(metrics, first),
-                                 lambda error: None))  # the report then says the time is unknown
-        return out
+        """The records that changed since the last writes (each built apart: a write runs later, in a thread)."""
+        if self.metrics_path is None:
+            return []
+        return [w for w in (self._phases_write(self.metrics_path), self._first_step_write(self.metrics_path),
+                            self._actors_write(self.metrics_path)) if w is not None]
+
+    def _phases_write(self, metrics: Path) -> FileWrite | None:
+        if not self._changed:
+            return None
+        self._changed = False
+        path, record = startup_file(metrics), self.phases.to_dict()
+        return FileWrite("record its start-up phases", lambda: write_json_atomic(path, record), self._failed)
+
+    def _first_step_write(self, metrics: Path) -> FileWrite | None:
+        first, self._first_step = self._first_step, None
+        if first is None:
+            return None
+        return FileWrite("record when it logged its first step", lambda: record_first_step(metrics, first),
+                         lambda error: None)  # the report then says the time is unknown
+
+    def _actors_write(self, metrics: Path) -> FileWrite | None:
+        starts, self._actors = self._actors, None
+        if starts is None:
+            return None
+        path, record = actor_starts_file(metrics), actor_starts.to_record(starts)
+        return FileWrite("record how its actors started", lambda: write_json_atomic(path, record),
+                         lambda error: None)  # the task log said it; the report shows none
 
     def _failed(self, error: OSError) -> None:
         self.metrics_path = None  # not writable from the triggerer: the task log still says each phase

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from verl_pipeline.jobs.actor_starts import ActorStart
 from verl_pipeline.jobs.startup import PhaseTime, StartupPhases
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.critic import CriticSummary
@@ -65,6 +66,9 @@ class AttemptInfo:
     startup_ended: dict[Phase, float] = field(default_factory=dict)
     #: Phases the attempt's job was rendered not to run (validation before training on a resume).
     startup_skipped: frozenset[Phase] = frozenset()
+    #: How each Ray actor of the attempt's start came up, as Ray recorded it (``jobs.actor_starts``);
+    #: None: not recorded.
+    actors: tuple[ActorStart, ...] | None = None
 
     @property
     def startup(self) -> list[PhaseTime]:

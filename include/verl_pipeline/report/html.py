@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from verl_pipeline.jobs.actor_starts import by_class
 from verl_pipeline.jobs.budget import RestartOutcome
 from verl_pipeline.jobs.startup import PhaseTime
 from verl_pipeline.report.build import Report, Series
@@ -112,6 +113,26 @@ def _startup(r: Report) -> str:
             "one before. <i>unknown</i>: the line was not seen (or it differs); the phase after it is unknown "
             "too.</p>"
             + _grid(("attempt", *(p.words for p in phases)), rows))
+
+
+def _actor_starts(r: Report) -> str:
+    """How each Ray actor of every attempt's start came up: where a phase's seconds went."""
+    rows = [(a.attempt, g.name, len(g.actors), ", ".join(sorted({x.node for x in g.actors if x.node})) or "—",
+             f"{g.first_asked_s:.0f} s", g.cell("waiting_s"), g.cell("process_s"), g.cell("load_s"), g.cell("init_s"),
+             "—" if g.last_ready_s is None else f"{g.last_ready_s:.0f} s")
+            for a in r.attempts if a.actors for g in by_class(a.actors)]
+    if not rows:
+        return ""
+    return ("<h3>Ray actors of each start</h3><p>Every actor the job created, by class, as Ray recorded it (its "
+            "state API, read at the first step): when it was asked for and when the last of the class was "
+            "ready, after the submission; between them, <i>waiting</i> for a worker (free resources, the runtime "
+            "env), the worker <i>process</i> starting (0 s: a worker already running), <i>class load</i> (for a "
+            "class Ray can import, as verl's worker classes: its module and all that module imports, torch, vLLM, "
+            "verl) and <i>__init__</i>. Medians, with the slowest "
+            "actor where several differ. vLLM's engine processes are not Ray actors: their start shows in the "
+            "engine start phase above, not here.</p>"
+            + _grid(("attempt", "class", "actors", "nodes", "asked at", "waiting", "process", "class load",
+                     "__init__", "ready at"), rows))
 
 
 def _phase_cell(t: PhaseTime) -> str:
@@ -245,6 +266,6 @@ def render_html(r: Report) -> str:
     plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
-            f"<h2>Attempts</h2>{_attempts(r)}{_startup(r)}{restarts_html(r.restarts)}{_checks(r)}{_critic(r)}"
+            f"<h2>Attempts</h2>{_attempts(r)}{_startup(r)}{_actor_starts(r)}{restarts_html(r.restarts)}{_checks(r)}{_critic(r)}"
             f"{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
             + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

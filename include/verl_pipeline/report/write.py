@@ -2,7 +2,8 @@
 
 Reads ``run_spec.json``, ``job.json``, ``attempts.jsonl``, every attempt's metrics file
 (:meth:`verl_pipeline.rundir.RunDir.metrics_files`), ``preflight.json``, the GPU readings
-(``RunDir.gpu_usage_file``) and the restart decisions (``restarts.jsonl``); writes
+(``RunDir.gpu_usage_file``), the restart decisions (``restarts.jsonl``) and each attempt's start-up
+records (``rundir.startup_file``, ``rundir.actor_starts_file``); writes
 ``report/report.json``, the plots and ``report/report.html``, each atomically.
 """
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_pipeline.jobs import actor_starts
+from verl_pipeline.jobs.actor_starts import ActorStart
 from verl_pipeline.paths import atomic_path, write_json_atomic
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.build import (
@@ -28,7 +31,7 @@ from verl_pipeline.report.build import (
     training_windows,
 )
 from verl_pipeline.report.restarts import RestartSummary, summarise
-from verl_pipeline.rundir import RunDir
+from verl_pipeline.rundir import RunDir, actor_starts_file
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +118,11 @@ def infer_status(run_dir: Path, facts: RunFacts, rows: list[StepRow], preflight:
     return RunOutcome.SUCCEEDED if facts.total_steps and reached >= facts.total_steps else RunOutcome.FAILED
 
 
+def _actors(metrics_path: Path) -> tuple[ActorStart, ...] | None:
+    starts = actor_starts.load(actor_starts_file(metrics_path))
+    return None if starts is None else tuple(starts)
+
+
 def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[str, Any] | None = None,
                  plots: bool = True) -> ReportFiles:
     """(Re)build the report of the run in ``run_dir``; ``spec``: the run's spec (else its run_spec.json)."""
@@ -134,7 +142,8 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
                             last_row_at=_mtime(RunDir(run_dir).metrics_file(a.attempt)),
                             startup_ended=StartupPhases.load(RunDir(run_dir).metrics_file(a.attempt)).ended,
                             startup_skipped=skipped_phases((decided.get(a.attempt) or {}).get("settings"),
-                                                           spec.get("verl")))
+                                                           spec.get("verl")),
+                            actors=_actors(RunDir(run_dir).metrics_file(a.attempt)))
                 for a in RunDir(run_dir).attempts()]
     gpu_series = gpu.collect(read_samples(RunDir(run_dir).gpu_usage_file))
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
