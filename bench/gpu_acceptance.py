@@ -279,6 +279,15 @@ def check_export(result: Result, model_dir: Path, base_dir: Path) -> None:
     result.check(torch.as_tensor(out).shape[-1] > ids["input_ids"].shape[-1], "the exported model generated nothing")
 
 
+def actor_lines(report: dict[str, Any]) -> list[list[str] | None]:
+    """Each attempt's start by class of Ray actor, as the task log says it (None: not recorded): where
+    the start's phases spent their seconds (waiting, process start, class load, ``__init__``)."""
+    from verl_pipeline.jobs.actor_starts import ActorStart, by_class
+
+    return [None if a.get("actors") is None else [g.text() for g in by_class(ActorStart(**x) for x in a["actors"])]
+            for a in report.get("attempts", [])]
+
+
 def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) -> Path | None:
     """The checks every training scenario shares: tasks, steps, checkpoints, report numbers."""
     from verl_pipeline.rundir import RunDir, tracker_step
@@ -311,6 +320,9 @@ def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) ->
     # Each attempt's start by phase (None: the line that ends it was not seen: trainer/startup_markers.py).
     figures["startup_s"] = [{p["phase"]: p["duration_s"] for p in a.get("startup", [])}
                             for a in report.get("attempts", [])]
+    figures["actor_starts"] = actor_lines(report)
+    result.check(all(lines for lines in figures["actor_starts"]),
+                 f"an attempt has no record of how its Ray actors started: {figures['actor_starts']}")
     figures["gpus"] = report.get("gpus")
     figures["steady_step_s"] = steady_step_s([r for f in rd.metrics_files().values() for r in training_rows(f)])
     result.figures.update(figures)
