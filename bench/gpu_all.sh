@@ -38,6 +38,13 @@ if [ "${PRECOMPILE:-1}" = 1 ]; then
   "$py" -m compileall -q -j 0 "$site" > "$out/compileall.out" 2>&1  # files for other Pythons fail: ignored
   echo "$(date -u +%T) compiled $site in $(( $(date +%s) - t0 )) s" >> "$out/progress"
 fi
+# IMPORT_COST=1: how long a fresh process takes to import what verl's processes import, and to make its
+# first CUDA call, before any run (bench/import_cost.py; a minute or two): a verl start is a chain of such
+# processes, and a warm restart on 2026-12-04 spent 20-30 s between one and the next.
+if [ "${IMPORT_COST:-0}" = 1 ]; then
+  "$py" "$here/import_cost.py" --cuda --out "$out/import-cost.json" > "$out/import-cost.out" 2>&1
+  echo "$(date -u +%T) import-cost rc=$?" >> "$out/progress"
+fi
 # The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU).
 "$py" -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \
 g.write_real_size_model(pathlib.Path('$work/real-size/models/qwen2.5-0.5b-arch-random'))" > "$out/model.out" 2>&1 &
