@@ -43,7 +43,8 @@ fi
 # processes, and a warm restart on 2026-12-04 spent 20-30 s between one and the next.
 if [ "${IMPORT_COST:-0}" = 1 ]; then
   "$py" "$here/import_cost.py" --cuda --out "$out/import-cost.json" > "$out/import-cost.out" 2>&1
-  echo "$(date -u +%T) import-cost rc=$?" >> "$out/progress"
+  rc=$?
+  echo "$(date -u +%T) import-cost rc=$rc" >> "$out/progress"
 fi
 # The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU).
 "$py" -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \
