@@ -22,8 +22,10 @@ caches() { [ "${SHARED_CACHES:-0}" = 1 ] && echo "--shared-caches=$work/caches/$
 wanted() { [ -z "${ONLY:-}" ] && [ "$1" != logprob-kernels ] || [[ " ${ONLY:-} " == *" $1 "* ]]; }
 tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
+  # TINY_OVERRIDES="k=v k2=v2": verl overrides for the tiny-model scenarios (an A/B against a launch without).
+  local o over=(); for o in ${TINY_OVERRIDES:-}; do over+=(--verl-override "$o"); done
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
-    --gpu-memory-utilization "$2" $(caches "$1") > "$out/$1.out" 2>&1
+    --gpu-memory-utilization "$2" $(caches "$1") "${over[@]}" > "$out/$1.out" 2>&1
   local rc=$?  # before $(date …), whose own status $? would report
   echo "$(date -u +%T) $1 rc=$rc" >> "$out/progress"
 }
