@@ -897,9 +897,11 @@ class ActorRecords(ScriptedHook):
     ``tasks`` and ``workers`` (or fails with ``error``); each read is kept with its ``alive_only``."""
 
     def __init__(self, *args: Any, tasks: list[dict[str, Any]], workers: list[dict[str, Any]],
-                 error: Exception | None = None, **kw: Any) -> None:
+                 error: Exception | None = None, earlier: list[list[dict[str, Any]]] | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.tasks, self.workers, self.error = tasks, workers, error
+        #: What the first reads see of the tasks, one list a read, before ``tasks`` (Ray sends its records late).
+        self.earlier = list(earlier or [])
         self.actor_reads: list[bool] = []
 
     async def aget_job(self, job_id: str) -> JobInfo | None:
@@ -913,7 +915,7 @@ class ActorRecords(ScriptedHook):
         self.actor_reads.append(alive_only)
         if self.error is not None:
             raise self.error
-        return self.tasks, self.workers
+        return (self.earlier.pop(0) if self.earlier else self.tasks), self.workers
 
 
 async def test_at_the_first_step_the_waiter_reads_once_how_each_actor_started_says_it_and_records_it(
@@ -978,3 +980,37 @@ async def test_a_job_whose_driver_never_started_is_not_read() -> None:
     events = await _events(trigger, hook)
     assert events[0]["status"] == "failed"
     assert "Ray job job-1: no record of how its actors started (its driver never started)" in lines
+
+
+async def test_records_not_yet_whole_at_the_first_step_are_read_again_the_next_polls_for_a_while_at_most(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray sends an actor's record about once a second: one made just before the first step is read
+    without its start or its end, and the next poll reads it whole; records that stay part-whole are kept
+    as they are once the window after the first read closed (here 1 s, at 0.01 s polls)."""
+    from tests.jobs.test_actor_starts import SUBMITTED, _task, _worker
+    from verl_pipeline.jobs import actor_starts, startup
+    from verl_pipeline.rundir import actor_starts_file
+
+    monkeypatch.setattr(startup, "ACTOR_READ_WINDOW_S", 1.0)
+
+    whole = [_task("WorkerDict", "w0", asked=57, running=60, loaded=85, finished=90),
+             _task("TrackingRunner", "w1", asked=91, running=92, loaded=92.5, finished=92.6)]
+    late = [whole[0], _task("TrackingRunner", "w1", asked=91, running=None, loaded=None, finished=None)]
+    workers = [_worker("w0", launch=57.5, ready=59.5), _worker("w1", launch=91.2, ready=91.9)]
+    log = ["", "", _step(1), _step(1), _step(1)]
+    for attempt, earlier in ((1, [late]), (2, [late] * 10_000)):
+        metrics = tmp_path / f"metrics-a{attempt}.jsonl"
+        # The job runs on past the window (200 polls of at least 0.01 s) and succeeds.
+        polls = [*(["RUNNING"] * 4), *(["RUNNING"] * 200 if attempt == 2 else []), "SUCCEEDED"]
+        hook = ActorRecords(polls, log, tasks=whole, workers=workers, earlier=earlier)
+        trigger = _trigger(total_steps=2, metrics_path=str(metrics))
+        lines = capture(trigger)
+        await _events(trigger, hook)
+        kept = actor_starts.load(actor_starts_file(metrics))
+        if attempt == 1:  # whole at the second read
+            assert hook.actor_reads == [True, True]
+            assert kept == actor_starts.from_ray(whole, workers, SUBMITTED)
+        else:  # never whole: read on every poll of the window, then kept as it was
+            assert 3 <= len(hook.actor_reads) < 200 and all(hook.actor_reads)
+            assert kept == actor_starts.from_ray(late, workers, SUBMITTED)
+        assert len([m for m in lines if "by actor: TrackingRunner" in m]) == 1  # said once, when kept

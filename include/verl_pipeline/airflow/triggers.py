@@ -24,9 +24,10 @@ wait that starts with its job: :func:`poll_pause`):
    (the lines that end each phase of the start, until the first step: :class:`StartupWatch`)
    and the nodes part (a line that says something died); verl's metrics file read when due
    (:class:`ProgressWatch`); a progress line logged when due (``step 120/500 (24%) · 3.1 min/step
-   · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases; then, once
-   an attempt (at its first step, or at its end without one), Ray's records of how each actor of
-   the start came up (:mod:`~verl_pipeline.jobs.actor_starts`, two reads of Ray's state API);
+   · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases; then, at
+   the first step (or the end of a job without one), Ray's records of how each actor of the start
+   came up (:mod:`~verl_pipeline.jobs.actor_starts`, two reads of Ray's state API; again on the next
+   polls while Ray has not recorded all of it, for 10 s at most);
 3. **ended** → the parts' files written, the terminal event;
 4. **nodes and GPUs** (:class:`ClusterWatch`): ``node_lost`` when fewer nodes than the cluster
    was provisioned with (``expected_nodes``) stayed alive for ``node_grace_polls`` counts while
@@ -85,7 +86,7 @@ CLASSPATH = "verl_pipeline.airflow.triggers.RayJobTrigger"
 #: time, until ``poll_interval``: a short job (a preflight, a probe) is seen to end within about its
 #: own duration, not a whole interval later, and a week-long one pays 3 or 4 extra polls at its start.
 FIRST_POLL_S = 0.5
-#: The longest the read of Ray's records of a start's actors may take (two state API lists, once an attempt).
+#: The longest one read of Ray's records of a start's actors may take (two state API lists).
 ACTOR_STARTS_READ_S = 30.0
 
 
@@ -325,8 +326,10 @@ class RayJobTrigger(BaseTrigger):
             return False
 
     async def _read_actor_starts(self, hook: Any, info: JobInfo) -> None:
-        """Ray's records of how each actor of the start came up, read once: at the first step (the start's
-        actors are alive then) or at the end of a job that had none. A failed read is said, never retried."""
+        """Ray's records of how each actor of the start came up, read at the first step (the start's actors
+        are alive then; again the next polls while Ray has not recorded all of it, for
+        ``startup.ACTOR_READ_WINDOW_S`` at most) or at the end of a job that had none. A failed read is said,
+        never retried."""
         if not info.ray_job_id or not info.start_time:
             self._startup.actors_unread("its driver never started")
             return
@@ -339,7 +342,8 @@ class RayJobTrigger(BaseTrigger):
         except Exception as e:
             self._startup.actors_unread(f"Ray's state API: {e or type(e).__name__}")
             return
-        self._startup.observe_actors(await asyncio.to_thread(from_ray, tasks, workers, info.start_time))
+        starts = await asyncio.to_thread(from_ray, tasks, workers, info.start_time)
+        self._startup.observe_actors(starts, ended=ended, now=time.monotonic())
 
     def _steps_seen(self, *, final: bool) -> None:
         """Hand the newest step to the first-step record and the watchdog; log the progress when due."""

@@ -62,6 +62,12 @@ class ActorStart:
     failed: bool = False
 
     @property
+    def settled(self) -> bool:
+        """Ray's record of it is whole: it failed, or it was ready and when it began to load is known. Ray
+        sends its records about once a second, so an actor made just before a read may be part-recorded."""
+        return self.failed or (self.ready_s is not None and self.before_s is not None)
+
+    @property
     def waiting_s(self) -> float | None:
         """From the request to the worker's launch: free resources, the runtime env."""
         if self.before_s is None or self.process_s is None:

@@ -13,8 +13,9 @@ one before the next phase's. A waiter that takes over mid-start (a restarted tri
 phases the earlier one recorded.
 
 Once the first step came (or the job ended without one) the waiter reads Ray's records of how each actor of
-the start came up, once (:mod:`verl_pipeline.jobs.actor_starts`): what each phase spent waiting for workers,
-starting processes, importing and initialising. The task log says it class by class.
+the start came up (:mod:`verl_pipeline.jobs.actor_starts`; again the next polls while they are not whole,
+for ``ACTOR_READ_WINDOW_S`` at most): what each phase spent waiting for workers, starting processes, importing and
+initialising. The task log says it class by class.
 
 The records lie beside the attempt's metrics file, one set per attempt: ``rundir.startup_file`` (the
 phases), ``rundir.first_step_file`` (the first step's arrival, the report's training window) and
@@ -39,6 +40,11 @@ from verl_pipeline.rundir import actor_starts_file, startup_file
 from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
 from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY
+
+#: How long after its first read the waiter reads Ray's records of a start's actors again (once a poll)
+#: while they are not whole, before it keeps them as they are: Ray sends them about once a second, so an
+#: actor made a moment before the first step is whole a second or two later.
+ACTOR_READ_WINDOW_S = 10.0
 
 
 def skipped_phases(*settings: Mapping[str, Any] | None) -> frozenset[Phase]:
@@ -160,6 +166,7 @@ class StartupWatch:
         self._changed = False
         #: Ray's records of the start's actors were read (or could not be): once per attempt.
         self._actors_read = False
+        self._actors_first_read_at: float | None = None
         self._actors: list[ActorStart] | None = None
 
     def resume(self, *, started: bool) -> None:
@@ -202,8 +209,16 @@ class StartupWatch:
         """Read Ray's records of the start's actors now: the first step came, or the job ended without one."""
         return not self._actors_read and (self.done or ended)
 
-    def observe_actors(self, starts: list[ActorStart]) -> None:
-        """How each actor of the start came up (Ray's records): said class by class, and recorded."""
+    def observe_actors(self, starts: list[ActorStart], *, ended: bool, now: float) -> None:
+        """How each actor of the start came up (Ray's records), read at ``now`` (monotonic seconds): said
+        class by class, and recorded. Where Ray has not yet recorded all of it (none, or an actor made just
+        before the read), the next poll reads again, for ``ACTOR_READ_WINDOW_S`` after the first read and
+        never after the job ended: then it is kept as it is."""
+        if self._actors_first_read_at is None:
+            self._actors_first_read_at = now
+        whole = bool(starts) and all(a.settled for a in starts)
+        if not whole and not ended and now - self._actors_first_read_at < ACTOR_READ_WINDOW_S:
+            return
         self._actors_read = True
         for group in actor_starts.by_class(starts):
             self.log.info("Ray job %s start-up by actor: %s", self.job_id, group.text())
