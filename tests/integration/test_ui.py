@@ -26,7 +26,14 @@ import httpx
 import pytest
 
 from tests.integration import secret_canary
-from tests.integration.airflow_stack import ADMIN_USER, OUTSIDER_USER, STACK_TRAIN_PROFILE, AirflowStack, run_xcom
+from tests.integration.airflow_stack import (
+    ADMIN_USER,
+    OUTSIDER_USER,
+    STACK_TRAIN_PROFILE,
+    AirflowStack,
+    run_task_states,
+    run_xcom,
+)
 from verl_pipeline.airflow.links import job_link
 from verl_pipeline.airflow.params import build_params
 from verl_pipeline.airflow.report_app import dashboard_url, report_path
@@ -174,7 +181,9 @@ def test_trigger_form_shows_params_and_starts_a_run(airflow_stack: AirflowStack,
 
     page.goto(f"{airflow_stack.base_url}/dags/{DAG}/runs/{quote(run_id, safe='')}")
     run = airflow_stack.wait_for_run(api, DAG, run_id, timeout_s=600)
-    assert run["state"] == "success", run
+    failed = [t for t, state in run_task_states(api, run_id).items() if state == "failed"]
+    assert run["state"] == "success", (f"{run_id} {run['state']}: {run_task_states(api, run_id)}\n"
+                                       + "\n".join(airflow_stack.task_log_tail(run_id, t) for t in failed))
     deadline = time.monotonic() + 60
     while True:
         page.reload()
