@@ -1010,7 +1010,7 @@ async def test_records_not_yet_whole_at_the_first_step_are_read_again_the_next_p
         if attempt == 1:  # whole at the second read
             assert hook.actor_reads == [True, True]
             assert kept == actor_starts.from_ray(whole, workers, SUBMITTED)
-        else:  # never whole: read on every poll of the window, then kept as it was
-            assert 3 <= len(hook.actor_reads) < 200 and all(hook.actor_reads)
+        else:  # never whole: read again on the polls of the window (however slow they are), then kept as it was
+            assert 2 <= len(hook.actor_reads) < 200 and all(hook.actor_reads)
             assert kept == actor_starts.from_ray(late, workers, SUBMITTED)
         assert len([m for m in lines if "by actor: TrackingRunner" in m]) == 1  # said once, when kept

@@ -27,7 +27,7 @@ wait that starts with its job: :func:`poll_pause`):
    · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases; then, at
    the first step (or the end of a job without one), Ray's records of how each actor of the start
    came up (:mod:`~verl_pipeline.jobs.actor_starts`, two reads of Ray's state API; again on the next
-   polls while Ray has not recorded all of it, for 10 s at most);
+   polls while Ray has not recorded all of it, for ``startup.ACTOR_READ_WINDOW_S`` at most);
 3. **ended** → the parts' files written, the terminal event;
 4. **nodes and GPUs** (:class:`ClusterWatch`): ``node_lost`` when fewer nodes than the cluster
    was provisioned with (``expected_nodes``) stayed alive for ``node_grace_polls`` counts while
