@@ -48,8 +48,8 @@ if [ "${IMPORT_COST:-0}" = 1 ]; then
   rc=$?
   echo "$(date -u +%T) import-cost rc=$rc" >> "$out/progress"
 fi
-# The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU).
-"$py" -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \
+# The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU), when a 0.5B run follows.
+wanted real-size && "$py" -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \
 g.write_real_size_model(pathlib.Path('$work/real-size/models/qwen2.5-0.5b-arch-random'))" > "$out/model.out" 2>&1 &
 if wanted logprob-kernels; then
   "$py" "$here/logprob_kernels.py" --out "$out/logprob-kernels.json" > "$out/logprob-kernels.out" 2>&1
