@@ -30,6 +30,9 @@ tiny() {  # scenario name, vLLM's share of the GPU
   echo "$(date -u +%T) $1 rc=$rc" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
+# bench/gpu_poll.sh waits for this: the launch is over, however it ended.
+rm -f "$out/done"
+trap 'echo "$(date -u +%T)" > "$out/done"' EXIT
 # The kit's site (../shared/gpu) ships without bytecode, so the first process to import vLLM, verl or
 # transformers on a fresh machine compiles them, and the first run's start pays for it where an image
 # built with pip (which compiles at install) does not. Compiled once here, before any run, every run

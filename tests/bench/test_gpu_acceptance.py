@@ -157,3 +157,24 @@ def test_each_attempts_actor_starts_read_back_from_the_report_as_the_task_log_sa
     assert _bench().actor_lines(report) == [
         ["TaskRunner x 1: asked 24 s after submission, ready at 50 s (waiting 1 s · process 1 s · class load 24 s · "
          "__init__ 0 s)"], None]
+
+
+def test_the_rollout_against_actor_figures_are_the_names_verl_computes_them_under() -> None:
+    """What judges a change to the rollout engine (its executor, its start after a resume): verl's own
+    comparison of the rollout's and the actor's probabilities, read from the metrics under these names."""
+    import torch
+    from verl import DataProto
+    from verl.utils.debug.metrics import calculate_debug_metrics
+
+    torch.manual_seed(0)
+    actor = torch.log_softmax(torch.randn(4, 8), dim=-1)
+    batch = {"old_log_probs": actor, "responses": torch.zeros(4, 8, dtype=torch.long),
+             "response_mask": torch.ones(4, 8, dtype=torch.long)}
+    names = _bench().ROLLOUT_VS_ACTOR
+    synced = calculate_debug_metrics(DataProto.from_dict({**batch, "rollout_log_probs": actor.clone()}))
+    stale = calculate_debug_metrics(DataProto.from_dict({**batch, "rollout_log_probs": torch.full_like(actor, -2.0)
+                                                         + 0.01 * torch.randn(4, 8)}))
+    assert set(names) <= synced.keys() and set(names) <= stale.keys()
+    pearson, diff = names
+    assert synced[pearson] == pytest.approx(1.0) and synced[diff] == pytest.approx(0.0)
+    assert stale[pearson] < 0.5 and stale[diff] > 0.01
