@@ -1,0 +1,52 @@
+"""A GPU launch's results come back with every poll (bench/gpu_poll.sh), and the launch marks its end
+(bench/gpu_all.sh): what a device session relies on when its machine may go back between two calls."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sh(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO / "bench" / script), *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_launch_marks_its_end_however_it_ends(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "done").write_text("a launch before\n")
+    # No scenario wanted: the launch is over at once, and its mark is its own, not the one before's.
+    done = _sh("gpu_all.sh", str(out), str(tmp_path / "work"), env={"ONLY": "none", "PRECOMPILE": "0"})
+    assert done.returncode == 0, done.stderr
+    assert (out / "done").read_text() != "a launch before\n"
+    assert "start" in (out / "progress").read_text()
+
+
+def test_each_poll_packs_the_results_without_checkpoints_models_or_data(tmp_path: Path) -> None:
+    out, work, dest = tmp_path / "gout", tmp_path / "gw", tmp_path / "OUT"
+    run = work / "scenario" / "home" / "runs" / "r1"
+    for d in (out, run, work / "scenario" / "ckpt" / "global_step_3", work / "caches", dest):
+        d.mkdir(parents=True, exist_ok=True)
+    (out / "progress").write_text("04:17:20 start\n")
+    (out / "scenario.json").write_text("{}")
+    (run / "metrics-a1.jsonl").write_text("{}\n")
+    (run / "train.parquet").write_bytes(b"data")
+    (work / "scenario" / "ckpt" / "global_step_3" / "model.pt").write_bytes(b"weights")
+    (work / "caches" / "kernel.cubin").write_bytes(b"cache")
+    # The launch is still going: the poll waits its seconds, then packs what there is.
+    poll = _sh("gpu_poll.sh", str(out), str(work), "0", env={"OUT": str(dest)})
+    assert poll.returncode == 0, poll.stderr
+    assert "04:17:20 start" in poll.stdout and "launch over" not in poll.stdout
+    with tarfile.open(dest / "results.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"progress", "scenario.json", "metrics-a1.jsonl"} <= names
+    assert not names & {"train.parquet", "model.pt", "kernel.cubin", "global_step_3", "caches"}
+    # Once the launch is over the poll says so, and its files replace the earlier poll's.
+    (out / "done").write_text("04:30:00\n")
+    assert "launch over: 04:30:00" in _sh("gpu_poll.sh", str(out), str(work), "600", env={"OUT": str(dest)}).stdout
+    assert sorted(p.name for p in dest.iterdir()) == ["results.tgz"]
