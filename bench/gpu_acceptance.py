@@ -67,11 +67,6 @@ PPO_LEARNING_SIGNAL = ("actor_rollout_ref.actor.entropy_coeff=0.01", "actor_roll
 #: What the report must show of a PPO run's critic (verl's metric names).
 CRITIC_METRICS = ("critic/vf_loss", "critic/vf_explained_var", "critic/values/mean")
 CRITIC_TIMINGS = ("timing_s/update_critic", "timing_s/values")
-#: verl's own comparison of the rollout's and the actor's probabilities of the same sampled tokens (its
-#: rollout returns log-probs by default): a rollout that generates with weights other than the actor's (a
-#: weight sync that did not happen, or a resumed rollout left on its dummy start-up weights) shows as a low
-#: correlation. Kept per step, so that a change to the rollout engine (its executor, its start) is judged by it.
-ROLLOUT_VS_ACTOR = ("training/rollout_actor_probs_pearson_corr", "training/rollout_probs_diff_mean")
 #: Qwen2.5-0.5B's config.json (the shipped model profile names the same facts): only the weights are random.
 QWEN25_05B_ARCH: dict[str, Any] = {
     "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -296,6 +291,7 @@ def actor_lines(report: dict[str, Any]) -> list[list[str] | None]:
 def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) -> Path | None:
     """The checks every training scenario shares: tasks, steps, checkpoints, report numbers."""
     from verl_pipeline.rundir import RunDir, tracker_step
+    from verl_pipeline.trainer import metrics as m
 
     result.figures["dag_seconds"] = round(run.seconds, 1)
     if not result.check(run.rc == 0, f"airflow dags test exited {run.rc} (log: {run.log})"):
@@ -331,7 +327,8 @@ def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) ->
     figures["gpus"] = report.get("gpus")
     rows = [r for f in rd.metrics_files().values() for r in training_rows(f)]
     figures["steady_step_s"] = steady_step_s(rows)
-    figures["rollout_vs_actor"] = {int(r["step"]): [r.get(k) for k in ROLLOUT_VS_ACTOR] for r in rows}
+    # Per step, so that a change to the rollout engine (its executor, its start) is judged by it.
+    figures["rollout_vs_actor"] = {int(r["step"]): [r.get(k) for k in m.ROLLOUT_VS_ACTOR] for r in rows}
     result.figures.update(figures)
     for key in ("throughput_per_gpu", "time_per_step_s", "peak_memory_allocated_gb"):
         result.check(bool(report.get(key)), f"the report has no {key}")

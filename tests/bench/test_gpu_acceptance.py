@@ -166,11 +166,13 @@ def test_the_rollout_against_actor_figures_are_the_names_verl_computes_them_unde
     from verl import DataProto
     from verl.utils.debug.metrics import calculate_debug_metrics
 
+    from verl_pipeline.trainer import metrics
+
     torch.manual_seed(0)
     actor = torch.log_softmax(torch.randn(4, 8), dim=-1)
     batch = {"old_log_probs": actor, "responses": torch.zeros(4, 8, dtype=torch.long),
              "response_mask": torch.ones(4, 8, dtype=torch.long)}
-    names = _bench().ROLLOUT_VS_ACTOR
+    names = metrics.ROLLOUT_VS_ACTOR
     synced = calculate_debug_metrics(DataProto.from_dict({**batch, "rollout_log_probs": actor.clone()}))
     stale = calculate_debug_metrics(DataProto.from_dict({**batch, "rollout_log_probs": torch.full_like(actor, -2.0)
                                                          + 0.01 * torch.randn(4, 8)}))

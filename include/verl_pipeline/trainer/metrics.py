@@ -68,3 +68,12 @@ CRITIC_SERIES = (CRITIC_VF_LOSS, CRITIC_EXPLAINED_VAR, CRITIC_VALUES_MEAN)
 TIMING_VALUES = "timing_s/values"
 TIMING_UPDATE_CRITIC = "timing_s/update_critic"
 CRITIC_TIMINGS = (TIMING_VALUES, TIMING_UPDATE_CRITIC)
+
+#: The rollout against the actor (``calculate_debug_metrics`` in verl's ``utils/debug/metrics.py``, logged at
+#: every step while ``actor_rollout_ref.rollout.calculate_log_probs`` is on, its default): the correlation of
+#: the probabilities the rollout and the actor give the same sampled tokens, and their mean difference. A
+#: rollout that generates with weights other than the actor's (a weight sync that did not happen, a resumed
+#: rollout left on its dummy start-up weights) shows as a low correlation.
+ROLLOUT_ACTOR_CORR = "training/rollout_actor_probs_pearson_corr"
+ROLLOUT_PROBS_DIFF = "training/rollout_probs_diff_mean"
+ROLLOUT_VS_ACTOR = (ROLLOUT_ACTOR_CORR, ROLLOUT_PROBS_DIFF)
