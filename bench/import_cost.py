@@ -2,7 +2,7 @@
 
 A verl start is a chain of fresh processes, each importing torch, vLLM or verl before it does its
 work: the job's driver, the TaskRunner, the worker group's ``WorkerDict`` actors, the rollout server,
-vLLM's engine core and its GPU worker, the agent loop workers. On the H200 (2026-12-04) a warm
+vLLM's engine core and its GPU worker, the reward and agent loop workers. On the H200 (2026-12-04) a warm
 restart spent 20-30 s between one of them and the next (docs/benchmarks.md). This says how much of
 that is the import alone: each module imported in a fresh interpreter (``-X importtime``), ``--repeat``
 times (the first may read from disk, the later ones from the page cache), and with ``--cuda`` the
@@ -24,9 +24,12 @@ from pathlib import Path
 
 #: What verl 0.9.1's processes import first: its trainer's entry (the driver, the TaskRunner), its
 #: engine workers (the worker group), vLLM and verl's server on it (the rollout server; vLLM alone: its
-#: engine core and GPU worker), and what they all stand on.
+#: engine core and GPU worker), its reward and agent loops (``reward.num_workers`` and
+#: ``actor_rollout_ref.rollout.agent.num_workers`` actors, 8 each by default, all started at once), and
+#: what they all stand on.
 DEFAULT_MODULES = ("ray", "torch", "transformers", "vllm", "verl.trainer.main_ppo", "verl.workers.engine_workers",
-                   "verl.workers.rollout.vllm_rollout.vllm_async_server")
+                   "verl.workers.rollout.vllm_rollout.vllm_async_server", "verl.experimental.reward_loop",
+                   "verl.experimental.agent_loop")
 #: A process's first CUDA call: torch's context on the GPU.
 CUDA_CODE = "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"
 TOP = 12
