@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.bench import bench_script
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_acceptance.py"
 
@@ -45,11 +47,7 @@ def test_with_a_gpu_but_no_gpu_stack_it_names_what_to_install(tmp_path: Path) ->
 
 
 def test_the_cluster_profile_describes_this_machines_gpus(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import gpu_acceptance
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    gpu_acceptance = _bench()
     configs = gpu_acceptance.write_configs(tmp_path, [143771, 143771])
     prof = yaml.safe_load((configs / "clusters" / "local-gpu.yaml").read_text())
     assert prof["cluster"]["num_gpus"] == 2 and prof["hardware"]["n_gpus_per_node"] == 2
@@ -64,11 +62,7 @@ def test_the_cluster_profile_describes_this_machines_gpus(tmp_path: Path) -> Non
 def test_overrides_given_on_the_command_line_reach_every_scenarios_dag_run() -> None:
     import argparse
 
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import gpu_acceptance
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    gpu_acceptance = _bench()
     args = argparse.Namespace(verl_override=["actor_rollout_ref.model.use_fused_kernels=true"],
                               gpu_memory_utilization=0.2)
     conf = gpu_acceptance.base_conf(args, 4)
@@ -78,12 +72,7 @@ def test_overrides_given_on_the_command_line_reach_every_scenarios_dag_run() -> 
 
 
 def _bench() -> Any:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import gpu_acceptance
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    return gpu_acceptance
+    return bench_script("gpu_acceptance")
 
 
 def test_the_model_profiles_vocabulary_is_the_models(tiny_model_path: Path) -> None:

@@ -13,16 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.bench import bench_script
 from tests.trainer.nodes import h200
 from verl_pipeline.cluster.local import LocalBackend
 from verl_pipeline.spec import Placement
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-import gpu_scaling as scaling  # noqa: E402
-import gpu_scaling_figures as figures  # noqa: E402
-
-sys.path.remove(str(REPO / "bench"))
+scaling = bench_script("gpu_scaling")
+figures = bench_script("gpu_scaling_figures")
 Config = scaling.Config
 
 

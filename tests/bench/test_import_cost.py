@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.bench import bench_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "import_cost.py"
@@ -15,12 +16,7 @@ SLEEP_S = 0.4
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("import_cost", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("import_cost")
 
 
 def test_a_slow_import_is_timed_in_a_fresh_process_and_named_and_a_missing_module_fails(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench import bench_script
 from tests.report.rows import verl_row
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import Attempt, RunDir
@@ -38,8 +39,7 @@ def _resumed_run(root: Path) -> Path:
 
 
 def test_the_report_of_a_run_directory_is_drawn_above_a_section_without_changing_it(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    import report_png
+    report_png = bench_script("report_png")
 
     try:
         report_png.chromium()
