@@ -73,3 +73,12 @@ for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
   --out "$out/real-size.json" $(caches real-size) "${extra[@]}" > "$out/real-size.out" 2>&1
 rc=$?
 echo "$(date -u +%T) real-size rc=$rc" >> "$out/progress"
+# ROLLOUT_CEILING=1: vLLM's own benchmark of the last 0.5B run's step (its model, batch and engine settings) on
+# the GPU the run just left, against the run's generation per token (bench/rollout_ceiling.py; ~2 min).
+if [ "${ROLLOUT_CEILING:-0}" = 1 ]; then
+  run_dir=$(ls -td "$work"/real-size/*/home/runs/*/ 2>/dev/null | head -1)
+  "$py" "$here/rollout_ceiling.py" --run-dir "${run_dir:-$work/real-size/none}" --out "$out/rollout-ceiling.json" \
+    > "$out/rollout-ceiling.out" 2>&1
+  rc=$?
+  echo "$(date -u +%T) rollout-ceiling rc=$rc" >> "$out/progress"
+fi

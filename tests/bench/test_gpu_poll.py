@@ -50,3 +50,23 @@ def test_each_poll_packs_the_results_without_checkpoints_models_or_data(tmp_path
     (out / "done").write_text("04:30:00\n")
     assert "launch over: 04:30:00" in _sh("gpu_poll.sh", str(out), str(work), "600", env={"OUT": str(dest)}).stdout
     assert sorted(p.name for p in dest.iterdir()) == ["results.tgz"]
+
+
+def test_the_rollout_ceiling_runs_on_the_newest_0_5b_run(tmp_path: Path) -> None:
+    """ROLLOUT_CEILING=1 hands bench/rollout_ceiling.py the last 0.5B run's directory (the repeated run's
+    when there are two). A stand-in Python records each call instead of running it."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    python.chmod(0o755)
+    older, newer = (work / "real-size" / name / "home" / "runs" / "r" for name in ("real-size", "real-size-2"))
+    for i, run in enumerate((older, newer)):
+        run.mkdir(parents=True)
+        os.utime(run, (1_000_000 + i, 1_000_000 + i))
+    done = _sh("gpu_all.sh", str(out), str(work), env={"ONLY": "real-size", "PRECOMPILE": "0", "NO_BARE": "1",
+                                                       "ROLLOUT_CEILING": "1", "PYTHON": str(python)})
+    assert done.returncode == 0, done.stderr
+    ceiling = [c for c in calls.read_text().splitlines() if "rollout_ceiling.py" in c]
+    assert ceiling == [f"{REPO}/bench/rollout_ceiling.py --run-dir {newer}/ --out {out}/rollout-ceiling.json"]
+    assert "rollout-ceiling rc=0" in (out / "progress").read_text()

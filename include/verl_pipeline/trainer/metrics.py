@@ -15,6 +15,8 @@ STEP = "training/global_step"
 SCORE = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
 RESPONSE_LENGTH_MAX = "response_length/max"
+#: The prompts' mean length in tokens (``compute_data_metrics``).
+PROMPT_LENGTH = "prompt_length/mean"
 #: Tokens (prompt + response) per second per GPU.
 THROUGHPUT_PER_GPU = "perf/throughput"
 #: Tokens (prompt + response) of the step's batch.
