@@ -67,8 +67,8 @@ def step_shape(overrides: list[str], prompt_len_mean: float) -> StepShape:
 
     cfg = compose(overrides)
     rollout = cfg.actor_rollout_ref.rollout
-    passed = rollout.engine_kwargs.get("vllm")
-    kwargs = OmegaConf.to_container(passed, resolve=True) if passed is not None else {}
+    passed = rollout.engine_kwargs.get("vllm")  # an empty DictConfig when the run set none
+    not_applied = dict(OmegaConf.to_container(passed, resolve=True)) if passed else {}
     compilation = {"cudagraph_mode": VERL_CUDAGRAPH_MODE}
     if rollout.get("cudagraph_capture_sizes"):
         compilation["cudagraph_capture_sizes"] = list(rollout.cudagraph_capture_sizes)
@@ -88,8 +88,7 @@ def step_shape(overrides: list[str], prompt_len_mean: float) -> StepShape:
         engine["max-model-len"] = int(rollout.max_model_len)
     return StepShape(model=str(cfg.actor_rollout_ref.model.path), prompts=int(cfg.data.train_batch_size),
                      n=int(rollout.n), input_len=max(1, round(prompt_len_mean)),
-                     output_len=int(rollout.response_length), engine=engine,
-                     not_applied=dict(kwargs) if isinstance(kwargs, dict) else {})
+                     output_len=int(rollout.response_length), engine=engine, not_applied=not_applied)
 
 
 def bench_command(shape: StepShape, out_json: Path, python: str = sys.executable) -> list[str]:
