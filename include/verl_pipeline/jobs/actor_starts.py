@@ -63,9 +63,11 @@ class ActorStart:
 
     @property
     def settled(self) -> bool:
-        """Ray's record of it is whole: it failed, or it was ready and when it began to load is known. Ray
-        sends its records about once a second, so an actor made just before a read may be part-recorded."""
-        return self.failed or (self.ready_s is not None and self.before_s is not None)
+        """Ray's record of it is whole: it failed, or it was ready and both when it began and when it ended
+        loading its class are known. Ray sends an actor's state events and its profiling events (the class
+        load, the node, the worker) apart, each about once a second, so an actor made just before a read may
+        be part-recorded: ready, with its class load and node not yet known (seen in CI, 2026-12-05)."""
+        return self.failed or (self.ready_s is not None and self.before_s is not None and self.load_s is not None)
 
     @property
     def waiting_s(self) -> float | None:
