@@ -35,6 +35,9 @@ SECRETS = {
 #: Characters that survive a connection URL (POSTGRES_PASSWORD) and a JSON string (RAY_AUTH_TOKEN) unquoted.
 URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")
 MIN_TOKEN_CHARS = 32
+#: Airflow signs its task tokens with HS512 when the JWT secret is set; RFC 7518 (3.2) asks an HMAC key
+#: of at least the hash's size, 64 bytes, and PyJWT warns below it.
+MIN_JWT_SECRET_BYTES = 64
 EXECUTORS = ("LocalExecutor", "CeleryExecutor")
 
 
@@ -76,6 +79,14 @@ def _token(name: str, value: str) -> str | None:
     return problem
 
 
+def _jwt_secret(name: str, value: str) -> str | None:
+    size = len(value.encode())
+    if size >= MIN_JWT_SECRET_BYTES:
+        return None
+    return _problem(name, value, f"is {size} bytes; Airflow signs with HS512, whose key needs at least "
+                    f"{MIN_JWT_SECRET_BYTES}", f"set it in .env: {SECRETS[name]}")
+
+
 def _int(low: int, high: int, example: str) -> Callable[[str, str], str | None]:
     def check(name: str, value: str) -> str | None:
         if value.isdigit() and low <= int(value) <= high:
@@ -98,6 +109,13 @@ def _executor(name: str, value: str) -> str | None:
     return _problem(name, value, f"must be one of {', '.join(EXECUTORS)}", f"{name}=LocalExecutor")
 
 
+#: Secrets with a rule beyond being set and not the placeholder.
+SECRET_RULES: dict[str, Callable[[str, str], str | None]] = {
+    "AIRFLOW_FERNET_KEY": _fernet,
+    "POSTGRES_PASSWORD": _url_safe,
+    "RAY_AUTH_TOKEN": _token,
+    "AIRFLOW_JWT_SECRET": _jwt_secret,
+}
 #: Non-secret values: the check of each (only when set; compose gives the defaults).
 RULES: dict[str, Callable[[str, str], str | None]] = {
     "AIRFLOW_EXECUTOR": _executor,
@@ -116,12 +134,8 @@ def problems(env: Mapping[str, str]) -> list[str]:
     for name in SECRETS:
         value = env.get(name, "")
         problem = _secret(name, value)
-        if problem is None and name == "AIRFLOW_FERNET_KEY":
-            problem = _fernet(name, value)
-        if problem is None and name == "POSTGRES_PASSWORD":
-            problem = _url_safe(name, value)
-        if problem is None and name == "RAY_AUTH_TOKEN":
-            problem = _token(name, value)
+        if problem is None and name in SECRET_RULES:
+            problem = SECRET_RULES[name](name, value)
         if problem:
             out.append(problem)
     for name, check in RULES.items():

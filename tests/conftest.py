@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,9 @@ os.environ["AIRFLOW_HOME"] = str(_TMP / "airflow")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+# Airflow signs the UI's and the tasks' JWTs with HS512 once a secret is set; a 64-byte one, as the stack's
+# env-check asks (Airflow's own fallback is 16 random bytes, below what PyJWT accepts without a warning).
+os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = secrets.token_hex(32)
 os.environ["VERL_PIPELINE_HOME"] = str(_TMP / "home")
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

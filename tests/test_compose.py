@@ -609,6 +609,7 @@ def test_check_env_accepts_good_values_and_env_examples_defaults() -> None:
     ("POSTGRES_PASSWORD", "pa ss@word", "cannot carry"),
     ("AIRFLOW_FERNET_KEY", "not-a-key", "Fernet"),
     ("AIRFLOW_JWT_SECRET", "", "missing or empty"),
+    ("AIRFLOW_JWT_SECRET", "s" * 63, "is 63 bytes; Airflow signs with HS512, whose key needs at least 64"),
     ("AIRFLOW_API_PORT", "80a", "whole number"),
     ("APP_UID", "0", "root"),
     ("AIRFLOW_EXECUTOR", "CeleryExecutor", "COMPOSE_PROFILES disagree"),

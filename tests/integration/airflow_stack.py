@@ -207,7 +207,7 @@ class AirflowStack:
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     outsider_password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     # One secret for every component: the api-server verifies the JWTs the scheduler signs.
-    jwt_secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    jwt_secret: str = field(default_factory=lambda: secrets.token_hex(32))  # HS512: 64 bytes
     api_secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     postgres: Postgres | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
