@@ -122,6 +122,15 @@ PLOTS: dict[str, tuple[str, Callable[[Any, list[StepRow]], bool]]] = {
 }
 
 
+def _save_png(fig: Any, path: Path) -> None:
+    """``fig`` laid out and written to ``path`` under a temporary name, then renamed: a reader of the
+    report (the API server's page) never gets half a PNG."""
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    tmp.replace(path)
+
+
 def draw(rows: list[StepRow], attempts: list[AttemptInfo], out_dir: Path) -> dict[str, str]:
     """Draw every plot the metrics allow into ``out_dir``; ``{file name: title}`` of those drawn."""
     if not rows:
@@ -138,10 +147,7 @@ def draw(rows: list[StepRow], attempts: list[AttemptInfo], out_dir: Path) -> dic
                 ax.set_xlabel("step")
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=7, loc="best")
-                fig.tight_layout()
-                tmp = out_dir / f".{name}.tmp"
-                fig.savefig(tmp, format="png")
-                tmp.replace(out_dir / name)
+                _save_png(fig, out_dir / name)
                 drawn[name] = title
         finally:
             plt.close(fig)
@@ -213,10 +219,7 @@ def draw_gpu(series: list[GpuSeries], windows: list[Window], attempts: list[Atte
         try:
             _gpu_host(axes, gpus, windows, attempts, origin)
             axes[0].set_title(f"GPU utilisation and memory, host {host or '(address unknown)'}")
-            fig.tight_layout()
-            tmp = out_dir / f".{name}.tmp"
-            fig.savefig(tmp, format="png")
-            tmp.replace(out_dir / name)
+            _save_png(fig, out_dir / name)
             drawn[host] = name
         finally:
             plt.close(fig)
