@@ -103,6 +103,28 @@ async def test_agent_and_state_api_serve_the_same_bytes_of_a_real_job(ray_cluste
         assert stream.source is LogSource.STATE_API and fallback == tail
 
 
+async def test_a_pending_job_whose_driver_has_no_node_is_read_as_nothing_yet(ray_cluster: ClusterHandle) -> None:
+    """A job Ray has not placed (its entrypoint asks for more CPUs than the cluster has) has no driver node:
+    the state API answers 500 for its log, so the read asks nothing and returns no bytes."""
+    sync = ray_cluster.client()
+    job_id = f"logs-pending-{int(time.time() * 1000)}"
+    sync.submit(entrypoint="echo never", submission_id=job_id, runtime_env={}, entrypoint_num_cpus=1000)
+    try:
+        info = sync.get_job(job_id)
+        assert info is not None and info.status.value == "PENDING" and not info.driver_node_id
+        async with aiohttp.ClientSession() as session:
+            client = ray_cluster.client(session=session)
+            data, stream = await _read(client, info, 0)
+            assert (data, stream.source, stream.size) == (b"", LogSource.NOT_PLACED, None)
+            # What the read no longer asks: the state API without the driver's node.
+            params = {"submission_id": job_id, "lines": "-1"}
+            async with session.get(f"{client.dashboard_url}/api/v0/logs/file", params=params,
+                                   headers=client.headers) as r:
+                assert r.status == 500, r.status
+    finally:
+        sync.stop(job_id)
+
+
 async def test_a_reader_that_wants_every_byte_reads_max_bytes_at_a_time(agent: tuple[str, Path]) -> None:
     url, logdir = agent
     body = b"".join(b"line %d\n" % i for i in range(1000))

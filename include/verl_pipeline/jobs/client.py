@@ -182,6 +182,9 @@ class LogSource(str, Enum):
     #: whole file is streamed and the part before the cursor discarded. Used when the agent's port
     #: cannot be reached from here.
     STATE_API = "state_api"
+    #: Nothing read: a PENDING job's driver has no node yet, so neither route can find its log (the
+    #: state API answers 500 without the node). Its first lines are read once Ray places it.
+    NOT_PLACED = "not_placed"
 
 
 @dataclass(frozen=True)
@@ -468,12 +471,16 @@ class RayJobsClient:
         ``max_bytes`` of the file (``skipped_bytes``); without it the next ``max_bytes`` are read
         (a reader that wants every byte reads again from the new cursor). When the agent cannot be
         reached, the state API serves the file through the dashboard instead (whole file streamed;
-        bounded memory) for the next ``AGENT_RETRY_S`` seconds; then the agent is tried again.
+        bounded memory) for the next ``AGENT_RETRY_S`` seconds; then the agent is tried again. A pending
+        job that Ray has not placed yet has no log to read (``LogSource.NOT_PLACED``, no bytes).
         """
         import aiohttp
 
         name = JOB_LOG_FILE.format(submission_id=info.submission_id)
         agent = info.driver_agent_http_address
+        if info.status is JobState.PENDING and not agent and not info.driver_node_id:
+            yield LogStream(start=start, size=None, skipped_bytes=0, source=LogSource.NOT_PLACED)
+            return
         if agent and time.monotonic() >= self._agent_unreachable_until:
             reading = False
             try:
