@@ -42,7 +42,8 @@ def _states(dag_run: Any) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
 
 
-def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Path) -> None:
+def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Path,
+                                          capfd: pytest.CaptureFixture[str]) -> None:
     from omegaconf import OmegaConf
     from verl.utils import hf_tokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -54,6 +55,11 @@ def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Pat
     # A preflight run trains nothing: there is no model to export (the task says so and is skipped).
     assert states.pop("export_model") == "skipped"
     assert set(states.values()) == {"success"}
+    # A run that went well says nothing alarming: no error line (an extra link's XCom never stored), no
+    # warning of a failed log read (the job's log asked for before Ray placed its driver).
+    printed = capfd.readouterr()
+    lines = (printed.out + printed.err).splitlines()
+    assert [ln for ln in lines if "[error" in ln or "Could not read the log" in ln] == []
 
     cluster = _xcom(dr, "provision_ray_cluster")
     data = _xcom(dr, "preprocess_data")

@@ -107,10 +107,11 @@ def job_trackers(spec: RunSpec, handle: Any) -> JobTrackers:
 
 
 def persist_tracker_links(context: Any, links: dict[str, str]) -> None:
-    """Store the tracker pages (``tracker_links`` of the submit task's result) for this task's buttons."""
-    url = links.get(MlflowRunLink.name)
-    if url:
-        MlflowRunLink().persist(context, url)
+    """Store the tracker pages (``tracker_links`` of the submit task's result) for this task's buttons.
+
+    A run without MLflow stores an empty link (no button): Airflow reads every extra link's XCom when
+    the task ends and logs an error for one that is missing."""
+    MlflowRunLink().persist(context, links.get(MlflowRunLink.name) or "")
 
 
 __all__ = ["JobTrackers", "MlflowRunLink", "check_tracker_connections", "find_connection", "job_trackers",
