@@ -101,7 +101,21 @@ def test_the_ppo_scenarios_train_the_critic_profile_with_a_learning_signal() -> 
     g = _bench()
     conf = g.base_conf(argparse.Namespace(verl_override=[], gpu_memory_utilization=None), 6, ppo=True)
     assert conf["model_profile"] == "tiny-ppo" and conf["profile"] == "gpu-acceptance"
-    assert "actor_rollout_ref.actor.entropy_coeff=0.01" in conf["verl_overrides"]
+    assert f"{g.ENTROPY_COEFF}=0.01" in conf["verl_overrides"]
+
+
+def test_a_zero_gradient_is_expected_only_without_an_entropy_bonus_and_with_every_advantage_0() -> None:
+    """The 0.5B architecture's random weights score 0 everywhere and its profile has no entropy bonus: GRPO's
+    advantages are 0 and so is the gradient (H200, 2026-12-05). Anything else with a zero gradient is broken."""
+    g = _bench()
+    grpo_05b = {g.ENTROPY_COEFF: "0"}
+    zero = [{"critic/advantages/min": 0.0, "critic/advantages/max": 0.0, "step": s} for s in (1, 2)]
+    assert g.zero_gradient_expected(grpo_05b, zero)
+    assert g.zero_gradient_expected({}, zero)  # unset: verl's default, no bonus
+    assert not g.zero_gradient_expected({g.ENTROPY_COEFF: "0.01"}, zero)  # the tiny profiles' bonus
+    signal = [*zero, {"critic/advantages/min": -0.4, "critic/advantages/max": 0.9, "step": 3}]
+    assert not g.zero_gradient_expected(grpo_05b, signal)
+    assert not g.zero_gradient_expected(grpo_05b, [{"step": 1}])  # advantages not logged: nothing known
 
 
 def _restored(losses: dict[int, float]) -> Any:
