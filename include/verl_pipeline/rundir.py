@@ -41,7 +41,7 @@ def first_step_file(metrics_path: Path) -> Path:
 
 def startup_file(metrics_path: Path) -> Path:
     """Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.startup.json``): when each
-    phase of its start ended, as the waiter saw the lines that end them (``jobs.startup``)."""
+    phase of its start ended: when the lines that end them were printed, or arrived (``jobs.startup``)."""
     return metrics_path.with_suffix(".startup.json")
 
 

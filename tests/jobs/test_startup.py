@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.fakes.fake_verl_trainer import startup_lines
 from verl_pipeline.jobs.progress import Progress, first_step_seen_at
@@ -62,6 +65,32 @@ def test_the_last_of_several_engines_ends_a_phase_and_a_marker_out_of_order_is_i
     assert phases.observe("create worker group dict_keys([])", 40.0) == []  # out of order: stays unknown
     assert Phase.WORKER_START not in phases.ended
     assert StartupPhases.from_dict(phases.to_dict()) == phases
+
+
+def test_a_line_that_says_when_it_was_printed_ends_its_phase_then_not_at_its_read() -> None:
+    """One read brings the whole start 9 s after its last stamped line: each phase the loggers stamped ends
+    when its line was printed; validation's line (verl's print, no stamp) ends at the read."""
+    submitted = 1_796_000_000.0  # 2026-11-30 00:53:20 UTC
+
+    def verl(after_s: int, message: str) -> str:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(submitted + after_s))
+        return f"(TaskRunnerV1 pid=7) INFO:{at},250:{message}"
+
+    def vllm(after_s: int, message: str) -> str:
+        at = time.strftime("%m-%d %H:%M:%S", time.gmtime(submitted + after_s))
+        return f"(EngineCore pid=9) INFO {at} [kv_cache_utils.py:2146] {message}"
+
+    lines = [verl(23, "create worker group dict_keys(['actor_rollout_ref'])"),
+             verl(46, "actor and ref model engine initialized"),
+             vllm(99, "GPU KV cache size: 9,560,512 tokens"), vllm(98, "GPU KV cache size: 9,560,512 tokens"),
+             vllm(103, "Graph capturing finished in 4 secs, took 0.29 GiB"),
+             verl(107, "all initialize finished, ready to fit"),
+             "(TaskRunnerV1 pid=7) (\"Initial validation metrics: {'val-aux/openai/gsm8k/reward/mean@1': \""]
+    phases = StartupPhases()
+    assert phases.observe("\n".join(lines), submitted + 116.0) == list(PHASES[:-1])
+    times = [t.duration_s for t in phases.times(submitted)][:6]
+    # The two engines' lines came out of order: the later one ends the phase.
+    assert times == pytest.approx([23.25, 23.0, 52.75, 4.0, 4.25, 8.75])
 
 
 def _watch(metrics: Path | None, messages: list[str], skipped: frozenset[Phase] = frozenset()) -> StartupWatch:

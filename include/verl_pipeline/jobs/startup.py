@@ -2,8 +2,9 @@
 
 A start goes through the phases of :mod:`verl_pipeline.trainer.startup_markers` (worker start, model
 load, engine start, graph capture, checkpoint load, validation, first step); a phase ends when the
-line that ends it reaches the waiter (:class:`StartupPhases`), so the times are as precise as the
-log reads (every other poll: 10 s at the default 5 s polls). A phase is **unknown** when its line
+line that ends it was printed: verl's and vLLM's lines say when (:mod:`verl_pipeline.trainer.log_times`),
+and a line that does not (verl's validation metrics) is timed by the log read that brought it (every
+other poll: 10 s at the default 5 s polls), as is the first step. A phase is **unknown** when its line
 never showed, and so is the length of the phase after it (its start is unknown): the report and the
 task log say "unknown", never a guess. A phase the job was rendered not to run (validation before
 training with ``trainer.val_before_train=false``, a resume's default) is **skipped** instead: the
@@ -37,6 +38,7 @@ from verl_pipeline.jobs.progress import Progress, record_first_step
 from verl_pipeline.jobs.run_files import FileWrite
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import actor_starts_file, startup_file
+from verl_pipeline.trainer.log_times import printed_at
 from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
 from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY
@@ -83,7 +85,7 @@ class PhaseTime:
 
 @dataclass
 class StartupPhases:
-    """When each phase of one start ended (epoch seconds, as the waiter saw the line arrive)."""
+    """When each phase of one start ended (epoch seconds: when its line was printed, else when it arrived)."""
 
     ended: dict[Phase, float] = field(default_factory=dict)
     #: Phases an earlier waiter of the attempt recorded: kept as they are (a waiter that takes over
@@ -91,20 +93,26 @@ class StartupPhases:
     kept: frozenset[Phase] = frozenset()
 
     def observe(self, text: str, now: float) -> list[Phase]:
-        """The phases ``text`` (lines of the job's log) ends at ``now``: those not seen before, in order."""
+        """The phases ``text`` (lines of the job's log that arrived at ``now``) ends: those not seen before,
+        in order. Each ends when its line was printed where the line says (:func:`printed_at`), else at ``now``."""
         new = []
-        for marker in MARKERS:
-            if marker.text in text and self.end(marker.phase, now):
-                new.append(marker.phase)
+        for line in text.splitlines():
+            for marker in MARKERS:
+                if marker.text not in line:
+                    continue
+                at = printed_at(line, now)
+                if self.end(marker.phase, now if at is None else at):
+                    new.append(marker.phase)
         return [p for p in PHASES if p in new]
 
     def end(self, phase: Phase, at: float) -> bool:
-        """``phase`` ended at ``at``: kept unless a later phase already ended (out of order: ignored);
-        True when the phase had not ended before."""
+        """``phase`` ended at ``at`` (or later, if it had already ended later: several engines' lines arrive
+        in any order): kept unless a later phase already ended (out of order: ignored); True when the phase
+        had not ended before."""
         if phase in self.kept or any(self.ended.get(p) is not None for p in PHASES[PHASES.index(phase) + 1:]):
             return False
         first = phase not in self.ended
-        self.ended[phase] = at
+        self.ended[phase] = at if first else max(self.ended[phase], at)
         return first
 
     def times(self, started_at: float | None, skipped: frozenset[Phase] = frozenset()) -> list[PhaseTime]:

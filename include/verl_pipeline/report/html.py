@@ -105,13 +105,13 @@ def _startup(r: Report) -> str:
     phases = [t.phase for t in r.attempts[0].startup]
     rows = [(a.attempt, *(_phase_cell(t) for t in a.startup)) for a in r.attempts]
     return ("<h2>Start-up, phase by phase</h2><p>Seconds each phase of every attempt's start took, from its "
-            "submission to its first training step. A phase ends when the line verl or vLLM prints at its end "
-            "reaches the pipeline's log reader (the table of those lines: trainer/startup_markers.py), so the "
-            "times are those of the log reads (every 10 s at the default poll): a phase shorter than that can "
-            "show as 0 s. <i>skipped</i>: the job was rendered without the phase (validation before training on "
-            "an attempt that resumes, or with trainer.val_before_train=false); the phase after it counts from the "
-            "one before. <i>unknown</i>: the line was not seen (or it differs); the phase after it is unknown "
-            "too.</p>"
+            "submission to its first training step. A phase ends when verl or vLLM printed the line that ends it "
+            "(the table of those lines: trainer/startup_markers.py), as the line's stamp says; validation and "
+            "the first step, whose lines carry none, end when the pipeline's log reader got them (every 10 s at "
+            "the default poll), so those two are good to about 10 s. <i>skipped</i>: the job was rendered "
+            "without the phase (validation before training on an attempt that resumes, or with "
+            "trainer.val_before_train=false); the phase after it counts from the one before. <i>unknown</i>: the "
+            "line was not seen (or it differs); the phase after it is unknown too.</p>"
             + _grid(("attempt", *(p.words for p in phases)), rows))
 
 
