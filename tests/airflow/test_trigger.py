@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -886,8 +887,10 @@ async def test_the_start_is_timed_phase_by_phase_up_to_the_first_step(tmp_path: 
     await _events(trigger, hook)
     said = [m.split(" start-up: ")[1] for m in lines if " start-up: " in m]
     assert [s.split(" done")[0] for s in said[:-1]] == [p.words for p in PHASES[:-1]]
-    assert said[0].startswith("worker start done 6") and said[0].endswith(" s)")  # ~60 s after submission
-    assert said[-1].startswith("first step 6") and " · validation 0 s · first step " in said[-1]
+    # The stand-in stamps its lines when it prints them (to the second), a minute after the submission; the
+    # phases whose lines carry a stamp end then, not at the later poll that brought them.
+    ends = [int(re.search(r" done (\d+) s after submission", s)[1]) for s in said[:-1]]  # type: ignore[index]
+    assert 59 <= ends[0] <= 61 and ends[:5] == [ends[0]] * 5 and said[-1].startswith("first step 6")
     assert list(StartupPhases.load(metrics).ended) == list(PHASES)
     assert first_step_seen_at(metrics) == StartupPhases.load(metrics).ended[PHASES[-1]]
 
