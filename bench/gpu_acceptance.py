@@ -437,6 +437,9 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
         return result
     if args.real_size_profile != REAL_SIZE_MODEL_PROFILE:  # PPO: its critic trained and is reported
         check_critic(result, run_dir, args.steps)
+    # Checked: the twin needs the disk (the 0.5B PPO run's 3 actor and critic checkpoints took about 36 GB
+    # of the GPU machine's 64 GB, and the twin's first save found it full on 2026-12-05).
+    free_checkpoints(Path(job_overrides(run_dir)["trainer.default_local_dir"]))
     if args.no_bare:
         return result
     bare = bare_verl(args.workdir / "bare", run_dir)  # cold caches of its own too (see bare_verl)
@@ -448,6 +451,12 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
         result.figures["first_step_delta_s"] = round(dag_first - bare["time_to_first_step_s"], 1)
     result.check(bare["rc"] == 0, f"bare verl exited {bare['rc']} (log: {bare['log']})")
     return result
+
+
+def free_checkpoints(ckpt: Path) -> None:
+    """Delete the step folders of a checked run's checkpoints (verl's tracker file stays)."""
+    for step in ckpt.glob("global_step_*"):
+        shutil.rmtree(step, ignore_errors=True)
 
 
 def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
@@ -478,6 +487,7 @@ def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
     rows = training_rows(metrics)
     if first is None and rows:
         first = time.monotonic() - t0
+    free_checkpoints(workdir / "checkpoints")
     return {"rc": proc.returncode, "log": str(log), "seconds": round(time.monotonic() - t0, 1),
             "time_to_first_step_s": None if first is None else round(first, 1), "steps": len(rows),
             "steady_step_s": steady_step_s(rows),

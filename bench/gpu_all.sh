@@ -19,6 +19,9 @@ py=${PYTHON:-python3}
 mkdir -p "$out" "$work"
 # Each scenario's own warm caches (its first run starts cold whatever ran before it).
 caches() { [ "${SHARED_CACHES:-0}" = 1 ] && echo "--shared-caches=$work/caches/$1"; }
+# The disk left after each scenario, in its progress line: checkpoints of a 0.5B actor and critic take ~12 GB a
+# step, and a full disk ended a launch on 2026-12-05 (its twin's first save failed, then the poll's archive).
+disk() { df -h --output=avail "$work" | tail -1 | tr -d ' '; }
 wanted() { [ -z "${ONLY:-}" ] && [ "$1" != logprob-kernels ] || [[ " ${ONLY:-} " == *" $1 "* ]]; }
 tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
@@ -27,7 +30,7 @@ tiny() {  # scenario name, vLLM's share of the GPU
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
     --gpu-memory-utilization "$2" $(caches "$1") "${over[@]}" > "$out/$1.out" 2>&1
   local rc=$?  # before $(date …), whose own status $? would report
-  echo "$(date -u +%T) $1 rc=$rc" >> "$out/progress"
+  echo "$(date -u +%T) $1 rc=$rc, disk free $(disk)" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
 # bench/gpu_poll.sh waits for this: the launch is over, however it ended.
@@ -72,7 +75,7 @@ for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
 "$py" "$here/gpu_acceptance.py" --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
   --out "$out/real-size.json" $(caches real-size) "${extra[@]}" > "$out/real-size.out" 2>&1
 rc=$?
-echo "$(date -u +%T) real-size rc=$rc" >> "$out/progress"
+echo "$(date -u +%T) real-size rc=$rc, disk free $(disk)" >> "$out/progress"
 # ROLLOUT_CEILING=1: vLLM's own benchmark of the last 0.5B run's step (its model, batch and engine settings) on
 # the GPU the run just left, against the run's generation per token (bench/rollout_ceiling.py; ~2 min).
 if [ "${ROLLOUT_CEILING:-0}" = 1 ]; then

@@ -95,6 +95,15 @@ def test_cold_caches_cover_every_cache_a_job_keeps_warm(tmp_path: Path) -> None:
     assert set(CACHE_DIRS) <= set(env) and all(v.startswith(str(tmp_path)) for v in env.values())
 
 
+def test_a_checked_runs_checkpoints_make_room_for_the_next_run_but_its_tracker_stays(tmp_path: Path) -> None:
+    for part in ("global_step_1/actor", "global_step_2/critic"):
+        (tmp_path / part).mkdir(parents=True)
+        (tmp_path / part / "model.pt").write_bytes(b"w")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    _bench().free_checkpoints(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["latest_checkpointed_iteration.txt"]
+
+
 def test_the_ppo_scenarios_train_the_critic_profile_with_a_learning_signal() -> None:
     import argparse
 

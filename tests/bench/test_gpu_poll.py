@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -69,4 +70,6 @@ def test_the_rollout_ceiling_runs_on_the_newest_0_5b_run(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     ceiling = [c for c in calls.read_text().splitlines() if "rollout_ceiling.py" in c]
     assert ceiling == [f"{REPO}/bench/rollout_ceiling.py --run-dir {newer}/ --out {out}/rollout-ceiling.json"]
-    assert "rollout-ceiling rc=0" in (out / "progress").read_text()
+    progress = (out / "progress").read_text()
+    assert "rollout-ceiling rc=0" in progress
+    assert re.search(r"real-size rc=0, disk free [0-9.]+[KMGT]\n", progress), progress  # what a launch has left
