@@ -44,6 +44,23 @@ def test_no_generation_flag_without_verls_timing() -> None:
     assert scaling.generation_flag({}) is None and scaling.generation_flag({"gen": 5.0}) is None
 
 
+def test_saves_flagged_over_a_quarter_of_the_time_with_the_save_freq_that_keeps_them_under_a_tenth() -> None:
+    """The 0.5B PPO run on the H200 (2026-12-05): a save at every step, 15.5 s of about 35 s."""
+    run = [(38.14, 14.82), (33.31, 15.50), (35.07, 16.23)]
+    flag = scaling.saves_flag(run)
+    assert flag is not None and flag.kind is FlagKind.SAVES_DOMINATE
+    assert flag.evidence == ("checkpoint saves took 44% of the training steps' time (3 save(s) of 15.5 s (median) in "
+                             "3 step(s) of 20 s without saving); saving every 8 steps (trainer.save_freq=8) would "
+                             "keep saves under 10%")
+    assert "trainer.save_freq" in flag.remedy
+    # The same saves every 10 steps take 7% of the time: not flagged.
+    assert scaling.saves_flag([(35.07, 15.5)] + [(19.6, 0.0)] * 9) is None
+    # Saves of 26% of the time are; the suggestion is never "every step".
+    flagged = scaling.saves_flag([(10.0, 2.6)] * 4)
+    assert flagged is not None and "trainer.save_freq=4" in flagged.evidence
+    assert scaling.saves_flag([(10.0, 2.5)] * 4) is None and scaling.saves_flag([]) is None
+
+
 @pytest.mark.parametrize(("peak", "gpu", "flagged"), [(73.0, 80, True), (72.0, 80, False), (79.0, None, False),
                                                       (None, 80, False)])
 def test_memory_near_the_limit_above_ninety_percent_of_the_gpu(peak: float | None, gpu: float | None,

@@ -404,6 +404,8 @@ def _scaling_and_flags(report: Report, earlier: list[scaling.ScalingPoint], step
     report.flags = scaling.flags(
         timing_s=report.timing_s, peak_memory_gb=report.peak_memory_allocated_gb, gpu_memory_gb=facts.gpu_memory_gb,
         comparisons=report.comparisons, gpus=report.gpus,
+        saves=[(r.metrics[m.TIMING_STEP], r.metrics.get(m.TIMING_SAVE_CHECKPOINT, 0.0)) for r in steps
+               if r.metrics.get(m.TIMING_STEP)],
         grad_norms=[r.metrics[m.GRAD_NORM] for r in steps if m.GRAD_NORM in r.metrics],
         advantage_ranges=[(r.metrics[m.ADVANTAGES_MIN], r.metrics[m.ADVANTAGES_MAX]) for r in steps
                           if m.ADVANTAGES_MIN in r.metrics and m.ADVANTAGES_MAX in r.metrics])

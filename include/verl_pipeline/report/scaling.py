@@ -7,9 +7,10 @@ compute. The rules here are pure functions of what verl reported:
 - **Scaling efficiency** against linear: this run's per-GPU throughput against the profile's most
   recent earlier successful run at each other node count (``perf/throughput`` is per GPU, so linear
   scaling means the ratio of the larger run's to the smaller run's is 1.0).
-- **Flags**, each with its remedy: generation dominating the step; GPU memory near its limit;
-  per-GPU throughput falling as nodes grow; a GPU that stays under 70% busy while the run trains;
-  a gradient norm that stayed 0 (the run learned nothing).
+- **Flags**, each with its remedy: generation dominating the step; checkpoint saves taking a large
+  share of the training time; GPU memory near its limit; per-GPU throughput falling as nodes grow; a
+  GPU that stays under 70% busy while the run trains; a gradient norm that stayed 0 (the run learned
+  nothing).
 
 Earlier runs are read from their ``report.json`` (every report stores its :class:`ScalingPoint`),
 so the check needs nothing but the storage root.
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import statistics
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
@@ -32,6 +35,11 @@ log = logging.getLogger(__name__)
 MIN_EFFICIENCY = 0.9
 #: Generation "dominates" the step above this share of ``timing_s/step``.
 MAX_GEN_SHARE = 0.5
+#: Checkpoint saves take "too much" above this share of the training steps' time: the 0.5B PPO run, saving
+#: every step, spent 44% of it saving (docs/benchmarks.md, 2026-12-05).
+MAX_SAVE_SHARE = 0.25
+#: The share of a step's time the save flag's suggested ``trainer.save_freq`` keeps saves under.
+TARGET_SAVE_SHARE = 0.1
 #: Peak allocated memory above this share of the GPU's memory is "near the limit".
 MAX_MEMORY_SHARE = 0.9
 #: A GPU busy less than this (mean over the training window, %) is under-used: the health indicator
@@ -49,6 +57,7 @@ MAX_ZERO_GRAD_NORM = 1e-9
 
 class FlagKind(str, Enum):
     GENERATION_DOMINATES = "generation_dominates"
+    SAVES_DOMINATE = "checkpoint_saves_dominate"
     MEMORY_NEAR_LIMIT = "memory_near_limit"
     SCALING_FALLS = "per_gpu_throughput_falls"
     GPU_UTILIZATION_LOW = "gpu_utilization_low"
@@ -61,6 +70,11 @@ REMEDIES = {
         "(actor_rollout_ref.rollout.max_num_seqs, which the scaling rules size where the KV cache holds it: "
         "`verl-pipeline render` shows it), give it more KV cache (actor_rollout_ref.rollout.gpu_memory_utilization) "
         "or, for a large model, raise actor_rollout_ref.rollout.tensor_model_parallel_size"
+    ),
+    FlagKind.SAVES_DOMINATE: (
+        "save less often: a larger trainer.save_freq (the evidence gives one that keeps saves under "
+        f"{TARGET_SAVE_SHARE:.0%} of the time); a restart then redoes at most that many steps, so choose it by "
+        "how often the cluster loses a node or a job, and by what a step costs"
     ),
     FlagKind.MEMORY_NEAR_LIMIT: (
         "offload: actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload=true "
@@ -163,6 +177,25 @@ def generation_flag(timing_s: dict[str, float]) -> Flag | None:
                 REMEDIES[FlagKind.GENERATION_DOMINATES])
 
 
+def saves_flag(steps: list[tuple[float, float]]) -> Flag | None:
+    """Checkpoint saves took more than :data:`MAX_SAVE_SHARE` of the training steps' time. ``steps``: each
+    step's seconds and the seconds of its save (0 in a step that did not save). The evidence suggests the
+    ``trainer.save_freq`` that would keep saves under :data:`TARGET_SAVE_SHARE`: the median save against a
+    step's own work (the steps' time without saving, on average)."""
+    total, saving = sum(t for t, _ in steps), sum(s for _, s in steps)
+    saves = [s for _, s in steps if s > 0]
+    if not total or saving / total <= MAX_SAVE_SHARE:
+        return None
+    save, rest = statistics.median(saves), (total - saving) / len(steps)
+    every = max(2, math.ceil(save / (TARGET_SAVE_SHARE * rest))) if rest > 0 else None
+    suggestion = (f"; saving every {every} steps (trainer.save_freq={every}) would keep saves under "
+                  f"{TARGET_SAVE_SHARE:.0%}" if every else "")
+    return Flag(FlagKind.SAVES_DOMINATE,
+                f"checkpoint saves took {saving / total:.0%} of the training steps' time ({len(saves)} save(s) of "
+                f"{save:.3g} s (median) in {len(steps)} step(s) of {rest:.3g} s without saving){suggestion}",
+                REMEDIES[FlagKind.SAVES_DOMINATE])
+
+
 def memory_flag(peak_gb: float | None, gpu_memory_gb: float | None) -> Flag | None:
     """Peak allocated GPU memory above :data:`MAX_MEMORY_SHARE` of the GPU's (the cluster profile's)."""
     if peak_gb is None or not gpu_memory_gb or peak_gb / gpu_memory_gb <= MAX_MEMORY_SHARE:
@@ -228,9 +261,11 @@ def grad_norm_flag(grad_norms: list[float], advantage_ranges: list[tuple[float, 
 def flags(*, timing_s: dict[str, float], peak_memory_gb: float | None, gpu_memory_gb: float | None,
           comparisons: list[Comparison], gpus: list[GpuUsage] | None = None,
           grad_norms: list[float] | None = None,
-          advantage_ranges: list[tuple[float, float]] | None = None) -> list[Flag]:
-    """Every flag the metrics raise, in a fixed order."""
-    found = [generation_flag(timing_s), memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons),
+          advantage_ranges: list[tuple[float, float]] | None = None,
+          saves: list[tuple[float, float]] | None = None) -> list[Flag]:
+    """Every flag the metrics raise, in a fixed order (``saves``: :func:`saves_flag`'s steps)."""
+    found = [generation_flag(timing_s), saves_flag(saves or []),
+             memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons),
              gpu_utilization_flag(gpus or []), grad_norm_flag(grad_norms or [], advantage_ranges or [])]
     return [f for f in found if f is not None]
 

@@ -49,6 +49,8 @@ TIMING_STEP = "timing_s/step"
 TIMING_OUTSIDE_STEP = frozenset({"testing", "start_profile", "stop_profile", "dump_rollout_generations"})
 #: Rollout (generation), the phase the scaling rules watch.
 TIMING_GEN = "timing_s/gen"
+#: The checkpoint save, in the steps that save (``trainer.save_freq``, and the last step).
+TIMING_SAVE_CHECKPOINT = "timing_s/save_checkpoint"
 #: ``val-core/<data_source>/<var>/<metric>``: the validation metrics verl calls core (mean@N of reward or acc).
 VAL_CORE_PREFIX = "val-core/"
 #: Every validation metric (``_validate`` in ``trainer/ppo/ray_trainer.py`` and ``v1/trainer_base.py``).
