@@ -14,7 +14,7 @@ from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.checkpoints import ResumeMode, ResumePlan, Segment
 from verl_pipeline.paths import configs_dir
 from verl_pipeline.profiles import build_run_spec, list_profiles, load_yaml_profile
-from verl_pipeline.trainer.owned import DEFAULT_PROJECT, OWNED, Ownership, check_owned_keys
+from verl_pipeline.trainer.owned import DEFAULT_CHECKPOINTS_KEPT, DEFAULT_PROJECT, OWNED, Ownership, check_owned_keys
 from verl_pipeline.trainer.render import job_settings, render_job
 
 
@@ -79,6 +79,10 @@ def test_honoured_keys_keep_the_users_value() -> None:
     assert s["trainer.project_name"] == "team-rl"
     assert s["trainer.save_freq"] == 3
     assert s["trainer.logger"] == ["wandb", "console", "file"]  # the user's tracker, then what the pipeline reads
+    # 0 keeps every checkpoint (verl's meaning); a count is kept as it is; the critic's unset one gets the default.
+    spec = build_run_spec({}, run_name="owned/kept", overrides={"trainer.max_actor_ckpt_to_keep": 0})
+    s = job_settings(spec, train_files="/d/t", val_files="/d/v", model_path="/m")
+    assert (s["trainer.max_actor_ckpt_to_keep"], s["trainer.max_critic_ckpt_to_keep"]) == (0, DEFAULT_CHECKPOINTS_KEPT)
 
 
 def test_honoured_keys_left_unset_get_the_pipelines_value() -> None:
@@ -87,6 +91,18 @@ def test_honoured_keys_left_unset_get_the_pipelines_value() -> None:
     assert s["trainer.project_name"] == DEFAULT_PROJECT
     assert s["trainer.save_freq"] == 5  # one save, at the end
     assert s["trainer.logger"] == ["console", "file"]
+    # The default profile trains a critic (GAE): both models keep the newest 2 checkpoints; without one only the actor.
+    assert (s["trainer.max_actor_ckpt_to_keep"], s["trainer.max_critic_ckpt_to_keep"]) == (2, 2)
+    grpo = build_run_spec({"model_profile": "tiny-grpo"}, run_name="owned/unset-grpo")
+    s = job_settings(grpo, train_files="/d/t", val_files="/d/v", model_path="/m")
+    assert s["trainer.max_actor_ckpt_to_keep"] == 2 and "trainer.max_critic_ckpt_to_keep" not in s
+
+
+@pytest.mark.parametrize("value", [-1, "two", 1.5, True])
+def test_a_number_of_checkpoints_kept_that_is_not_one_is_refused(value: Any) -> None:
+    e = _refused({"trainer.max_critic_ckpt_to_keep": value})
+    assert (e.key, e.value) == ("trainer.max_critic_ckpt_to_keep", value)
+    assert e.fix == "trainer.max_critic_ckpt_to_keep=2, or 0 to keep every checkpoint"
 
 
 @pytest.mark.parametrize("value", [0, -1, -5])

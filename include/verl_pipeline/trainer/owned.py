@@ -22,6 +22,12 @@ from verl_pipeline.trainer.overrides import flatten, hydra_value
 
 #: verl's ``trainer.project_name`` when the user sets none (a tracker's project / MLflow experiment).
 DEFAULT_PROJECT = "verl_pipeline"
+#: verl's keys for how many of the run's checkpoints its actor and critic keep (verl's default: all of them).
+ACTOR_KEEP_KEY = "trainer.max_actor_ckpt_to_keep"
+CRITIC_KEEP_KEY = "trainer.max_critic_ckpt_to_keep"
+#: The checkpoints a run keeps when the user says nothing: the newest, and the one before it in case the
+#: newest turns out unreadable. 0 keeps every one (verl's meaning of 0 and null).
+DEFAULT_CHECKPOINTS_KEPT = 2
 
 
 class Ownership(str, Enum):
@@ -62,6 +68,10 @@ class OwnedKey:
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _name(value: Any) -> bool:
@@ -122,6 +132,14 @@ OWNED_KEYS: tuple[OwnedKey, ...] = (
              "kept when positive; unset, the run saves once, at the end",
              condition=Condition(_positive_int, "a positive number of steps (0 and -1 never save)",
                                  "trainer.save_freq=10, or unset: the run then saves once, at the end")),
+    *(OwnedKey(key, Ownership.HONOURED,
+               "the checkpoints kept: verl keeps all unless told (a save is ~12 bytes a parameter a model: fp32 "
+               "weights and Adam's moments, ~90 GB for a 7B actor) and prunes only its own process's saves; the "
+               "pipeline removes older ones before each retry",
+               f"kept; 0 keeps every checkpoint; unset, {DEFAULT_CHECKPOINTS_KEPT}",
+               condition=Condition(_count, "a number of checkpoints, 0 or more (0: keep every one)",
+                                   f"{key}={DEFAULT_CHECKPOINTS_KEPT}, or 0 to keep every checkpoint"))
+      for key in (ACTOR_KEEP_KEY, CRITIC_KEEP_KEY)),
     OwnedKey(LOGGER_KEY, Ownership.HONOURED,
              "the pipeline reads verl's file logger ($VERL_FILE_LOGGER_PATH: the run's metrics) and its console "
              "lines (progress, the hang watchdog)",
@@ -160,5 +178,16 @@ def rule_text(owned: OwnedKey, value: Any, note: str = "") -> str:
     return f"{value!r} — {owned.why}{note} ({said}: {owned.instead})"
 
 
-__all__ = ["DEFAULT_PROJECT", "OWNED", "OWNED_KEYS", "Condition", "OwnedKey", "Ownership", "check_owned_keys",
-           "rule_text"]
+__all__ = [
+    "ACTOR_KEEP_KEY",
+    "CRITIC_KEEP_KEY",
+    "DEFAULT_CHECKPOINTS_KEPT",
+    "DEFAULT_PROJECT",
+    "OWNED",
+    "OWNED_KEYS",
+    "Condition",
+    "OwnedKey",
+    "Ownership",
+    "check_owned_keys",
+    "rule_text",
+]

@@ -13,7 +13,14 @@ from verl_pipeline.spec import RunSpec
 from verl_pipeline.trackers import LOGGER_KEY, logger_backends
 from verl_pipeline.trainer.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
-from verl_pipeline.trainer.owned import DEFAULT_PROJECT, OWNED_KEYS, rule_text
+from verl_pipeline.trainer.owned import (
+    ACTOR_KEEP_KEY,
+    CRITIC_KEEP_KEY,
+    DEFAULT_CHECKPOINTS_KEPT,
+    DEFAULT_PROJECT,
+    OWNED_KEYS,
+    rule_text,
+)
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
 
 #: verl's recommended environment for every worker (see verl's runtime_env.yaml), plus tokenizers
@@ -91,6 +98,10 @@ def job_settings(
     if settings.get("trainer.save_freq") is None:
         # Retries resume from checkpoints, so a run must write some: at least one at the end.
         settings["trainer.save_freq"] = max(1, spec.total_training_steps)
+    for key in (ACTOR_KEEP_KEY, *([CRITIC_KEEP_KEY] if uses_critic(settings) else [])):
+        # verl keeps every checkpoint unless told: a week-long run would fill its storage.
+        if settings.get(key) is None:
+            settings[key] = DEFAULT_CHECKPOINTS_KEPT
     if uses_critic(settings):
         settings["critic.model.path"] = critic_path or model_path
     if reward_path:
