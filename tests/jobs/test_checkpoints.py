@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -12,11 +13,14 @@ from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.checkpoints import (
     ResumeMode,
+    checkpoints_kept,
     inspect_checkpoint,
     intact,
     list_checkpoints,
     plan_for_job,
     plan_resume,
+    remove_stale,
+    stale_checkpoints,
 )
 from verl_pipeline.rundir import tracker_step
 from verl_pipeline.trainer.render import RenderedJob, with_settings
@@ -152,6 +156,42 @@ def test_plan_for_job_reads_the_rendered_settings(tmp_path: Path) -> None:
     gae = plan_for_job(tmp_path, {**settings, "algorithm.adv_estimator": "gae"})
     assert gae is not None and gae.mode is ResumeMode.DISABLE
     assert plan_for_job(tmp_path, {**settings, "actor_rollout_ref.actor.strategy": "megatron"}) is None
+
+
+def test_stale_checkpoints_are_the_complete_ones_past_the_kept_and_the_incomplete_ones_before_the_newest(
+        tmp_path: Path) -> None:
+    """An earlier attempt's leftovers: verl pruned steps 1-2 to their data.pt, 3-5 are complete, 6 was cut
+    short before 7 completed, 8 was cut short by the node loss that ended the attempt."""
+    for step in range(1, 9):
+        save(tmp_path, step, critic=False)
+    for step in (1, 2):
+        shutil.rmtree(tmp_path / f"global_step_{step}" / "actor")
+    for step in (6, 8):
+        (tmp_path / f"global_step_{step}" / "data.pt").unlink()
+    found = list_checkpoints(tmp_path)
+    assert [c.step for c in stale_checkpoints(found, 2)] == [1, 2, 3, 4, 6]
+    assert [c.step for c in stale_checkpoints(found, 1)] == [1, 2, 3, 4, 5, 6]
+    assert [c.step for c in stale_checkpoints(found, 10)] == [1, 2, 6]  # only leftovers: 3-5 and 7 stay
+    assert stale_checkpoints(found, 0) == []  # 0 keeps every one
+    # Nothing complete: nothing is removed (the next attempt starts over, and what is there may be all there is).
+    assert stale_checkpoints([c for c in found if not c.complete], 2) == []
+
+
+def test_remove_stale_reads_how_many_to_keep_from_the_jobs_settings(tmp_path: Path) -> None:
+    settings = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 2, "algorithm.adv_estimator": "gae",
+                "trainer.max_actor_ckpt_to_keep": 2, "trainer.max_critic_ckpt_to_keep": 3}
+    for step in range(1, 6):
+        save(tmp_path, step)
+    assert checkpoints_kept(settings) == 3  # the larger: the critic still needs its third newest
+    assert [c.step for c in remove_stale(tmp_path, settings)] == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "global_step_3", "global_step_4", "global_step_5", "latest_checkpointed_iteration.txt"]
+    # Unset (verl keeps every one), 0 for either model, or Megatron's checkpoints: nothing is removed.
+    megatron = {"trainer.max_actor_ckpt_to_keep": 1, "actor_rollout_ref.actor.strategy": "megatron"}
+    for keep_all in ({**settings, "trainer.max_actor_ckpt_to_keep": None},
+                     {**settings, "trainer.max_critic_ckpt_to_keep": 0}, {**settings, **megatron}):
+        assert remove_stale(tmp_path, keep_all) == []
+    assert len(list_checkpoints(tmp_path, critic=True)) == 3
 
 
 def test_with_settings_renders_the_entrypoint_again() -> None:

@@ -19,6 +19,14 @@ left. The optimizer state, the learning-rate schedule's position and the critic'
 carried over (the critic starts again from its initial weights). Step ``s`` of segment ``k`` is run
 step ``start_step + s``; later retries resume inside the newest segment.
 
+Before each retry the pipeline also removes what verl leaves behind (:func:`stale_checkpoints`): verl keeps
+``trainer.max_actor_ckpt_to_keep`` checkpoints (the pipeline's default: 2), but prunes only those its own
+process saved, and of those only the ``actor``/``critic`` folders. So every attempt that ends leaves its
+newest saves, and the ``data.pt`` of the pruned ones, for good: a week-long run with a restart a day
+would keep a day's worth of checkpoints per restart. The complete checkpoints older than the newest kept
+ones go, with the incomplete ones older than the newest complete one (verl's leftovers, a save cut short
+before a later one completed); an incomplete one newer than it is what the next attempt saves over.
+
 A checkpoint is complete when every rank's files for the configured ``checkpoint.save_contents``
 (verl's FSDP names ``{model,optim,extra_state}_world_size_{W}_rank_{r}.pt``) are there for the actor,
 and for the critic when the run uses one, plus the dataloader's ``data.pt``. A file written by
@@ -205,6 +213,44 @@ def plan_resume(checkpoints: list[Checkpoint], tracker: int | None, *, world_siz
     return ResumePlan(ResumeMode.RESUME_PATH, newest.step, str(newest.path),
                       f"{why}; the newest complete checkpoint is global_step_{newest.step}", skipped,
                       newest.world_size)
+
+
+def stale_checkpoints(checkpoints: list[Checkpoint], keep: int) -> list[Checkpoint]:
+    """The checkpoints (oldest first) a run keeping its newest ``keep`` complete ones no longer needs: the
+    complete ones older than those, and the incomplete ones older than the newest complete one. None while
+    ``keep`` is 0 (keep every one) or no checkpoint is complete (nothing would be left to resume from)."""
+    complete = [c.step for c in checkpoints if c.complete]
+    if keep <= 0 or not complete:
+        return []
+    kept = set(complete[-keep:])
+    return [c for c in checkpoints if c.step < complete[-1] and c.step not in kept]
+
+
+def checkpoints_kept(settings: dict[str, Any]) -> int:
+    """How many checkpoints the job keeps (0: every one): the larger of the actor's and the critic's setting."""
+    from verl_pipeline.trainer.owned import ACTOR_KEEP_KEY, CRITIC_KEEP_KEY
+
+    values = [settings.get(k) for k in (ACTOR_KEEP_KEY, CRITIC_KEEP_KEY)]
+    counts = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if not counts or any(v <= 0 for v in counts) or values[0] is None:
+        return 0  # verl keeps every checkpoint of a model whose setting is unset or 0
+    return max(counts)
+
+
+def remove_stale(checkpoint_dir: Path, settings: dict[str, Any]) -> list[Checkpoint]:
+    """Remove the run's :func:`stale_checkpoints` for the job's settings (none with Megatron's checkpoints,
+    which this module does not inspect); the ones removed, oldest first. Call it only while no attempt runs."""
+    import shutil
+
+    from verl_pipeline.trainer.scaling import uses_critic
+
+    if str(settings.get("actor_rollout_ref.actor.strategy", "fsdp")) not in FSDP_STRATEGIES:
+        return []
+    found = list_checkpoints(checkpoint_dir, contents=save_contents(settings), critic=uses_critic(settings))
+    stale = stale_checkpoints(found, checkpoints_kept(settings))
+    for c in stale:
+        shutil.rmtree(c.path, ignore_errors=True)
+    return stale
 
 
 def save_contents(settings: dict[str, Any]) -> tuple[str, ...]:

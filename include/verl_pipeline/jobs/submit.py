@@ -127,6 +127,16 @@ def _live_or_succeeded(mine: list[tuple[int, Any]]) -> Submission | None:
     return None
 
 
+def _remove_stale(checkpoint_dir: Path, settings: dict[str, Any], sub_id: str) -> None:
+    """Before the attempt, the checkpoints earlier attempts left that the run no longer keeps (no job of it runs)."""
+    from verl_pipeline.jobs.checkpoints import checkpoints_kept, remove_stale
+
+    for stale in remove_stale(checkpoint_dir, settings):
+        log.info("Ray job %s: removed %s checkpoint %s: the run keeps its newest %d complete ones "
+                 "(trainer.max_actor_ckpt_to_keep; 0 keeps every one)", sub_id,
+                 "complete" if stale.complete else "incomplete", stale.path, checkpoints_kept(settings))
+
+
 def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int, int, int]:
     """The job resuming from the run's newest complete checkpoint: (job, run step it resumes from, segment,
     the segment's start step). Another world size: ConfigError, or with ``on_world_size_change: merge`` a
@@ -149,6 +159,8 @@ def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tup
         return job, (tracker_step(checkpoint_dir) or 0), 1, 0
     for skipped in plan.skipped:
         log.warning("Ray job %s: checkpoint %s is incomplete: not resuming from it", sub_id, skipped)
+    if not plan.merge:  # a merge reads the newest checkpoint of this directory, and leaves it as it is
+        _remove_stale(ckpt, job.settings, sub_id)
     rules: dict[str, str] = {}
     updates: dict[str, Any] = {}
     if plan.merge:
