@@ -11,7 +11,8 @@ It behaves like verl's trainer where the pipeline depends on it:
   ``actor/{model,optim,extra_state}_world_size_{W}_rank_{r}.pt`` (W = ``trainer.nnodes`` x
   ``trainer.n_gpus_per_node``), ``actor/fsdp_config.json``, the same under ``critic/`` when the run
   uses a critic (verl's rule: ``critic.enable``, else GAE), then ``data.pt``, then the tracker file
-  (written in place, like verl), every ``trainer.save_freq`` steps and at the last step;
+  (written in place, like verl), every ``trainer.save_freq`` steps and at the last step; keeps as many of
+  its own saves as ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` say (:class:`Retention`);
 - with ``trainer.use_v1=false`` (verl's legacy trainer, the only one of verl 0.9.1 that does), also
   saves when verl's own ``should_save_ckpt_esi`` says the allocation ends before another step and
   a save would fit (``MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP``, ``trainer.esi_redundant_time``),
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -105,6 +107,34 @@ def save_checkpoint(ckpt: Path, step: int, *, world: int, critic: bool, die_afte
             _killed()
         f.write(str(step))
     print(f"Saved checkpoint {folder}", flush=True)
+
+
+class Retention:
+    """verl's checkpoint retention (``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``; unset or 0:
+    keep all), as its checkpoint manager does it: it knows only the saves of this process, makes room before
+    a save (down to one fewer, for 2 or more) and prunes after it, removing a save's role folder only (the
+    step folder and its ``data.pt`` stay)."""
+
+    def __init__(self, cfg: dict[str, Any], roles: tuple[str, ...]) -> None:
+        counts = {r: cfg.get(f"trainer.max_{r}_ckpt_to_keep") for r in roles}
+        self.keep = {r: int(v) if isinstance(v, int) and v > 0 else 0 for r, v in counts.items()}
+        self.saved: dict[str, list[Path]] = {r: [] for r in roles}
+
+    def before_save(self) -> None:
+        for role, keep in self.keep.items():
+            if keep > 1:
+                self._prune(role, keep - 1)
+
+    def after_save(self, folder: Path) -> None:
+        for role, keep in self.keep.items():
+            self.saved[role].append(folder / role)
+            self._prune(role, keep)
+
+    def _prune(self, role: str, left: int) -> None:
+        while self.keep[role] and len(self.saved[role]) > left:
+            path = self.saved[role].pop(0)
+            print(f"Checkpoint manager remove previous save local path: {path}", flush=True)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def step_metrics(step: int, dt: float, results: list[dict[str, float]], *, world: int,
@@ -176,6 +206,7 @@ def main(argv: list[str]) -> int:
         from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi as esi
     redundant = float(cfg.get("trainer.esi_redundant_time", 0) or 0)
     max_steps_duration = 0.0
+    retention = Retention(cfg, ("actor", "critic") if critic else ("actor",))
 
     import ray
 
@@ -257,8 +288,10 @@ def main(argv: list[str]) -> int:
             if save_freq > 0 and (step % save_freq == 0 or step == total or close):
                 if close:
                     print("Force saving checkpoint: ESI instance expiration approaching.", flush=True)
+                retention.before_save()
                 save_checkpoint(ckpt, step, world=world, critic=critic,
                                 die_after=die_after if step == die_at else None, real=real)
+                retention.after_save(ckpt / f"global_step_{step}")
                 if real is not None:
                     real = replace(real, resume_dir=str(ckpt / f"global_step_{step}" / "actor"))
             if hang_once is not None and step == hang_after and not hang_once.exists():

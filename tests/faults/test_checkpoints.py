@@ -118,6 +118,31 @@ def test_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
                    "note": "the job's failure seen -> the resubmitted attempt's first step (no Airflow)"})
 
 
+def test_a_retry_removes_what_the_attempt_before_left_past_the_checkpoints_kept(
+    checkpoint_env: Path, ray_cluster: ClusterHandle, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Saving every step and keeping 2 (the default), attempt 1 is killed in step 5's save. Its trainer
+    pruned its own saves as verl's checkpoint manager does: to their data.pt, and before a save down to one
+    fewer than it keeps, so 1-3 are leftovers and 4 is whole. The retry removes 1-3 and resumes from 4; its
+    own trainer keeps its own 2 and never touches 4: the run ends with 3 checkpoints, not 6."""
+    client = ray_cluster.client()
+    first = _submit(client, _spec("retention", "trainer.save_freq=1", "+fake.die_in_save_at_step=5",
+                                  "+fake.die_after_files=3"))
+    spec = _spec("retention", "trainer.save_freq=1")
+    assert _wait(client, first.submission_id) is JobState.FAILED
+    left = list_checkpoints(spec.checkpoint_dir, critic=True)
+    assert [(c.step, c.complete) for c in left] == [(1, False), (2, False), (3, False), (4, True), (5, False)]
+    with caplog.at_level("INFO", logger="verl_pipeline.jobs.submit"):
+        second = _submit(client, spec)
+    removed = [line for line in caplog.text.splitlines() if "removed incomplete checkpoint" in line
+               and second.submission_id in line and "keeps its newest 2 complete ones" in line]
+    assert [line.split("global_step_")[1].split(":")[0] for line in removed] == ["1", "2", "3"]
+    assert _wait(client, second.submission_id) is JobState.SUCCEEDED
+    assert [(c.step, c.complete) for c in list_checkpoints(spec.checkpoint_dir, critic=True)] == [
+        (4, True), (5, True), (6, True)]
+    assert tracker_step(spec.checkpoint_dir) == TOTAL
+
+
 def test_retry_on_a_smaller_world_size_is_refused_before_submitting(
     checkpoint_env: Path, ray_cluster: ClusterHandle, request: pytest.FixtureRequest,
 ) -> None:
