@@ -607,6 +607,8 @@ def submit_attempt(
         return Submitted(found, None)
     prepared = prepare_job(spec, handle, client, data=data, models=models,
                            id_prefix=submission_prefix(dag_id, run_id, task_id))
+    if prepared.job.mode is Mode.TRAIN and spec.model_facts is not None:
+        warn_checkpoint_room(spec.checkpoint_dir, prepared.job.settings, spec.model_facts.params_b)
     ends = earliest([deadline, cluster_deadline(handle, _backend_spec(handle))])
     sub = submit_or_reattach(client, prepared.job, dag_id=dag_id, run_id=run_id, task_id=task_id,
                              run_dir=spec.run_dir, checkpoint_dir=spec.checkpoint_dir, deadline=ends,
@@ -615,6 +617,19 @@ def submit_attempt(
         RunDir(spec.run_dir).record_decision({"attempt": sub.attempt, "submission_id": sub.submission_id,
                                               "at": now(), **prepared.decision.to_dict()})
     return Submitted(sub, prepared)
+
+
+def warn_checkpoint_room(checkpoint_dir: Path, settings: dict[str, Any], params_b: float) -> None:
+    """Warn when the run's checkpoints may outgrow the free space of their storage (an estimate from the model's
+    size: a save cut short by a full disk fails the attempt hours in, and every retry after it)."""
+    from verl_pipeline.jobs.checkpoints import checkpoint_room
+
+    room = checkpoint_room(checkpoint_dir, settings, params_b)
+    if room.short:
+        log.warning("The run's checkpoints may not fit in %s: up to %d save(s) at once of ~%.1f GB each (fp32 "
+                    "weights and Adam's moments) may need %.1f GB more and %.1f GB are free; keep fewer "
+                    "(trainer.max_actor_ckpt_to_keep) or give the cluster profile's storage.checkpoints more room",
+                    checkpoint_dir, room.saves, room.save_bytes / 1e9, room.need / 1e9, room.free / 1e9)
 
 
 def teardown(

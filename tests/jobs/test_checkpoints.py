@@ -12,7 +12,9 @@ import pytest
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.checkpoints import (
+    SAVE_BYTES_PER_PARAM,
     ResumeMode,
+    checkpoint_room,
     checkpoints_kept,
     inspect_checkpoint,
     intact,
@@ -20,6 +22,7 @@ from verl_pipeline.jobs.checkpoints import (
     plan_for_job,
     plan_resume,
     remove_stale,
+    saves_at_once,
     stale_checkpoints,
 )
 from verl_pipeline.rundir import tracker_step
@@ -192,6 +195,36 @@ def test_remove_stale_reads_how_many_to_keep_from_the_jobs_settings(tmp_path: Pa
                      {**settings, "trainer.max_critic_ckpt_to_keep": 0}, {**settings, **megatron}):
         assert remove_stale(tmp_path, keep_all) == []
     assert len(list_checkpoints(tmp_path, critic=True)) == 3
+
+
+def test_the_saves_a_run_holds_at_once_are_bounded_by_what_it_keeps() -> None:
+    week = {"trainer.total_training_steps": 10_000, "trainer.save_freq": 100, "trainer.max_actor_ckpt_to_keep": 2}
+    assert saves_at_once(week) == 5  # the attempt before's 2, this attempt's 2, one cut short
+    assert saves_at_once({**week, "trainer.max_actor_ckpt_to_keep": 0}) == 100  # every save of the run
+    assert saves_at_once({**week, "trainer.total_training_steps": 150}) == 2  # steps 100 and 150
+    assert saves_at_once({"trainer.total_training_steps": 6}) == 1  # unset save_freq: one save, at the end
+
+
+def test_the_room_a_runs_checkpoints_need_against_its_storages_free_space(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    from verl_pipeline.steps import warn_checkpoint_room
+
+    settings = {"trainer.total_training_steps": 6, "trainer.save_freq": 1, "trainer.max_actor_ckpt_to_keep": 2,
+                "trainer.max_critic_ckpt_to_keep": 2, "algorithm.adv_estimator": "gae"}
+    ckpt = tmp_path / "checkpoints" / "run"  # not made yet: its parent's storage answers
+    small = checkpoint_room(ckpt, settings, params_b=1e-6)  # 1,000 parameters, actor and critic
+    assert (small.save_bytes, small.saves, small.need) == (2 * 1000 * SAVE_BYTES_PER_PARAM, 5, 120_000)
+    assert not small.short and small.free > 0
+    save(ckpt, 1, world=1)  # what the directory holds already counts
+    held = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+    assert checkpoint_room(ckpt, settings, params_b=1e-6).need == 120_000 - held
+    assert checkpoint_room(ckpt, settings, params_b=1e6).short  # a million billion parameters fit nowhere
+    with caplog.at_level("WARNING", logger="verl_pipeline.steps"):
+        warn_checkpoint_room(ckpt, settings, 1e-6)
+        assert caplog.records == []
+        warn_checkpoint_room(ckpt, settings, 1e6)
+    (record,) = caplog.records
+    assert "may not fit" in record.getMessage() and "trainer.max_actor_ckpt_to_keep" in record.getMessage()
 
 
 def test_with_settings_renders_the_entrypoint_again() -> None:

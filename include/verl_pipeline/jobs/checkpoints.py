@@ -253,6 +253,52 @@ def remove_stale(checkpoint_dir: Path, settings: dict[str, Any]) -> list[Checkpo
     return stale
 
 
+#: A save of one model, per parameter: FSDP's fp32 weights and Adam's two fp32 moments (verl's default
+#: ``save_contents``; the extra state is small).
+SAVE_BYTES_PER_PARAM = 12
+
+
+def saves_at_once(settings: dict[str, Any]) -> int:
+    """The most saves the run's checkpoint directory holds at once: keeping ``k`` (:func:`checkpoints_kept`),
+    the ``k`` the attempt before left, this attempt's ``k`` and one cut short; keeping every one, every save
+    of the run (one each ``trainer.save_freq`` steps, the last step's included)."""
+    total = max(1, int(settings.get("trainer.total_training_steps") or 1))
+    saves = -(-total // max(1, int(settings.get("trainer.save_freq") or total)))
+    keep = checkpoints_kept(settings)
+    return min(saves, 2 * keep + 1) if keep > 0 else saves
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the run's checkpoints may still take against the free space of their storage (bytes)."""
+
+    #: One save: :data:`SAVE_BYTES_PER_PARAM` per parameter of each model the run trains.
+    save_bytes: int
+    #: :func:`saves_at_once`.
+    saves: int
+    #: What those saves may add to what the checkpoint directory holds now.
+    need: int
+    free: int
+
+    @property
+    def short(self) -> bool:
+        return self.need > self.free
+
+
+def checkpoint_room(checkpoint_dir: Path, settings: dict[str, Any], params_b: float) -> Room:
+    """The :class:`Room` of a run whose models have ``params_b`` billion parameters (the checkpoint directory,
+    or its nearest existing parent, gives the free space)."""
+    import shutil
+
+    from verl_pipeline.trainer.scaling import uses_critic
+
+    save = int(params_b * 1e9 * SAVE_BYTES_PER_PARAM) * (2 if uses_critic(settings) else 1)
+    saves = saves_at_once(settings)
+    held = sum(f.stat().st_size for f in checkpoint_dir.rglob("*") if f.is_file()) if checkpoint_dir.is_dir() else 0
+    where = next(p for p in (checkpoint_dir, *checkpoint_dir.parents) if p.exists())
+    return Room(save, saves, max(0, save * saves - held), shutil.disk_usage(where).free)
+
+
 def save_contents(settings: dict[str, Any]) -> tuple[str, ...]:
     value = settings.get("actor_rollout_ref.actor.checkpoint.save_contents")
     return tuple(str(v) for v in value) if isinstance(value, list | tuple) else DEFAULT_SAVE_CONTENTS
