@@ -624,7 +624,11 @@ def warn_checkpoint_room(checkpoint_dir: Path, settings: dict[str, Any], params_
     size: a save cut short by a full disk fails the attempt hours in, and every retry after it)."""
     from verl_pipeline.jobs.checkpoints import checkpoint_room
 
-    room = checkpoint_room(checkpoint_dir, settings, params_b)
+    try:
+        room = checkpoint_room(checkpoint_dir, settings, params_b)
+    except OSError as e:  # a warning never stops a submit: the storage's own errors come with the job
+        log.info("Could not estimate the room for the run's checkpoints in %s: %s", checkpoint_dir, e)
+        return
     if room.short:
         log.warning("The run's checkpoints may not fit in %s: up to %d save(s) at once of ~%.1f GB each (fp32 "
                     "weights and Adam's moments) may need %.1f GB more and %.1f GB are free; keep fewer "
