@@ -1,4 +1,4 @@
-"""Filesystem helpers: the pipeline's home directory, atomic writes, content hashing."""
+"""Filesystem helpers: the pipeline's home directory, atomic writes, content hashing, free space."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,3 +112,11 @@ def fsspec_filesystem(url: str) -> tuple[Any, str]:
         raise ConfigError("data_source", url, f"unknown URL protocol {protocol}:// ({e})",
                           "a local path, s3://, gs://, file://, memory:// … (fsspec)") from None
     return fs, path
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free

@@ -630,8 +630,8 @@ def warn_checkpoint_room(checkpoint_dir: Path, settings: dict[str, Any], params_
         log.info("Could not estimate the room for the run's checkpoints in %s: %s", checkpoint_dir, e)
         return
     if room.short:
-        log.warning("The run's checkpoints may not fit in %s: up to %d save(s) at once of ~%.1f GB each (fp32 "
-                    "weights and Adam's moments) may need %.1f GB more and %.1f GB are free; keep fewer "
+        log.warning("The run's checkpoints may not fit in %s: up to %d save(s) at once of ~%.1f GB each (the "
+                    "models' fp32 weights and Adam's moments) may need %.1f GB more and %.1f GB are free; keep fewer "
                     "(trainer.max_actor_ckpt_to_keep) or give the cluster profile's storage.checkpoints more room",
                     checkpoint_dir, room.saves, room.save_bytes / 1e9, room.need / 1e9, room.free / 1e9)
 

@@ -12,7 +12,6 @@ import pytest
 from verl_pipeline.constants import Mode
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.checkpoints import (
-    SAVE_BYTES_PER_PARAM,
     ResumeMode,
     checkpoint_room,
     checkpoints_kept,
@@ -27,6 +26,7 @@ from verl_pipeline.jobs.checkpoints import (
 )
 from verl_pipeline.rundir import tracker_step
 from verl_pipeline.trainer.render import RenderedJob, with_settings
+from verl_pipeline.trainer.scaling import SAVE_BYTES_PER_PARAM
 
 
 def _archive() -> bytes:
@@ -198,7 +198,8 @@ def test_remove_stale_reads_how_many_to_keep_from_the_jobs_settings(tmp_path: Pa
 
 
 def test_the_saves_a_run_holds_at_once_are_bounded_by_what_it_keeps() -> None:
-    week = {"trainer.total_training_steps": 10_000, "trainer.save_freq": 100, "trainer.max_actor_ckpt_to_keep": 2}
+    week = {"trainer.total_training_steps": 10_000, "trainer.save_freq": 100, "trainer.max_actor_ckpt_to_keep": 2,
+            "algorithm.adv_estimator": "grpo"}  # the actor alone: its setting decides
     assert saves_at_once(week) == 5  # the attempt before's 2, this attempt's 2, one cut short
     assert saves_at_once({**week, "trainer.max_actor_ckpt_to_keep": 0}) == 100  # every save of the run
     assert saves_at_once({**week, "trainer.total_training_steps": 150}) == 2  # steps 100 and 150

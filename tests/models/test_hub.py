@@ -159,11 +159,11 @@ def test_disk_full_is_reported_before_downloading(
 ) -> None:
     import shutil
 
-    from verl_pipeline.models import cache
+    from verl_pipeline import paths
 
     real = shutil.disk_usage
     # The one thing this machine cannot provide on demand: a nearly full disk.
-    monkeypatch.setattr(cache.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     with pytest.raises(ModelError, match=r"disk full: hf://acme/tiny@main \(\d+ files\) needs .* only 1000 B"):
         prefetch(ModelSource.parse("hf://acme/tiny@main"), tmp_path)
     assert online.gets("model.safetensors") == []

@@ -227,14 +227,14 @@ def stale_checkpoints(checkpoints: list[Checkpoint], keep: int) -> list[Checkpoi
 
 
 def checkpoints_kept(settings: dict[str, Any]) -> int:
-    """How many checkpoints the job keeps (0: every one): the larger of the actor's and the critic's setting."""
+    """How many checkpoints the job keeps: the larger of its models' settings, or 0 (every one) when either
+    model's is unset or 0, as verl then keeps every save of that model."""
     from verl_pipeline.trainer.owned import ACTOR_KEEP_KEY, CRITIC_KEEP_KEY
+    from verl_pipeline.trainer.scaling import uses_critic
 
-    values = [settings.get(k) for k in (ACTOR_KEEP_KEY, CRITIC_KEEP_KEY)]
-    counts = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-    if not counts or any(v <= 0 for v in counts) or values[0] is None:
-        return 0  # verl keeps every checkpoint of a model whose setting is unset or 0
-    return max(counts)
+    keys = (ACTOR_KEEP_KEY, CRITIC_KEEP_KEY) if uses_critic(settings) else (ACTOR_KEEP_KEY,)
+    counts = [int(settings.get(k) or 0) for k in keys]
+    return 0 if min(counts) <= 0 else max(counts)
 
 
 def remove_stale(checkpoint_dir: Path, settings: dict[str, Any]) -> list[Checkpoint]:
@@ -253,11 +253,6 @@ def remove_stale(checkpoint_dir: Path, settings: dict[str, Any]) -> list[Checkpo
     return stale
 
 
-#: A save of one model, per parameter: FSDP's fp32 weights and Adam's two fp32 moments (verl's default
-#: ``save_contents``; the extra state is small).
-SAVE_BYTES_PER_PARAM = 12
-
-
 def saves_at_once(settings: dict[str, Any]) -> int:
     """The most saves the run's checkpoint directory holds at once: keeping ``k`` (:func:`checkpoints_kept`),
     the ``k`` the attempt before left, this attempt's ``k`` and one cut short; keeping every one, every save
@@ -272,7 +267,7 @@ def saves_at_once(settings: dict[str, Any]) -> int:
 class Room:
     """What the run's checkpoints may still take against the free space of their storage (bytes)."""
 
-    #: One save: :data:`SAVE_BYTES_PER_PARAM` per parameter of each model the run trains.
+    #: One save: ``trainer.scaling.SAVE_BYTES_PER_PARAM`` per parameter of each model the run trains.
     save_bytes: int
     #: :func:`saves_at_once`.
     saves: int
@@ -288,15 +283,13 @@ class Room:
 def checkpoint_room(checkpoint_dir: Path, settings: dict[str, Any], params_b: float) -> Room:
     """The :class:`Room` of a run whose models have ``params_b`` billion parameters (the checkpoint directory,
     or its nearest existing parent, gives the free space)."""
-    import shutil
-
-    from verl_pipeline.trainer.scaling import uses_critic
+    from verl_pipeline.paths import free_bytes
+    from verl_pipeline.trainer.scaling import SAVE_BYTES_PER_PARAM, uses_critic
 
     save = int(params_b * 1e9 * SAVE_BYTES_PER_PARAM) * (2 if uses_critic(settings) else 1)
     saves = saves_at_once(settings)
     held = sum(f.stat().st_size for f in checkpoint_dir.rglob("*") if f.is_file()) if checkpoint_dir.is_dir() else 0
-    where = next(p for p in (checkpoint_dir, *checkpoint_dir.parents) if p.exists())
-    return Room(save, saves, max(0, save * saves - held), shutil.disk_usage(where).free)
+    return Room(save, saves, max(0, save * saves - held), free_bytes(checkpoint_dir))
 
 
 def save_contents(settings: dict[str, Any]) -> tuple[str, ...]:

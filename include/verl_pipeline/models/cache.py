@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from verl_pipeline.exceptions import ModelError
+from verl_pipeline.paths import free_bytes
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,6 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return str(os.getuid())
-
-
-def free_bytes(path: Path) -> int:
-    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def check_free_space(path: Path, needed: int, what: str) -> None:
@@ -125,5 +117,5 @@ class ProgressLog:
                  _human(rate))
 
 
-__all__ = ["LOG_EVERY_S", "ProgressLog", "check_free_space", "disk_full_error", "ensure_writable", "free_bytes",
+__all__ = ["LOG_EVERY_S", "ProgressLog", "check_free_space", "disk_full_error", "ensure_writable",
            "model_lock"]

@@ -19,6 +19,7 @@ from typing import Any
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.trackers import LOGGER_KEY, PIPELINE_BACKENDS
 from verl_pipeline.trainer.overrides import flatten, hydra_value
+from verl_pipeline.trainer.scaling import SAVE_BYTES_PER_PARAM
 
 #: verl's ``trainer.project_name`` when the user sets none (a tracker's project / MLflow experiment).
 DEFAULT_PROJECT = "verl_pipeline"
@@ -133,9 +134,9 @@ OWNED_KEYS: tuple[OwnedKey, ...] = (
              condition=Condition(_positive_int, "a positive number of steps (0 and -1 never save)",
                                  "trainer.save_freq=10, or unset: the run then saves once, at the end")),
     *(OwnedKey(key, Ownership.HONOURED,
-               "the checkpoints kept: verl keeps all unless told (a save is ~12 bytes a parameter a model: fp32 "
-               "weights and Adam's moments, ~90 GB for a 7B actor) and prunes only its own process's saves; the "
-               "pipeline removes older ones before each retry",
+               f"the checkpoints kept: verl keeps all unless told (a save is ~{SAVE_BYTES_PER_PARAM} bytes a "
+               f"parameter a model: fp32 weights and Adam's moments, ~{7.6 * SAVE_BYTES_PER_PARAM:.0f} GB for a 7B "
+               "actor) and prunes only its own process's saves; the pipeline removes older ones before each retry",
                f"kept; 0 keeps every checkpoint; unset, {DEFAULT_CHECKPOINTS_KEPT}",
                condition=Condition(_count, "a number of checkpoints, 0 or more (0: keep every one)",
                                    f"{key}={DEFAULT_CHECKPOINTS_KEPT}, or 0 to keep every checkpoint"))

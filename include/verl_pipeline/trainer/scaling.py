@@ -31,6 +31,9 @@ ROLLOUT_WEIGHT_LIMIT = 0.5
 LARGE_MODEL_B = 20.0
 #: FSDP training state per parameter with fp32 master weights: 4 (weights) + 4 (grads) + 8 (Adam).
 TRAIN_BYTES_PER_PARAM = 16
+#: What a checkpoint saves of that per parameter: the weights and Adam's moments, not the gradients (verl's
+#: default ``save_contents``; the extra state is small).
+SAVE_BYTES_PER_PARAM = TRAIN_BYTES_PER_PARAM - 4
 #: Share of a GPU's memory the sharded training state may take before offloading switches on.
 TRAIN_STATE_SHARE = 0.35
 #: CPUs verl's placement group reserves per GPU (one bundle per GPU, ``max_colocate_count`` = 3).
