@@ -36,7 +36,7 @@ def test_export_merges_the_newest_complete_checkpoint_into_weights_equal_to_the_
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     _metrics(run_dir / "metrics-a1.jsonl", {1: 0.1, 2: 0.25})
-    with caplog.at_level(logging.INFO, logger="verl_pipeline.models.export"):
+    with caplog.at_level(logging.INFO, logger="verl_pipeline"):
         manifest = export_run(run_dir=run_dir, checkpoints=list_checkpoints(ckpt), run_key="rk", run_name="d/r",
                               profile="smoke", job_id="job-1", data={"key": "data123"},
                               actor_model={"source": "builtin:tiny-qwen2", "revision": "tiny-qwen2-v2"})
