@@ -876,8 +876,9 @@ async def test_the_start_is_timed_phase_by_phase_up_to_the_first_step(tmp_path: 
     class Started(ScriptedHook):
         async def aget_job(self, job_id: str) -> JobInfo | None:
             info = await super().aget_job(job_id)
-            return info and replace(info, start_time=int(1000 * (time.time() - 60)))  # submitted a minute ago
+            return info and replace(info, start_time=int(1000 * (printed - 60)))  # submitted a minute before
 
+    printed = time.time()  # the stand-in stamps its lines now (to the second), however late the polls come
     start = [line + "\n" for line in startup_lines("Training from scratch", validate=True)]
     early, ready = "".join(start[:2]), "".join(start)
     metrics = tmp_path / "metrics-a1.jsonl"
@@ -890,7 +891,9 @@ async def test_the_start_is_timed_phase_by_phase_up_to_the_first_step(tmp_path: 
     # The stand-in stamps its lines when it prints them (to the second), a minute after the submission; the
     # phases whose lines carry a stamp end then, not at the later poll that brought them.
     ends = [int(re.search(r" done (\d+) s after submission", s)[1]) for s in said[:-1]]  # type: ignore[index]
-    assert 59 <= ends[0] <= 61 and ends[:5] == [ends[0]] * 5 and said[-1].startswith("first step 6")
+    assert 59 <= ends[0] <= 61 and ends[:5] == [ends[0]] * 5
+    # The first step has no stamp: it ends when its poll came, however busy the machine made that.
+    assert int(re.match(r"first step (\d+) s after submission", said[-1])[1]) >= ends[0]  # type: ignore[index]
     assert list(StartupPhases.load(metrics).ended) == list(PHASES)
     assert first_step_seen_at(metrics) == StartupPhases.load(metrics).ended[PHASES[-1]]
 
