@@ -38,6 +38,7 @@ install and exits 2. Each scenario prints its figures and writes them (JSON) to 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -503,10 +504,25 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
-def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun], None]:
-    """Wait until attempt 1 checkpointed RESUME_KILL_AFTER, then SIGKILL what ``kind`` names in its cluster."""
+def kill_target(kind: str, pids: list[int]) -> tuple[int, str] | None:
+    """The first of ``pids`` that ``kind`` names ("raylet", or "worker": verl's colocated training workers,
+    the Ray actors of class WorkerDict), with its command line. A process that ends between the listing and
+    the read is skipped: on 2026-12-05 one did, and the scenario died with NoSuchProcess before any kill."""
     import psutil
 
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            name, cmdline = proc.name(), " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if (name == "raylet") if kind == "raylet" else ("WorkerDict" in cmdline):
+            return pid, cmdline
+    return None
+
+
+def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun], None]:
+    """Wait until attempt 1 checkpointed RESUME_KILL_AFTER, then SIGKILL what ``kind`` names in its cluster."""
     from verl_pipeline.rundir import RunDir, tracker_step
 
     def during(run: DagRun) -> None:
@@ -524,18 +540,15 @@ def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun
         assert run_dir is not None
         cluster = RunDir(run_dir).cluster() or {}
         roots = [int(n["pgid"]) for n in (cluster.get("extra") or {}).get("nodes", [])]
-        procs = [psutil.Process(p) for r in roots for p in [r, *_descendants(r)] if psutil.pid_exists(p)]
-        if kind == "raylet":
-            targets = [p for p in procs if p.name() == "raylet"]
-        else:
-            # verl's colocated training workers (actor, rollout, reference) run as Ray actors of class WorkerDict.
-            targets = [p for p in procs if "WorkerDict" in " ".join(p.cmdline())]
-        marks.update(killed=[(p.pid, " ".join(p.cmdline())[:80]) for p in targets[:1]],
+        pids = [p for r in roots for p in [r, *_descendants(r)]]
+        target = kill_target(kind, pids)
+        marks.update(killed=[] if target is None else [(target[0], target[1][:80])],
                      killed_at_step=tracker_step(ckpt), killed_at=round(time.time(), 1))
-        for p in targets[:1]:
-            p.send_signal(signal.SIGKILL)
-        if not targets:
-            marks["error"] = f"no {kind} process found among {len(procs)} cluster processes"
+        if target is None:
+            marks["error"] = f"no {kind} process found among {len(pids)} cluster processes"
+            return
+        with contextlib.suppress(ProcessLookupError):  # ended by itself: the attempts check then fails
+            os.kill(target[0], signal.SIGKILL)
 
     return during
 

@@ -192,3 +192,18 @@ def test_the_rollout_against_actor_figures_are_the_names_verl_computes_them_unde
     pearson, diff = names
     assert synced[pearson] == pytest.approx(1.0) and synced[diff] == pytest.approx(0.0)
     assert stale[pearson] < 0.5 and stale[diff] > 0.01
+
+
+def test_the_kill_skips_a_process_that_ended_since_the_listing_and_finds_the_training_worker() -> None:
+    """A cluster process that exits between the listing and the read of its command line is passed over
+    (the PPO resume scenario died of NoSuchProcess there on the H100, 2026-12-05), and the worker found."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    worker = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", "ray::WorkerDict.__init__"])
+    try:
+        target = _bench().kill_target("worker", [gone.pid, os.getpid(), worker.pid])
+        assert target is not None and target[0] == worker.pid and "WorkerDict" in target[1]
+        assert _bench().kill_target("raylet", [gone.pid, os.getpid(), worker.pid]) is None
+    finally:
+        worker.kill()
+        worker.wait()
