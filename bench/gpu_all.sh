@@ -72,10 +72,24 @@ extra=(); for o in ${REAL_SIZE_OVERRIDES:-}; do extra+=(--verl-override "$o"); d
 # REAL_SIZE_PROFILE=qwen2.5-0.5b-ppo: the same architecture with PPO (a critic of the same size).
 [ -n "${REAL_SIZE_PROFILE:-}" ] && extra+=(--real-size-profile "$REAL_SIZE_PROFILE")
 for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
+# How busy the GPU was in each phase of the 0.5B runs' steps (DAG and bare), from every utilisation sample
+# the driver keeps, not the report's one instant every 10 s (bench/gpu_busy.py). GPU_BUSY=0 skips it.
+busy=
+if [ "${GPU_BUSY:-1}" = 1 ]; then
+  "$py" "$here/gpu_busy.py" record --metrics "$work/real-size/*/home/runs/*/metrics-a*.jsonl" \
+    --metrics "$work/real-size/bare/metrics.jsonl" --out "$out/gpu-busy.jsonl" > "$out/gpu-busy.out" 2>&1 &
+  busy=$!
+fi
 "$py" "$here/gpu_acceptance.py" --steps "${REAL_SIZE_STEPS:-3}" --workdir "$work/real-size" \
   --out "$out/real-size.json" $(caches real-size) "${extra[@]}" > "$out/real-size.out" 2>&1
 rc=$?
 echo "$(date -u +%T) real-size rc=$rc, disk free $(disk)" >> "$out/progress"
+if [ -n "$busy" ]; then
+  kill "$busy" 2>/dev/null; wait "$busy"
+  "$py" "$here/gpu_busy.py" analyse --samples "$out/gpu-busy.jsonl" --out "$out/gpu-busy.json" >> "$out/gpu-busy.out" 2>&1
+  rc=$?
+  echo "$(date -u +%T) gpu-busy rc=$rc" >> "$out/progress"
+fi
 # ROLLOUT_CEILING=1: vLLM's own benchmark of the last 0.5B run's step (its model, batch and engine settings) on
 # the GPU the run just left, against the run's generation per token (bench/rollout_ceiling.py; ~2 min).
 if [ "${ROLLOUT_CEILING:-0}" = 1 ]; then

@@ -73,3 +73,26 @@ def test_the_rollout_ceiling_runs_on_the_newest_0_5b_run(tmp_path: Path) -> None
     progress = (out / "progress").read_text()
     assert "rollout-ceiling rc=0" in progress
     assert re.search(r"real-size rc=0, disk free [0-9.]+[KMGT]\n", progress), progress  # what a launch has left
+
+
+def test_the_gpu_busy_recording_spans_the_0_5b_runs_and_is_analysed_after(tmp_path: Path) -> None:
+    """The driver's samples are recorded while the 0.5B scenario runs, watching its DAG runs' and its bare
+    twin's metrics, then analysed; GPU_BUSY=0 leaves both out. A stand-in Python logs each call."""
+    out, work, calls, python = tmp_path / "out", tmp_path / "work", tmp_path / "calls", tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    python.chmod(0o755)
+    env = {"ONLY": "real-size", "PRECOMPILE": "0", "PYTHON": str(python)}
+    assert _sh("gpu_all.sh", str(out), str(work), env=env).returncode == 0
+    made = [c.split()[0].rsplit("/", 1)[-1] + " " + c.split()[1] for c in calls.read_text().splitlines()
+            if "gpu_busy.py" in c or "gpu_acceptance.py --steps" in c]
+    # The recorder goes to the background as the scenario starts (either may log first); the analysis
+    # follows both.
+    assert sorted(made[:2]) == ["gpu_acceptance.py --steps", "gpu_busy.py record"]
+    assert made[2:] == ["gpu_busy.py analyse"]
+    record = next(c for c in calls.read_text().splitlines() if "gpu_busy.py record" in c)
+    assert f"--metrics {work}/real-size/*/home/runs/*/metrics-a*.jsonl" in record
+    assert f"--metrics {work}/real-size/bare/metrics.jsonl --out {out}/gpu-busy.jsonl" in record
+    assert "gpu-busy rc=0" in (out / "progress").read_text()
+    calls.unlink()
+    assert _sh("gpu_all.sh", str(out), str(work), env={**env, "GPU_BUSY": "0"}).returncode == 0
+    assert "gpu_busy.py" not in calls.read_text()

@@ -1,0 +1,234 @@
+"""How busy the GPU was in each phase of each training step, from the driver's own utilisation samples.
+
+Issue 35 asks for GPU utilisation of at least 85% over the training window, and for the measurement
+that bounds it where it is missed. The report's figure comes from Ray's node summary every 10 s: one
+instant each (the driver's utilisation over its last sample period, a fraction of a second), so a run
+of a few minutes gets a handful of instants of a GPU that works in bursts (launch 5: 8 in the window,
+mean 16%, median 3%). Nor does it say *when* the GPU idles: in a checkpoint save (disk), in verl's loop
+around generation (CPU), or in an update of small micro batches.
+
+``record`` runs beside a run on the GPU machine. Every ``--poll-s`` it reads every sample the driver
+kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation, about six a second on
+the H100/H200), so no burst falls between readings. It also notes when each training row lands in the
+runs' metrics files. ``analyse`` lays verl's phases of each step back from its row: verl logs the row
+after the step and its validation, and times the phases in a fixed order (``STEP_PHASES``). It then
+gives the mean utilisation of the samples inside each phase, and over the steps as a whole.
+
+Usage (the GPU machine; ``bench/gpu_all.sh`` does it around the 0.5B runs):
+  python bench/gpu_busy.py record --metrics GLOB [--metrics GLOB ...] --out FILE.jsonl [--poll-s 1]
+  python bench/gpu_busy.py analyse --samples FILE.jsonl --out FILE.json
+``record`` stops on SIGTERM or SIGINT; what it read is on disk line by line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import itertools
+import json
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The phases of one training step in the order verl 0.9.1 times them (``fit`` in
+#: ``trainer/ppo/ray_trainer.py``): a phase a run does not have (no critic, no reference) takes no time.
+STEP_PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
+               "save_checkpoint", "update_weights")
+#: The step's time that no named phase covers (between the timers, and after the last).
+OTHER = "other"
+#: Validation after the step (``testing``), before the row is logged: outside the step's timer.
+TESTING = "testing"
+
+#: A reader of the driver's samples: each call gives those it has not given before, as (GPU, time, %).
+Reader = Callable[[], list[tuple[int, float, float]]]
+
+
+@dataclass(frozen=True)
+class Window:
+    phase: str
+    step: int
+    start: float
+    end: float
+
+
+def step_windows(row: dict[str, float], landed_at: float) -> list[Window]:
+    """The phases of the step whose row landed at ``landed_at``, laid back from it: validation ends
+    where the row lands, the step where validation starts, and the named phases run from the step's
+    start in verl's order, each as long as its ``timing_s/<phase>``."""
+    from verl_pipeline.trainer import metrics as m
+
+    step = int(row["step"])
+    testing = float(row.get(m.TIMING_PREFIX + TESTING, 0.0))
+    end = landed_at - testing
+    t = end - float(row[m.TIMING_STEP])  # the step's start
+    windows = []
+    for phase in STEP_PHASES:
+        seconds = float(row.get(m.TIMING_PREFIX + phase, 0.0))
+        if seconds > 0:
+            windows.append(Window(phase, step, t, min(t + seconds, end)))
+            t += seconds
+    if t < end:
+        windows.append(Window(OTHER, step, t, end))
+    if testing > 0:
+        windows.append(Window(TESTING, step, end, landed_at))
+    return windows
+
+
+def inside(samples: list[tuple[float, float]], start: float, end: float) -> list[float]:
+    return [u for t, u in samples if start <= t < end]
+
+
+def by_phase(samples: list[tuple[float, float]], windows: list[Window]) -> dict[str, dict[str, Any]]:
+    """Per phase over all steps: its seconds, the samples inside it and their mean (the share of that
+    time a kernel ran), and the busy seconds that make (seconds times mean)."""
+    out: dict[str, dict[str, Any]] = {}
+    for phase in dict.fromkeys(w.phase for w in windows):
+        mine = [w for w in windows if w.phase == phase]
+        seconds = sum(w.end - w.start for w in mine)
+        values = [u for w in mine for u in inside(samples, w.start, w.end)]
+        mean = statistics.fmean(values) if values else None
+        out[phase] = {"seconds": round(seconds, 2), "samples": len(values),
+                      "busy_pct": None if mean is None else round(mean, 1),
+                      "busy_s": None if mean is None else round(seconds * mean / 100, 2)}
+    return out
+
+
+def analyse_run(samples: list[tuple[float, float]], rows: list[tuple[dict[str, float], float]]) -> dict[str, Any]:
+    """One run's steps (each row with the time it landed): the phases' utilisation, and the steps'
+    (named phases and ``other``, validation apart) and the whole window's from the first step's start."""
+    windows = [w for row, landed in rows for w in step_windows(row, landed)]
+    if not windows:
+        return {}
+    phases = by_phase(samples, windows)
+    in_steps = [u for w in windows if w.phase != TESTING for u in inside(samples, w.start, w.end)]
+    window = inside(samples, min(w.start for w in windows), max(w.end for w in windows))
+    return {"steps": sorted({w.step for w in windows}), "phases": phases,
+            "steps_busy_pct": round(statistics.fmean(in_steps), 1) if in_steps else None,
+            "window_busy_pct": round(statistics.fmean(window), 1) if window else None,
+            "window_samples": len(window),
+            "sample_interval_s": interval(samples)}
+
+
+def interval(samples: list[tuple[float, float]]) -> float | None:
+    """The driver's median time between two samples (its sampling period)."""
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(samples) if b[0] > a[0]]
+    return round(statistics.median(gaps), 3) if gaps else None
+
+
+def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """``record``'s lines: per GPU its samples, per metrics file its rows; every file's steps against
+    every GPU (one GPU per run on the machines this ran on)."""
+    samples: dict[int, list[tuple[float, float]]] = {}
+    rows: dict[str, list[tuple[dict[str, float], float]]] = {}
+    for line in lines:
+        if line.get("kind") == "gpu":
+            samples.setdefault(int(line["gpu"]), []).append((float(line["t"]), float(line["util"])))
+        elif line.get("kind") == "row":
+            rows.setdefault(str(line["file"]), []).append((line["row"], float(line["t"])))
+    for values in samples.values():
+        values.sort()
+    return {"runs": {f: {f"gpu{g}": analyse_run(s, r) for g, s in sorted(samples.items())}
+                     for f, r in rows.items()}}
+
+
+# -- recording on the GPU machine ------------------------------------------------------------------
+
+class RowWatch:
+    """The training rows that land in metrics files matching some globs, each noted once, with when."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        self.patterns = patterns
+        self.seen: dict[str, int] = {}
+
+    def poll(self, now: float) -> list[dict[str, Any]]:
+        from verl_pipeline.jobs.progress import parse_jsonl_row
+        from verl_pipeline.trainer import metrics as m
+
+        new = []
+        for name in sorted({f for p in self.patterns for f in glob.glob(p)}):
+            whole = Path(name).read_text(errors="replace").split("\n")[:-1]  # not a line still being written
+            for line in whole[self.seen.get(name, 0):]:
+                parsed = parse_jsonl_row(line)
+                if parsed is not None and not m.is_validation_only(parsed[1]):
+                    new.append({"kind": "row", "file": name, "t": now, "row": {**parsed[1], "step": parsed[0]}})
+            self.seen[name] = len(whole)
+        return new
+
+
+def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: threading.Event,
+           clock: Callable[[], float] = time.time) -> None:
+    """Until ``stop`` is set: every ``poll_s`` the driver's new samples and the newly landed rows, a line each."""
+    with out.open("a") as f:
+        while True:
+            lines = [{"kind": "gpu", "gpu": g, "t": t, "util": u} for g, t, u in reader()]
+            lines += watch.poll(clock())
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+            f.flush()
+            if stop.wait(poll_s):
+                return
+
+
+def nvml_reader() -> Reader:  # pragma: no cover - needs an NVIDIA driver (run on the GPU machine)
+    """Every GPU's utilisation samples the driver kept since the last call (``nvmlDeviceGetSamples``).
+    Their stamps are the CPU's microseconds; should a driver stamp on another clock, they are moved so
+    the newest of a read is the read's time."""
+    try:
+        import pynvml
+    except ImportError:  # the GPU site has Ray's copy of NVML's bindings (its dashboard reads GPUs with it)
+        from ray._private.thirdparty import pynvml
+
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    last = [0] * len(handles)
+
+    def read() -> list[tuple[int, float, float]]:
+        now, out = time.time(), []
+        for i, h in enumerate(handles):
+            try:
+                _, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last[i])
+            except pynvml.NVMLError_NotFound:  # nothing new since the last read
+                continue
+            got = [(int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples if s.timeStamp > last[i]]
+            if not got:
+                continue
+            newest = max(ts for ts, _ in got)
+            shift = 0.0 if abs(newest / 1e6 - now) < 300 else now - newest / 1e6
+            out += [(i, ts / 1e6 + shift, u) for ts, u in got]
+            last[i] = newest
+        return out
+
+    return read
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="read the driver's samples and the rows as they land, until stopped")
+    rec.add_argument("--metrics", action="append", required=True, help="a glob of verl metrics files to watch")
+    rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--poll-s", type=float, default=1.0)
+    ana = sub.add_parser("analyse", help="each run's steps, phase by phase, from a recording")
+    ana.add_argument("--samples", type=Path, required=True)
+    ana.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.command == "record":
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        record(nvml_reader(), RowWatch(args.metrics), args.out, args.poll_s, stop)
+        return 0
+    lines = [json.loads(line) for line in args.samples.read_text().splitlines() if line.strip()]
+    figures = analyse(lines)
+    args.out.write_text(json.dumps(figures, indent=2))
+    print(json.dumps(figures))
+    return 0 if figures["runs"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""bench/gpu_busy.py on the CPU: verl's phases laid back from each row, the driver's samples attributed to
+them, and the recorder on real files. Reading the driver itself needs the GPU (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bench import bench_script
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "gpu_busy.py"
+
+#: One PPO step as verl 0.9.1 logs it (the 0.5B PPO run's step 3 on the H100, 2026-12-05, rounded).
+ROW = {"step": 3, "timing_s/step": 43.0, "timing_s/gen": 10.0, "timing_s/old_log_prob": 3.0,
+       "timing_s/values": 1.0, "timing_s/adv": 0.5, "timing_s/update_critic": 4.0, "timing_s/update_actor": 6.0,
+       "timing_s/save_checkpoint": 18.0, "timing_s/update_weights": 0.5, "timing_s/testing": 2.0}
+
+
+def _bench() -> Any:
+    return bench_script("gpu_busy")
+
+
+def test_the_phases_run_in_verls_order_from_the_steps_start_laid_back_from_the_row() -> None:
+    windows = _bench().step_windows(ROW, landed_at=1000.0)
+    got = [(w.phase, round(w.start, 3), round(w.end, 3)) for w in windows]
+    # The row lands after validation (2 s), so the step ends at 998 and began 43 s before.
+    assert got == [("gen", 955.0, 965.0), ("old_log_prob", 965.0, 968.0), ("values", 968.0, 969.0),
+                   ("adv", 969.0, 969.5), ("update_critic", 969.5, 973.5), ("update_actor", 973.5, 979.5),
+                   ("save_checkpoint", 979.5, 997.5), ("update_weights", 997.5, 998.0),
+                   ("testing", 998.0, 1000.0)]
+    # Time no timer covers is the step's "other"; a step without validation ends where its row lands.
+    short = {"step": 1, "timing_s/step": 10.0, "timing_s/gen": 6.0}
+    assert [(w.phase, w.start, w.end) for w in _bench().step_windows(short, 50.0)] == [
+        ("gen", 40.0, 46.0), ("other", 46.0, 50.0)]
+
+
+Samples = list[tuple[float, float]]
+
+
+def _samples(busy: Samples, start: float, end: float, every: float = 1 / 6) -> Samples:
+    """The driver's samples from ``start`` to ``end``: 100% inside the ``busy`` spans, 0% elsewhere."""
+    n = int((end - start) / every)
+    times = [start + i * every for i in range(n)]
+    return [(t, 100.0 if any(a <= t < b for a, b in busy) else 0.0) for t in times]
+
+
+def test_each_phase_gets_the_samples_inside_it_and_the_steps_their_mean() -> None:
+    bench = _bench()
+    # Generation and both updates keep the GPU busy; the save, validation and the rest leave it idle.
+    busy = [(955.0, 965.0), (969.5, 979.5)]
+    out = bench.analyse_run(_samples(busy, 900.0, 1010.0), [(ROW, 1000.0)])
+    phases = out["phases"]
+    assert phases["gen"]["busy_pct"] == 100.0 and phases["update_actor"]["busy_pct"] == 100.0
+    assert phases["save_checkpoint"]["busy_pct"] == 0.0 and phases["testing"]["busy_pct"] == 0.0
+    assert phases["gen"]["samples"] == pytest.approx(60, abs=1) and phases["gen"]["busy_s"] == 10.0
+    assert phases["save_checkpoint"]["seconds"] == 18.0
+    # 20 of the step's 43 s busy; the window adds validation's idle 2 s.
+    assert out["steps_busy_pct"] == pytest.approx(100 * 20 / 43, abs=1)
+    assert out["window_busy_pct"] == pytest.approx(100 * 20 / 45, abs=1)
+    assert out["sample_interval_s"] == pytest.approx(1 / 6, abs=1e-3)
+    assert bench.analyse_run(_samples([], 0.0, 10.0), []) == {}
+
+
+def test_a_recording_gives_each_runs_steps_against_each_gpu(tmp_path: Path) -> None:
+    lines = [{"kind": "gpu", "gpu": 0, "t": t, "util": u} for t, u in _samples([(955.0, 965.0)], 950.0, 1001.0)]
+    lines += [{"kind": "row", "file": "dag/metrics-a1.jsonl", "t": 1000.0, "row": ROW}]
+    (tmp_path / "busy.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = subprocess.run([sys.executable, str(SCRIPT), "analyse", "--samples", str(tmp_path / "busy.jsonl"),
+                          "--out", str(tmp_path / "busy.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    run = json.loads((tmp_path / "busy.json").read_text())["runs"]["dag/metrics-a1.jsonl"]["gpu0"]
+    assert run["steps"] == [3] and run["phases"]["gen"]["busy_pct"] == 100.0
+
+
+def test_the_recorder_writes_every_sample_and_notes_each_training_row_once_when_whole(tmp_path: Path) -> None:
+    bench = _bench()
+    metrics = tmp_path / "run" / "metrics-a1.jsonl"
+    metrics.parent.mkdir()
+    validation = json.dumps({"step": 0, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.0}})
+    metrics.write_text(validation + "\n")
+    fed: list[list[tuple[int, float, float]]] = [[(0, 1.0, 40.0), (0, 1.2, 60.0)], [(0, 1.4, 0.0)]]
+    reads: list[int] = []
+
+    def reader() -> list[tuple[int, float, float]]:
+        reads.append(1)
+        return fed.pop(0) if fed else []
+
+    stop = threading.Event()
+    out = tmp_path / "busy.jsonl"
+    watch = bench.RowWatch([str(tmp_path / "run" / "metrics-*.jsonl")])
+    recorder = threading.Thread(target=bench.record, args=(reader, watch, out, 0.01, stop))
+    recorder.start()
+
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+
+    def until(check: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not check() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert check(), lines()
+
+    try:
+        until(lambda: sum(x["kind"] == "gpu" for x in lines()) == 3)
+        step = json.dumps({"step": 1, "data": {"timing_s/step": 5.0}})
+        with metrics.open("a") as f:  # a row half written is not read until its line ends
+            f.write(step[:10])
+            f.flush()
+            polls = len(reads)
+            until(lambda: len(reads) > polls + 1)  # a whole poll read the cut line
+            assert not [x for x in lines() if x["kind"] == "row"] and watch.seen[str(metrics)] == 1
+            f.write(step[10:] + "\n")
+        until(lambda: any(x["kind"] == "row" for x in lines()))
+    finally:
+        stop.set()
+        recorder.join(timeout=30)
+    rows = [x for x in lines() if x["kind"] == "row"]
+    assert [(r["row"]["step"], r["file"]) for r in rows] == [(1, str(metrics))]  # validation's row is no step
+    assert [(x["t"], x["util"]) for x in lines() if x["kind"] == "gpu"] == [(1.0, 40.0), (1.2, 60.0), (1.4, 0.0)]
