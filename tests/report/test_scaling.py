@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from verl_pipeline.report import scaling
+from verl_pipeline.report.gpu import GpuUsage
 from verl_pipeline.report.scaling import Comparison, FlagKind, ScalingPoint
 
 
@@ -99,3 +100,43 @@ def test_earlier_points_reads_only_the_profiles_successful_training_reports(tmp_
     (tmp_path / "runs" / "broken" / "report" / "report.json").write_text("{not json")
     points = scaling.earlier_points(tmp_path, "p", report_file="report/report.json", exclude_run_key="me")
     assert [p.run_key for p in points] == ["early", "late"]
+
+
+def _idle_gpu() -> GpuUsage:
+    return GpuUsage("10.0.0.1", 0, "GPU-a", ["n1"], samples_in_window=8, samples=45, mean_utilization_pct=16.5,
+                    median_utilization_pct=3.0, min_utilization_pct=0.0, peak_memory_used_mib=73560.0,
+                    memory_total_mib=81559.0)
+
+
+#: The 0.5B PPO job's settings on the fast path (its job.json, 2026-12-05), as parse_overrides reads them.
+FAST_PATH = {"actor_rollout_ref.actor.use_dynamic_bsz": True, "actor_rollout_ref.model.use_remove_padding": True,
+             "critic.model.use_remove_padding": True, "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+             "actor_rollout_ref.actor.fsdp_config.param_offload": False}
+
+
+def test_an_idle_gpus_remedy_leaves_out_what_the_job_already_has() -> None:
+    flag = scaling.gpu_utilization_flag([_idle_gpu()], FAST_PATH)
+    assert flag is not None and flag.kind is FlagKind.GPU_UTILIZATION_LOW
+    remedy = flag.remedy
+    # Packed by tokens, without padding, TP 1, no offload: none of it asked for again, what it has named.
+    for asked in ("use_dynamic_bsz=true with", "use_remove_padding=true;", "larger micro batches", "offload off",
+                  "a smaller actor_rollout_ref.rollout.tensor_model_parallel_size"):
+        assert asked not in remedy, asked
+    assert ("this job already has actor_rollout_ref.actor.use_dynamic_bsz=true, "
+            "actor_rollout_ref.model.use_remove_padding=true, "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1") in remedy
+    # What would still give the GPU more: larger token budgets, more KV cache, a loader that keeps up.
+    assert "a larger actor_rollout_ref.actor.ppo_max_token_len_per_gpu" in remedy
+    assert "gpu_memory_utilization" in remedy and "data.dataloader_num_workers" in remedy
+
+
+def test_an_idle_gpus_remedy_asks_for_what_the_job_lacks_and_every_way_when_its_settings_are_unknown() -> None:
+    slow = {"+actor_rollout_ref.actor.fsdp_config.param_offload": True,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": 2}
+    remedy = scaling.gpu_work_remedy(slow)
+    assert "larger micro batches" in remedy and "use_dynamic_bsz=true with" in remedy
+    assert "use_remove_padding=true" in remedy and "offload off" in remedy and "a smaller" in remedy
+    assert "already has" not in remedy and "log_prob_max_token_len_per_gpu" not in remedy
+    unknown = scaling.gpu_utilization_flag([_idle_gpu()])
+    assert unknown is not None and unknown.remedy == scaling.REMEDIES[FlagKind.GPU_UTILIZATION_LOW]
+    assert "offload off" in unknown.remedy and "already has" not in unknown.remedy

@@ -9,6 +9,7 @@ start-up (engine and model loading), which a mean would spread over the whole ru
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -351,14 +352,16 @@ def _notes(facts: RunFacts, status: RunOutcome, rows: list[StepRow], attempts: l
 def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptInfo], rows: list[StepRow],
                  generated_at: float, ended_at: float | None = None, preflight: dict[str, Any] | None = None,
                  earlier: list[scaling.ScalingPoint] | None = None,
-                 gpu_series: list[gpu.GpuSeries] | None = None, restarts: RestartSummary | None = None) -> Report:
+                 gpu_series: list[gpu.GpuSeries] | None = None, restarts: RestartSummary | None = None,
+                 settings: Mapping[str, Any] | None = None) -> Report:
     """The report of one run (pure: every input is passed in).
 
     ``rows``: every attempt's metric rows (unmerged); ``ended_at``: when the run's last file was
     written (wall time runs from the first submit to it); ``earlier``: the profile's earlier
     successful runs for the scaling check; ``gpu_series``: the run's GPU readings, per physical GPU
     (:func:`~verl_pipeline.report.gpu.collect`; none: no GPUs were read, as on a CPU cluster);
-    ``restarts``: its restart budget and decisions.
+    ``restarts``: its restart budget and decisions; ``settings``: the job's verl settings (its
+    ``job.json``), for the remedies that depend on them.
     """
     attempts = with_steps(attempts, rows)
     merged = merge_rows(rows)
@@ -390,11 +393,12 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
         # GPUs are held from the first submit to the last step; a preflight cluster has none.
         if facts.mode == "train":
             report.gpu_hours = report.wall_time_s * facts.n_gpus / 3600
-    _scaling_and_flags(report, earlier or [], steps)
+    _scaling_and_flags(report, earlier or [], steps, settings)
     return report
 
 
-def _scaling_and_flags(report: Report, earlier: list[scaling.ScalingPoint], steps: list[StepRow]) -> None:
+def _scaling_and_flags(report: Report, earlier: list[scaling.ScalingPoint], steps: list[StepRow],
+                       settings: Mapping[str, Any] | None) -> None:
     facts = report.run
     if facts.mode == "train" and report.throughput_per_gpu:
         # Stored for every training run; later runs compare only with the successful ones.
@@ -408,4 +412,5 @@ def _scaling_and_flags(report: Report, earlier: list[scaling.ScalingPoint], step
                if r.metrics.get(m.TIMING_STEP)],
         grad_norms=[r.metrics[m.GRAD_NORM] for r in steps if m.GRAD_NORM in r.metrics],
         advantage_ranges=[(r.metrics[m.ADVANTAGES_MIN], r.metrics[m.ADVANTAGES_MAX]) for r in steps
-                          if m.ADVANTAGES_MIN in r.metrics and m.ADVANTAGES_MAX in r.metrics])
+                          if m.ADVANTAGES_MIN in r.metrics and m.ADVANTAGES_MAX in r.metrics],
+        settings=settings)

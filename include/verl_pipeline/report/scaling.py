@@ -22,12 +22,15 @@ import json
 import logging
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from verl_pipeline.report.gpu import GpuUsage
+from verl_pipeline.trainer.fastpath import ACTOR_TOKENS_KEY, DYNAMIC_BSZ_KEY, REMOVE_PADDING_KEYS
+from verl_pipeline.trainer.overrides import spelled
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +89,7 @@ REMEDIES = {
         "ib_hcas → NCCL_IB_HCA, NCCL_IB_DISABLE unset, NCCL_SOCKET_IFNAME), and run once with "
         "nccl_debug to see which transport NCCL chose"
     ),
-    FlagKind.GPU_UTILIZATION_LOW: (
-        "give each GPU more work at a time: larger micro batches (the model profile's "
-        "scaling.max_micro_batch_size_per_gpu and scaling.log_prob_micro_batch_size_per_gpu), or "
-        "actor_rollout_ref.actor.use_dynamic_bsz=true with a larger actor_rollout_ref.actor.ppo_max_token_len_per_gpu "
-        "(micro batches packed by tokens); actor_rollout_ref.model.use_remove_padding=true; a higher "
-        "actor_rollout_ref.rollout.gpu_memory_utilization (more KV cache, larger generation batches); FSDP offload "
-        "off when memory allows (actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload and "
-        "actor_rollout_ref.ref.fsdp_config.param_offload=false); a smaller "
-        "actor_rollout_ref.rollout.tensor_model_parallel_size for a small model; and check that data loading keeps "
-        "up (data.dataloader_num_workers). Set them in a profile's verl: section, with --set or the verl_overrides "
-        "param; render shows what the scaling rules chose"
-    ),
+    # Built from GPU_WORK below, for a job whose settings are not known (every way in it).
     FlagKind.GRAD_NORM_ZERO: (
         "give the run a learning signal: an entropy bonus (actor_rollout_ref.actor.entropy_coeff, e.g. 0.001), a "
         "larger learning rate (actor_rollout_ref.actor.optim.lr), an easier reward or data the model solves some of "
@@ -218,6 +210,68 @@ def scaling_flag(comparisons: list[Comparison]) -> Flag | None:
                 REMEDIES[FlagKind.SCALING_FALLS])
 
 
+PARAM_OFFLOAD_KEY = "actor_rollout_ref.actor.fsdp_config.param_offload"
+ROLLOUT_TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+@dataclass(frozen=True)
+class GpuWork:
+    """One way to give a GPU more work at a time, and when it fits a job: a job whose settings have
+    ``key`` = ``value`` already has it (unless ``when_set``: then the advice fits only such a job).
+    Without a key it fits every job; ``if_unknown``: whether it fits a job whose settings are not known."""
+
+    advice: str
+    key: str | None = None
+    value: Any = None
+    when_set: bool = False
+    if_unknown: bool = True
+
+    def has(self, settings: Mapping[str, Any]) -> bool:
+        found = spelled(settings, self.key) if self.key else None
+        return found is not None and found.value == self.value
+
+    def fits(self, settings: Mapping[str, Any] | None) -> bool:
+        if settings is None:
+            return self.if_unknown
+        if self.key is None:
+            return True
+        return self.has(settings) if self.when_set else not self.has(settings)
+
+
+#: The ways to a busier GPU, in the remedy's order. A run reported with its job's settings gets those
+#: that fit it: the 0.5B fast-path runs (2026-12-05) were told to pack by tokens and without padding,
+#: which they did.
+GPU_WORK = (
+    GpuWork("larger micro batches (the model profile's scaling.max_micro_batch_size_per_gpu and "
+            "scaling.log_prob_micro_batch_size_per_gpu)", DYNAMIC_BSZ_KEY, True),
+    GpuWork(f"{DYNAMIC_BSZ_KEY}=true with a larger {ACTOR_TOKENS_KEY} (micro batches packed by tokens)",
+            DYNAMIC_BSZ_KEY, True),
+    GpuWork(f"a larger {ACTOR_TOKENS_KEY} and log_prob_max_token_len_per_gpu (the tokens each packed micro "
+            "batch holds; render shows the budgets the rules sized from the GPU's memory)",
+            DYNAMIC_BSZ_KEY, True, when_set=True, if_unknown=False),
+    GpuWork(f"{REMOVE_PADDING_KEYS[0]}=true", REMOVE_PADDING_KEYS[0], True),
+    GpuWork("a higher actor_rollout_ref.rollout.gpu_memory_utilization (more KV cache, larger generation batches)"),
+    GpuWork(f"FSDP offload off when memory allows ({PARAM_OFFLOAD_KEY} / optimizer_offload and "
+            "actor_rollout_ref.ref.fsdp_config.param_offload=false)", PARAM_OFFLOAD_KEY, True, when_set=True),
+    GpuWork(f"a smaller {ROLLOUT_TP_KEY} for a small model", ROLLOUT_TP_KEY, 1),
+    GpuWork("a data loader that keeps up (data.dataloader_num_workers)"),
+)
+
+
+def gpu_work_remedy(settings: Mapping[str, Any] | None) -> str:
+    """The under-used GPU's remedy: the ways that fit the job (every way when its settings are not
+    known), and what it already has, so the report does not ask for it."""
+    ways = [w.advice for w in GPU_WORK if w.fits(settings)]
+    had = [] if settings is None else list(dict.fromkeys(
+        f"{w.key}={json.dumps(w.value)}" for w in GPU_WORK if not w.when_set and w.key and w.has(settings)))
+    already = f" (this job already has {', '.join(had)})" if had else ""
+    return (f"give each GPU more work at a time: {'; '.join(ways)}{already}. Set them in a profile's verl: section, "
+            "with --set or the verl_overrides param; render shows what the scaling rules chose")
+
+
+REMEDIES[FlagKind.GPU_UTILIZATION_LOW] = gpu_work_remedy(None)
+
+
 def under_used(gpu: GpuUsage) -> bool:
     """The GPU was busy less than :data:`MIN_GPU_UTILIZATION_PCT` on average over the training window
     (a GPU with fewer than :data:`MIN_SAMPLES_JUDGED` samples in it is not judged)."""
@@ -225,8 +279,9 @@ def under_used(gpu: GpuUsage) -> bool:
             and gpu.mean_utilization_pct < MIN_GPU_UTILIZATION_PCT)
 
 
-def gpu_utilization_flag(gpus: list[GpuUsage]) -> Flag | None:
-    """Every GPU :func:`under_used` while the run trained (the first :data:`GPUS_NAMED` named)."""
+def gpu_utilization_flag(gpus: list[GpuUsage], settings: Mapping[str, Any] | None = None) -> Flag | None:
+    """Every GPU :func:`under_used` while the run trained (the first :data:`GPUS_NAMED` named), with the
+    ways to more work that fit the job's ``settings`` (:func:`gpu_work_remedy`)."""
     low = [g for g in gpus if under_used(g)]
     if not low:
         return None
@@ -237,7 +292,7 @@ def gpu_utilization_flag(gpus: list[GpuUsage]) -> Flag | None:
     return Flag(FlagKind.GPU_UTILIZATION_LOW,
                 f"GPU utilisation under {MIN_GPU_UTILIZATION_PCT:.0f}% while the run trained on {len(low)} of "
                 f"{len(gpus)} GPU(s): {each}{more}",
-                REMEDIES[FlagKind.GPU_UTILIZATION_LOW])
+                gpu_work_remedy(settings))
 
 
 def grad_norm_flag(grad_norms: list[float], advantage_ranges: list[tuple[float, float]]) -> Flag | None:
@@ -262,11 +317,13 @@ def flags(*, timing_s: dict[str, float], peak_memory_gb: float | None, gpu_memor
           comparisons: list[Comparison], gpus: list[GpuUsage] | None = None,
           grad_norms: list[float] | None = None,
           advantage_ranges: list[tuple[float, float]] | None = None,
-          saves: list[tuple[float, float]] | None = None) -> list[Flag]:
-    """Every flag the metrics raise, in a fixed order (``saves``: :func:`saves_flag`'s steps)."""
+          saves: list[tuple[float, float]] | None = None,
+          settings: Mapping[str, Any] | None = None) -> list[Flag]:
+    """Every flag the metrics raise, in a fixed order (``saves``: :func:`saves_flag`'s steps;
+    ``settings``: the job's verl settings, when known, for the remedies that depend on them)."""
     found = [generation_flag(timing_s), saves_flag(saves or []),
              memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons),
-             gpu_utilization_flag(gpus or []), grad_norm_flag(grad_norms or [], advantage_ranges or [])]
+             gpu_utilization_flag(gpus or [], settings), grad_norm_flag(grad_norms or [], advantage_ranges or [])]
     return [f for f in found if f is not None]
 
 
