@@ -8,8 +8,8 @@ mean 16%, median 3%). Nor does it say *when* the GPU idles: in a checkpoint save
 around generation (CPU), or in an update of small micro batches.
 
 ``record`` runs beside a run on the GPU machine. Every ``--poll-s`` it reads every sample the driver
-kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation, about six a second on
-the H100/H200), so no burst falls between readings. It also notes when each training row lands in the
+kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation: one every 0.2 s on
+the H100, stamped in the CPU's epoch microseconds), so no burst falls between readings. It also notes when each training row lands in the
 runs' metrics files. ``analyse`` lays verl's phases of each step back from its row: verl logs the row
 after the step and its validation, and times the phases in a fixed order (``STEP_PHASES``). It then
 gives the mean utilisation of the samples inside each phase, and over the steps as a whole.
