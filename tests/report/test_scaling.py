@@ -122,7 +122,7 @@ def test_an_idle_gpus_remedy_leaves_out_what_the_job_already_has() -> None:
     for asked in ("use_dynamic_bsz=true with", "use_remove_padding=true;", "larger micro batches", "offload off",
                   "a smaller actor_rollout_ref.rollout.tensor_model_parallel_size"):
         assert asked not in remedy, asked
-    assert ("this job already has actor_rollout_ref.actor.use_dynamic_bsz=true, "
+    assert ("This job already has actor_rollout_ref.actor.use_dynamic_bsz=true, "
             "actor_rollout_ref.model.use_remove_padding=true, "
             "actor_rollout_ref.rollout.tensor_model_parallel_size=1") in remedy
     # What would still give the GPU more: larger token budgets, more KV cache, a loader that keeps up.

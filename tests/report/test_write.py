@@ -273,6 +273,6 @@ def test_an_idle_gpus_remedy_is_read_against_the_jobs_own_overrides(tmp_path: Pa
                    node_samples("aaaa1111", "10.0.0.1", range(1010, 1500, 10), lambda t: 16.0, n_gpus=1))
     (flag,) = json.loads(write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False).json.read_text())["flags"]
     assert flag["kind"] == "gpu_utilization_low"
-    assert "this job already has actor_rollout_ref.actor.use_dynamic_bsz=true, " \
+    assert "This job already has actor_rollout_ref.actor.use_dynamic_bsz=true, " \
            "actor_rollout_ref.model.use_remove_padding=true" in flag["remedy"]
     assert "larger micro batches" not in flag["remedy"] and "a larger actor_rollout_ref.actor.ppo_max" in flag["remedy"]

@@ -264,8 +264,8 @@ def gpu_work_remedy(settings: Mapping[str, Any] | None) -> str:
     ways = [w.advice for w in GPU_WORK if w.fits(settings)]
     had = [] if settings is None else list(dict.fromkeys(
         f"{w.key}={json.dumps(w.value)}" for w in GPU_WORK if not w.when_set and w.key and w.has(settings)))
-    already = f" (this job already has {', '.join(had)})" if had else ""
-    return (f"give each GPU more work at a time: {'; '.join(ways)}{already}. Set them in a profile's verl: section, "
+    already = f" This job already has {', '.join(had)}." if had else ""
+    return (f"give each GPU more work at a time: {'; '.join(ways)}.{already} Set them in a profile's verl: section, "
             "with --set or the verl_overrides param; render shows what the scaling rules chose")
 
 
