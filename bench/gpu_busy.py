@@ -8,11 +8,12 @@ mean 16%, median 3%). Nor does it say *when* the GPU idles: in a checkpoint save
 around generation (CPU), or in an update of small micro batches.
 
 ``record`` runs beside a run on the GPU machine. Every ``--poll-s`` it reads every sample the driver
-kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation: one every 0.2 s on
-the H100, stamped in the CPU's epoch microseconds), so no burst falls between readings. It also notes when each training row lands in the
-runs' metrics files. ``analyse`` lays verl's phases of each step back from its row: verl logs the row
-after the step and its validation, and times the phases in a fixed order (``STEP_PHASES``). It then
-gives the mean utilisation of the samples inside each phase, and over the steps as a whole.
+kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation: one every 0.2 s on the
+H100, stamped in the CPU's epoch microseconds), so no burst falls between readings. It also notes when
+each training row lands in the runs' metrics files. ``analyse`` lays verl's phases of each step back
+from its row: verl logs the row after the step and its validation, and times the phases in a fixed order
+(``STEP_PHASES``). It then gives the mean utilisation of the samples inside each phase, and over the
+steps as a whole.
 
 Usage (the GPU machine; ``bench/gpu_all.sh`` does it around the 0.5B runs):
   python bench/gpu_busy.py record --metrics GLOB [--metrics GLOB ...] --out FILE.jsonl [--poll-s 1]
