@@ -31,6 +31,7 @@ from typing import Any
 from verl_pipeline.report.gpu import GpuUsage
 from verl_pipeline.trainer.fastpath import ACTOR_TOKENS_KEY, DYNAMIC_BSZ_KEY, REMOVE_PADDING_KEYS
 from verl_pipeline.trainer.overrides import spelled
+from verl_pipeline.trainer.scaling import PARAM_OFFLOAD_KEY, ROLLOUT_TP_KEY
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +209,6 @@ def scaling_flag(comparisons: list[Comparison]) -> Flag | None:
                 f"per-GPU throughput at {more} nodes is {worst.efficiency:.0%} of that at {fewer} "
                 f"(run {worst.other_run_key}): below {MIN_EFFICIENCY:.0%} of linear",
                 REMEDIES[FlagKind.SCALING_FALLS])
-
-
-PARAM_OFFLOAD_KEY = "actor_rollout_ref.actor.fsdp_config.param_offload"
-ROLLOUT_TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from verl_pipeline.trainer.choices import Choices
 from verl_pipeline.trainer.nodefacts import NodeFacts
 from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.scaling import (
+    PARAM_OFFLOAD_KEY,
     ROLLOUT_HEADROOM_GB,
     ROLLOUT_HEADROOM_SHARE,
     VERL_DEFAULT_PROMPT,
@@ -194,7 +195,7 @@ def budget_inputs(settings: Mapping[str, Any], model: ModelFacts | None, gpu_mem
     batch = _int(settings, "data.train_batch_size", 1)
     mini = _int(settings, "actor_rollout_ref.actor.ppo_mini_batch_size", batch)
     critic, ref = uses_critic(dict(settings)), uses_reference(dict(settings))
-    offload = spelled(settings, "actor_rollout_ref.actor.fsdp_config.param_offload")
+    offload = spelled(settings, PARAM_OFFLOAD_KEY)
     resident = 0.0 if model is None or (offload is not None and offload.value is True) else \
         train_state_gb(model, n_gpus, critic=critic, ref=ref)
     checkpointing = spelled(settings, "actor_rollout_ref.model.enable_gradient_checkpointing")

@@ -51,6 +51,9 @@ _UTILIZATION = ((24, 0.8), (48, 0.85), (96, 0.9), (math.inf, 0.95))
 #: decodes at once; a step's sequences beyond it wait and run in another wave, as long as its longest response.
 VERL_MAX_NUM_SEQS = 256
 MAX_NUM_SEQS_KEY = "actor_rollout_ref.rollout.max_num_seqs"
+ROLLOUT_TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+#: The actor's FSDP parameter offload (the reference's and the critic's follow it in the offload rule).
+PARAM_OFFLOAD_KEY = "actor_rollout_ref.actor.fsdp_config.param_offload"
 #: The largest decode batch vLLM 0.24 captures a CUDA graph for by default (``min(2 x max_num_seqs, 512)``,
 #: vllm/config/vllm.py): a larger one runs without graphs, so a wave is kept at most this large.
 VLLM_MAX_GRAPH_BATCH = 512
@@ -157,9 +160,9 @@ def separate_settings(d: Derivation, split: PoolSplit, explicit: set[str]) -> No
     if int(d.settings[sync_key]) * mini != tbs:
         raise ConfigError(sync_key, d.settings[sync_key], f"verl's separate_async trainer needs parameter_sync_step x "
                           f"ppo_mini_batch_size ({mini}) = data.train_batch_size ({tbs})", f"{sync_key}={tbs // mini}")
-    tp = int(d.settings.get("actor_rollout_ref.rollout.tensor_model_parallel_size", 1) or 1)
+    tp = int(d.settings.get(ROLLOUT_TP_KEY, 1) or 1)
     if split.rollout_gpus_per_node % tp:
-        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
+        raise ConfigError(ROLLOUT_TP_KEY, tp,
                           f"must divide the rollout pool's GPUs per node ({split.rollout_gpus_per_node})",
                           f"one of {_divisors(split.rollout_gpus_per_node)}")
 
@@ -314,10 +317,10 @@ def derive(
     # -- rollout parallelism and memory -------------------------------------------------------------
     tp, why = rollout_tp(model, hw, g)
     if tp is None:
-        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", None,
+        raise ConfigError(ROLLOUT_TP_KEY, None,
                           f"the model does not fit: {why}",
                           f"n_gpus_per_node >= {min_gpus_per_node(model, hw)} or GPUs with more memory")
-    d.set("actor_rollout_ref.rollout.tensor_model_parallel_size", tp, why, explicit)
+    d.set(ROLLOUT_TP_KEY, tp, why, explicit)
     state = train_state_gb(model, n_gpus, critic=critic, ref=ref)
     budget = TRAIN_STATE_SHARE * hw.gpu_memory_gb
     offload = state > budget
@@ -328,7 +331,7 @@ def derive(
     why = (f"estimated FSDP state {state:.1f} GB per GPU ({model.params_b:g}B x {TRAIN_BYTES_PER_PARAM} B/param"
            f"{' x 2 (critic)' if critic else ''}{' + bf16 reference' if ref else ''} / {n_gpus} GPU(s)) "
            f"{'>' if offload else '<='} {TRAIN_STATE_SHARE:.0%} of {hw.gpu_memory_gb:g} GB")
-    d.set("actor_rollout_ref.actor.fsdp_config.param_offload", offload, why, explicit)
+    d.set(PARAM_OFFLOAD_KEY, offload, why, explicit)
     d.set("actor_rollout_ref.actor.fsdp_config.optimizer_offload", offload, why, explicit)
     if ref:
         d.set("actor_rollout_ref.ref.fsdp_config.param_offload", offload, why, explicit)
@@ -381,7 +384,7 @@ def rollout_max_num_seqs(settings: dict[str, Any], model: ModelFacts, hw: Hardwa
 
 def rollout_settings(d: Derivation, model: ModelFacts, hw: Hardware, *, rollout_gpus: int, explicit: set[str]) -> None:
     """How many sequences each vLLM replica of the rollout's ``rollout_gpus`` decodes at once."""
-    tp = int(d.settings.get("actor_rollout_ref.rollout.tensor_model_parallel_size", 1) or 1)
+    tp = int(d.settings.get(ROLLOUT_TP_KEY, 1) or 1)
     value, why = rollout_max_num_seqs(d.settings, model, hw, replicas=max(1, rollout_gpus // tp), tp=tp)
     if value is not None or any(sp in explicit for sp in spellings(MAX_NUM_SEQS_KEY)):
         d.set(MAX_NUM_SEQS_KEY, value if value is not None else VERL_MAX_NUM_SEQS, why, explicit)

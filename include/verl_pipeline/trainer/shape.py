@@ -86,7 +86,7 @@ def _check_rollout(spec: RunSpec) -> None:
     vLLM's share of a GPU) and vLLM's memory utilisation."""
     s = spec.verl
     g = spec.train_gpus_per_node
-    tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    tp_key = scaling.ROLLOUT_TP_KEY
     tp = int(s.get(tp_key, 1) or 1)
     divisors = [d for d in range(1, g + 1) if g % d == 0]
     if tp < 1 or g % tp:
