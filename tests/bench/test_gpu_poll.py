@@ -96,3 +96,28 @@ def test_the_gpu_busy_recording_spans_the_0_5b_runs_and_is_analysed_after(tmp_pa
     calls.unlink()
     assert _sh("gpu_all.sh", str(out), str(work), env={**env, "GPU_BUSY": "0"}).returncode == 0
     assert "gpu_busy.py" not in calls.read_text()
+
+
+def test_the_gpu_stacks_shared_libraries_are_read_once_before_the_0_5b_runs(tmp_path: Path) -> None:
+    """Both runs of the pair start on a warm page cache (the first one on a fresh machine would read the
+    libraries from disk alone): the stack's .so files, torch's site and the kit's, are read and counted."""
+    import sys
+
+    out, work, calls, python = tmp_path / "out", tmp_path / "work", tmp_path / "calls", tmp_path / "python"
+    site, kit = tmp_path / "image-site", tmp_path / "kit-site"
+    for pkg, size in ((site / "torch" / "lib" / "libtorch_cuda.so", 2_000_000),
+                      (site / "nvidia" / "cublas" / "lib" / "libcublas.so.13", 1_000_000),
+                      (kit / "verl" / "__init__.py", 10), (kit / "vllm" / "_C.abi3.so", 2_000_000)):
+        pkg.parent.mkdir(parents=True, exist_ok=True)
+        pkg.write_bytes(b"x" * size)
+    (site / "torch" / "__init__.py").write_text("")
+    # The stand-in runs the launch's own look-ups (python -c … find_spec …) and logs every other call.
+    python.write_text(f'#!/bin/sh\ncase "$2" in *find_spec*) exec {sys.executable} "$@";; esac\necho "$@" >> {calls}\n')
+    python.chmod(0o755)
+    env = {"ONLY": "real-size", "PRECOMPILE": "0", "PYTHON": str(python), "NO_BARE": "1", "GPU_BUSY": "0",
+           "PYTHONPATH": f"{site}{os.pathsep}{kit}"}
+    assert _sh("gpu_all.sh", str(out), str(work), env=env).returncode == 0
+    assert re.search(r"\d\d:\d\d:\d\d read 5 MB of shared libraries in \d+ s\n", (out / "progress").read_text())
+    (out / "progress").unlink()
+    assert _sh("gpu_all.sh", str(out), str(work), env={**env, "PAGE_CACHE": "0"}).returncode == 0
+    assert "shared libraries" not in (out / "progress").read_text()
