@@ -421,6 +421,9 @@ def ppo(args: argparse.Namespace, configs: Path) -> Result:
         model_dir = RunDir(run_dir).model_dir
         check_export_is_actor(result, model_dir)
         check_export(result, model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
+        if args.twin:
+            free_checkpoints(Path(job_overrides(run_dir)["trainer.default_local_dir"]))
+            add_twin(result, args.workdir, run_dir)
     return result
 
 
@@ -441,17 +444,22 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
     # Checked: the twin needs the disk (the 0.5B PPO run's 3 actor and critic checkpoints took about 36 GB
     # of the GPU machine's 64 GB, and the twin's first save found it full on 2026-12-05).
     free_checkpoints(Path(job_overrides(run_dir)["trainer.default_local_dir"]))
-    if args.no_bare:
-        return result
-    bare = bare_verl(args.workdir / "bare", run_dir)  # cold caches of its own too (see bare_verl)
+    if not args.no_bare:
+        add_twin(result, args.workdir, run_dir)
+    return result
+
+
+def add_twin(result: Result, workdir: Path, run_dir: Path) -> None:
+    """The checked DAG run's bare-verl twin, run after it (cold caches of its own too, see bare_verl): its
+    figures, the steady s/step ratio (DAG / bare) and the gap between their times to the first step."""
+    bare = bare_verl(workdir / "bare", run_dir)
     result.figures["bare"] = bare
-    dag_first = result.figures["time_to_first_step_s"][0] if result.figures["time_to_first_step_s"] else None
+    dag_first = result.figures["time_to_first_step_s"][0] if result.figures.get("time_to_first_step_s") else None
     if bare.get("steady_step_s") and result.figures.get("steady_step_s"):
         result.figures["steady_step_ratio"] = round(result.figures["steady_step_s"] / bare["steady_step_s"], 4)
     if bare.get("time_to_first_step_s") and dag_first:
         result.figures["first_step_delta_s"] = round(dag_first - bare["time_to_first_step_s"], 1)
     result.check(bare["rc"] == 0, f"bare verl exited {bare['rc']} (log: {bare['log']})")
-    return result
 
 
 def free_checkpoints(ckpt: Path) -> None:
@@ -624,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="cap vLLM's share of the GPU (tiny-model scenarios), so several runs share one GPU")
     p.add_argument("--no-bare", action="store_true", help="real-size: skip the bare-verl twin")
+    p.add_argument("--twin", action="store_true", help="ppo: run its bare-verl twin after it (real-size always does)")
     p.add_argument("--real-size-profile", default=REAL_SIZE_MODEL_PROFILE, choices=REAL_SIZE_PROFILES,
                    help="real-size: the 0.5B model profile (GRPO, or PPO with a critic)")
     p.add_argument("--shared-caches", type=Path, default=None, metavar="DIR",

@@ -27,6 +27,8 @@ tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
   # TINY_OVERRIDES="k=v k2=v2": verl overrides for the tiny-model scenarios (an A/B against a launch without).
   local o over=(); for o in ${TINY_OVERRIDES:-}; do over+=(--verl-override "$o"); done
+  # TINY_TWIN=1: the ppo scenario's bare-verl twin after it (with ONLY=ppo: the pair alone on the GPU).
+  [ "$1" = ppo ] && [ "${TINY_TWIN:-0}" = 1 ] && over+=(--twin)
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
     --gpu-memory-utilization "$2" $(caches "$1") "${over[@]}" > "$out/$1.out" 2>&1
   local rc=$?  # before $(date …), whose own status $? would report

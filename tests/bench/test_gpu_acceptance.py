@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_acceptance.py"
 
 
-def _run(path_dirs: list[Path], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _run(path_dirs: list[Path], tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": os.pathsep.join([*map(str, path_dirs), os.environ["PATH"]])}
-    return subprocess.run([sys.executable, str(SCRIPT), "--workdir", str(tmp_path / "work")], env=env,
+    return subprocess.run([sys.executable, str(SCRIPT), "--workdir", str(tmp_path / "work"), *args], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -29,7 +29,7 @@ def test_without_a_gpu_it_says_so_and_exits_0(tmp_path: Path) -> None:
     fake.mkdir()
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
     (fake / "nvidia-smi").chmod(0o755)
-    out = _run([fake], tmp_path)
+    out = _run([fake], tmp_path, "--scenario", "ppo", "--twin")  # what gpu_all.sh's TINY_TWIN=1 passes
     assert out.returncode == 0, out.stderr
     assert "no NVIDIA GPU on this machine" in out.stdout
     assert not (tmp_path / "work").exists()
