@@ -49,17 +49,17 @@ if [ "${PRECOMPILE:-1}" = 1 ]; then
   echo "$(date -u +%T) compiled $site in $(( $(date +%s) - t0 )) s" >> "$out/progress"
 fi
 # The GPU stack's shared libraries (torch, CUDA, cuDNN, NCCL and the other wheels beside torch; vLLM, flash-attn
-# and the rest of the kit's site) read once into the page cache before the 0.5B runs. On a fresh machine the
-# first run would read them from disk and the twin after it would not: on 2026-12-05 (launch 6, an H100) the
-# DAG's run, first, came to its first step 85 s after its bare twin, slower at every stage of the start,
-# vLLM's torch.compile in one process included (29.0 s against 20.5 s). The read's time is in progress.
-# PAGE_CACHE=0 skips it.
-if [ "${PAGE_CACHE:-1}" = 1 ] && wanted real-size; then
+# and the rest of the kit's site) read once into the page cache before a DAG run and its bare twin (the 0.5B
+# pair, or the tiny PPO pair of TINY_TWIN=1). On a fresh machine the first run would read them from disk and
+# the twin after it would not: on 2026-12-05 (launch 6, an H100) the DAG's run, first, came to its first step
+# 85 s after its bare twin, slower at every stage of the start, vLLM's torch.compile in one process included
+# (29.0 s against 20.5 s). The read's time is in progress. PAGE_CACHE=0 skips it.
+if [ "${PAGE_CACHE:-1}" = 1 ] && { wanted real-size || [ "${TINY_TWIN:-0}" = 1 ]; }; then
   t0=$(date +%s)
   libs=$("$py" -c "import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec('torch').origin)))" 2>/dev/null)
   kit=$("$py" -c "import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec('verl').origin)))" 2>/dev/null)
-  mb=$(for d in $libs $kit; do find "$d" -name '*.so*' -type f -print0; done 2>/dev/null | xargs -0 -r cat | wc -c)
-  echo "$(date -u +%T) read $(( mb / 1000000 )) MB of shared libraries in $(( $(date +%s) - t0 )) s" >> "$out/progress"
+  bytes=$(for d in $libs $kit; do find "$d" -name '*.so*' -type f -print0; done 2>/dev/null | xargs -0 -r cat | wc -c)
+  echo "$(date -u +%T) read $(( bytes / 1000000 )) MB of shared libraries in $(( $(date +%s) - t0 )) s" >> "$out/progress"
 fi
 # IMPORT_COST=1: how long a fresh process takes to import what verl's processes import, and to make its
 # first CUDA call, before any run (bench/import_cost.py; a minute or two): a verl start is a chain of such

@@ -132,3 +132,4 @@ def test_tiny_twin_gives_the_ppo_scenario_its_bare_verl_twin_and_no_other(tmp_pa
     runs = {c.split("--scenario ")[1].split()[0]: c for c in calls.read_text().splitlines() if "--scenario" in c}
     assert set(runs) == {"acceptance", "ppo"}
     assert runs["ppo"].endswith(" --twin") and "--twin" not in runs["acceptance"]
+    assert "MB of shared libraries" in (out / "progress").read_text()  # the pair starts on a warm page cache
