@@ -632,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="cap vLLM's share of the GPU (tiny-model scenarios), so several runs share one GPU")
     p.add_argument("--no-bare", action="store_true", help="real-size: skip the bare-verl twin")
-    p.add_argument("--twin", action="store_true", help="ppo: run its bare-verl twin after it (real-size runs one unless --no-bare)")
+    p.add_argument("--twin", action="store_true",
+                   help="ppo: run its bare-verl twin after it (real-size runs one unless --no-bare)")
     p.add_argument("--real-size-profile", default=REAL_SIZE_MODEL_PROFILE, choices=REAL_SIZE_PROFILES,
                    help="real-size: the 0.5B model profile (GRPO, or PPO with a critic)")
     p.add_argument("--shared-caches", type=Path, default=None, metavar="DIR",
