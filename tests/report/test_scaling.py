@@ -138,5 +138,6 @@ def test_an_idle_gpus_remedy_asks_for_what_the_job_lacks_and_every_way_when_its_
     assert "use_remove_padding=true" in remedy and "offload off" in remedy and "a smaller" in remedy
     assert "already has" not in remedy and "log_prob_max_token_len_per_gpu" not in remedy
     unknown = scaling.gpu_utilization_flag([_idle_gpu()])
-    assert unknown is not None and unknown.remedy == scaling.REMEDIES[FlagKind.GPU_UTILIZATION_LOW]
+    assert unknown is not None and unknown.remedy == scaling.gpu_work_remedy(None)
     assert "offload off" in unknown.remedy and "already has" not in unknown.remedy
+    assert "larger micro batches" in unknown.remedy and "use_remove_padding=true" in unknown.remedy

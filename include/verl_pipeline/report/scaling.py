@@ -90,7 +90,6 @@ REMEDIES = {
         "ib_hcas → NCCL_IB_HCA, NCCL_IB_DISABLE unset, NCCL_SOCKET_IFNAME), and run once with "
         "nccl_debug to see which transport NCCL chose"
     ),
-    # Built from GPU_WORK below, for a job whose settings are not known (every way in it).
     FlagKind.GRAD_NORM_ZERO: (
         "give the run a learning signal: an entropy bonus (actor_rollout_ref.actor.entropy_coeff, e.g. 0.001), a "
         "larger learning rate (actor_rollout_ref.actor.optim.lr), an easier reward or data the model solves some of "
@@ -264,9 +263,6 @@ def gpu_work_remedy(settings: Mapping[str, Any] | None) -> str:
     already = f" This job already has {', '.join(had)}." if had else ""
     return (f"give each GPU more work at a time: {'; '.join(ways)}.{already} Set them in a profile's verl: section, "
             "with --set or the verl_overrides param; render shows what the scaling rules chose")
-
-
-REMEDIES[FlagKind.GPU_UTILIZATION_LOW] = gpu_work_remedy(None)
 
 
 def under_used(gpu: GpuUsage) -> bool:
