@@ -131,10 +131,11 @@ def _remove_stale(checkpoint_dir: Path, settings: dict[str, Any], sub_id: str) -
     """Before the attempt, the checkpoints earlier attempts left that the run no longer keeps (no job of it runs)."""
     from verl_pipeline.jobs.checkpoints import checkpoints_kept, remove_stale
 
+    kept = checkpoints_kept(settings)
     for stale in remove_stale(checkpoint_dir, settings):
         log.info("Ray job %s: removed %s checkpoint %s: the run keeps its newest %d complete ones "
                  "(trainer.max_actor_ckpt_to_keep; 0 keeps every one)", sub_id,
-                 "complete" if stale.complete else "incomplete", stale.path, checkpoints_kept(settings))
+                 "complete" if stale.complete else "incomplete", stale.path, kept)
 
 
 def _resume_complete(job: RenderedJob, checkpoint_dir: Path, sub_id: str) -> tuple[RenderedJob, int, int, int]:
