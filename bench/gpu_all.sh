@@ -38,12 +38,14 @@ echo "$(date -u +%T) start" >> "$out/progress"
 # bench/gpu_poll.sh waits for this: the launch is over, however it ended.
 rm -f "$out/done"
 trap 'echo "$(date -u +%T)" > "$out/done"' EXIT
+# Where a package's site is, found without importing it: the kit's (verl's) and the image's (torch's).
+site_of() { "$py" -c "import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec('$1').origin)))" 2>/dev/null; }
+site=$(site_of verl)
 # The kit's site (../shared/gpu) ships without bytecode, so the first process to import vLLM, verl or
 # transformers on a fresh machine compiles them, and the first run's start pays for it where an image
 # built with pip (which compiles at install) does not. Compiled once here, before any run, every run
 # starts as it would on an image: a cold start is the caches', not the bytecode's. PRECOMPILE=0 skips it.
 if [ "${PRECOMPILE:-1}" = 1 ]; then
-  site=$("$py" -c "import os, verl; print(os.path.dirname(os.path.dirname(verl.__file__)))")
   t0=$(date +%s)
   "$py" -m compileall -q -j 0 "$site" > "$out/compileall.out" 2>&1  # files for other Pythons fail: ignored
   echo "$(date -u +%T) compiled $site in $(( $(date +%s) - t0 )) s" >> "$out/progress"
@@ -56,9 +58,8 @@ fi
 # (29.0 s against 20.5 s). The read's time is in progress. PAGE_CACHE=0 skips it.
 if [ "${PAGE_CACHE:-1}" = 1 ] && { wanted real-size || [ "${TINY_TWIN:-0}" = 1 ]; }; then
   t0=$(date +%s)
-  libs=$("$py" -c "import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec('torch').origin)))" 2>/dev/null)
-  kit=$("$py" -c "import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec('verl').origin)))" 2>/dev/null)
-  bytes=$(for d in $libs $kit; do find "$d" -name '*.so*' -type f -print0; done 2>/dev/null | xargs -0 -r cat | wc -c)
+  bytes=$(for d in $(site_of torch) $site; do find "$d" -name '*.so*' -type f -print0; done 2>/dev/null \
+    | xargs -0 -r cat | wc -c)
   echo "$(date -u +%T) read $(( bytes / 1000000 )) MB of shared libraries in $(( $(date +%s) - t0 )) s" >> "$out/progress"
 fi
 # IMPORT_COST=1: how long a fresh process takes to import what verl's processes import, and to make its
