@@ -234,17 +234,22 @@ def job_overrides(run_dir: Path) -> dict[str, str]:
     return dict(o.lstrip("+").split("=", 1) for o in job["overrides"])
 
 
-def training_rows(metrics: Path) -> list[dict[str, float]]:
-    """The training steps' rows of one verl metrics file (validation-only rows and cut lines skipped)."""
+def training_row(line: str) -> dict[str, float] | None:
+    """One line of a verl metrics file as a training step's row (its metrics and ``step``), or None: a
+    validation-only row, or a line cut short."""
     from verl_pipeline.jobs.progress import parse_jsonl_row
     from verl_pipeline.trainer import metrics as m
 
-    rows = []
-    for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
-        parsed = parse_jsonl_row(line)
-        if parsed is not None and not m.is_validation_only(parsed[1]):
-            rows.append({**parsed[1], "step": parsed[0]})
-    return rows
+    parsed = parse_jsonl_row(line)
+    if parsed is None or m.is_validation_only(parsed[1]):
+        return None
+    return {**parsed[1], "step": parsed[0]}
+
+
+def training_rows(metrics: Path) -> list[dict[str, float]]:
+    """The training steps' rows of one verl metrics file (validation-only rows and cut lines skipped)."""
+    lines = metrics.read_text(errors="replace").splitlines() if metrics.exists() else []
+    return [row for line in lines if (row := training_row(line)) is not None]
 
 
 def steady_step_s(rows: list[dict[str, float]]) -> float | None:

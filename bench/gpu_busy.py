@@ -37,6 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_acceptance as acceptance  # a metrics file's training rows
+
 #: The phases of one training step in the order verl 0.9.1 times them (``fit`` in
 #: ``trainer/ppo/ray_trainer.py``): a phase a run does not have (no critic, no reference) takes no time.
 STEP_PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
@@ -148,16 +151,11 @@ class RowWatch:
         self.seen: dict[str, int] = {}
 
     def poll(self, now: float) -> list[dict[str, Any]]:
-        from verl_pipeline.jobs.progress import parse_jsonl_row
-        from verl_pipeline.trainer import metrics as m
-
         new = []
         for name in sorted({f for p in self.patterns for f in glob.glob(p)}):
             whole = Path(name).read_text(errors="replace").split("\n")[:-1]  # not a line still being written
-            for line in whole[self.seen.get(name, 0):]:
-                parsed = parse_jsonl_row(line)
-                if parsed is not None and not m.is_validation_only(parsed[1]):
-                    new.append({"kind": "row", "file": name, "t": now, "row": {**parsed[1], "step": parsed[0]}})
+            rows = [row for line in whole[self.seen.get(name, 0):] if (row := acceptance.training_row(line))]
+            new += [{"kind": "row", "file": name, "t": now, "row": row} for row in rows]
             self.seen[name] = len(whole)
         return new
 
