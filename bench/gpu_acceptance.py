@@ -29,7 +29,9 @@ Scenarios (default: ``acceptance``):
     A 6-step run whose attempt 1 loses, after checkpoint 3, a training worker (SIGKILL, as the OOM
     killer does) or its node's raylet; the DAG retries, and attempt 2 must train steps 4 to 6 only.
     ``resume-ppo`` kills a worker of the PPO run: attempt 2 must also restore the critic, so its value
-    loss at step 4 goes on from step 3's rather than starting again from step 1's.
+    loss at step 4 goes on from step 3's rather than starting again from step 1's. With ``--twin``, bare
+    verl is then killed alike and started again by hand (``bare_verl_resumed``): the seconds from each
+    kill to the first resumed step, the pipeline's retry against that restart.
 
 On a machine without a GPU it says so and exits 0; with a GPU but without vLLM/verl it says what to
 install and exits 2. Each scenario prints its figures and writes them (JSON) to ``--out``.
@@ -404,8 +406,13 @@ def check_critic(result: Result, run_dir: Path, total: int) -> None:
     result.check(all(k in trends for k in CRITIC_METRICS) and all(k in timing for k in CRITIC_TIMINGS),
                  f"the report's critic section lacks some of {CRITIC_METRICS + CRITIC_TIMINGS}: {critic}")
     result.check((rd.report_dir / "critic.png").is_file(), "the report has no critic plot")
-    rows = [r for f in rd.metrics_files().values() for r in training_rows(f)]
-    result.figures["critic_per_step"] = {int(r["step"]): {k: r.get(k) for k in CRITIC_METRICS} for r in rows}
+    result.figures["critic_per_step"] = critic_per_step([r for f in rd.metrics_files().values()
+                                                         for r in training_rows(f)])
+
+
+def critic_per_step(rows: list[dict[str, float]]) -> dict[int, dict[str, float | None]]:
+    """The critic's figures of each step (a later row of a step wins: a resumed attempt's)."""
+    return {int(r["step"]): {k: r.get(k) for k in CRITIC_METRICS} for r in rows}
 
 
 def check_export_is_actor(result: Result, model_dir: Path) -> None:
@@ -473,39 +480,154 @@ def free_checkpoints(ckpt: Path) -> None:
         shutil.rmtree(step, ignore_errors=True)
 
 
-def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
-    """The DAG's job, overrides unchanged but for its own checkpoint directory and name, run as bare verl
-    on a Ray of its own: seconds from launch to its first training row, steady seconds per step."""
+#: What bare verl runs: its trainer's module, after the Python that runs this script.
+BARE_TRAINER = ("-m", "verl.trainer.main_ppo")
+#: How long bare verl gets to end by itself once a training worker of it is killed, before the twin ends it:
+#: a run that hangs on a dead worker is what the pipeline's hang watch is for, and bare verl has none.
+BARE_EXIT_WAIT_S = 300.0
+
+
+def bare_setup(workdir: Path, run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The DAG's job as bare verl: its overrides unchanged but for its own checkpoint directory and name,
+    and its environment with cold caches of its own (the DAG run filled its own: the twin starts as cold)."""
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    caches = cold_caches(workdir / "caches")  # the DAG run filled its own: the twin starts as cold
     job = json.loads((run_dir / "job.json").read_text())
-    metrics = workdir / "metrics.jsonl"
     mine = {"trainer.default_local_dir": str(workdir / "checkpoints"), "trainer.experiment_name": "bare-verl"}
     overrides = []
     for o in job["overrides"]:
         key = o.split("=", 1)[0]
         overrides.append(f"{key}={mine[key]}" if key in mine else o)
     env = {**os.environ, **{k: v for k, v in job["runtime_env"].get("env_vars", {}).items()},
-           "VERL_FILE_LOGGER_PATH": str(metrics), **caches}
-    log = workdir / "bare.log"
+           **cold_caches(workdir / "caches")}
+    return overrides, env
+
+
+@dataclass
+class BareStart:
+    """One start of bare verl: when it began (monotonic), its exit code and seconds, the seconds to its
+    first training row, its rows, and the kill when it was killed (see ``kill_in_bare``)."""
+
+    began: float
+    rc: int
+    seconds: float
+    first_step_s: float | None
+    rows: list[dict[str, float]]
+    kill: dict[str, Any] = field(default_factory=dict)
+
+
+def start_bare(workdir: Path, overrides: list[str], env: dict[str, str], *, name: str = "bare",
+               kill_after: int | None = None, kill_kind: str = "worker", exit_wait_s: float = BARE_EXIT_WAIT_S,
+               trainer: tuple[str, ...] = BARE_TRAINER) -> BareStart:
+    """Bare verl in ``workdir`` until it ends (log ``<name>.log``, metrics ``metrics<suffix>.jsonl``). With
+    ``kill_after``: once step ``kill_after`` is checkpointed and logged, what ``kill_kind`` names in it is
+    killed (``kill_target``'s kinds: a training worker, or the raylet of the Ray it started)."""
+    from verl_pipeline.rundir import tracker_step
+
+    suffix = name.removeprefix("bare")
+    metrics, log, ckpt = workdir / f"metrics{suffix}.jsonl", workdir / f"{name}.log", workdir / "checkpoints"
     t0 = time.monotonic()
     first: float | None = None
+    kill: dict[str, Any] = {}
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], env=env, cwd=workdir,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, *trainer, *overrides], cwd=workdir, stdout=out,
+                                env={**env, "VERL_FILE_LOGGER_PATH": str(metrics)}, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         while proc.poll() is None:
-            if first is None and training_rows(metrics):
+            rows = training_rows(metrics)
+            if first is None and rows:
                 first = time.monotonic() - t0
+            # Checkpointed and logged, in whichever order verl does them: the killed attempt's loss at that
+            # step is then on record, for the restart's to be compared with.
+            saved, logged = tracker_step(ckpt) or 0, max((r["step"] for r in rows), default=0)
+            if kill_after is not None and not kill and min(saved, logged) >= kill_after:
+                kill = {"killed_at_step": saved, **kill_in_bare(proc, kill_kind, exit_wait_s)}
             time.sleep(0.5)
     rows = training_rows(metrics)
     if first is None and rows:
         first = time.monotonic() - t0
+    return BareStart(began=t0, rc=proc.returncode, seconds=round(time.monotonic() - t0, 1),
+                     first_step_s=None if first is None else round(first, 1), rows=rows, kill=kill)
+
+
+def kill_in_bare(proc: subprocess.Popen[Any], kind: str, exit_wait_s: float) -> dict[str, Any]:
+    """SIGKILL what ``kind`` names among bare verl's processes (``proc`` and the Ray its ``ray.init`` started),
+    as the resume scenarios do in the DAG's cluster; give verl ``exit_wait_s`` to end by itself, then end
+    what is left of it."""
+    tree = [proc.pid, *_descendants(proc.pid)]
+    target = kill_target(kind, tree)
+    marks: dict[str, Any] = {"killed_mono": time.monotonic()}
+    if target is None:
+        marks["error"] = f"no {kind} process among the {len(tree)} processes of bare verl"
+    else:
+        marks["killed"] = [target[0], target[1][:80]]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target[0], signal.SIGKILL)
+        try:
+            proc.wait(timeout=exit_wait_s)
+            marks["exit_after_kill_s"] = round(time.monotonic() - marks["killed_mono"], 1)
+        except subprocess.TimeoutExpired:
+            marks["exit_after_kill_s"] = None  # verl did not end by itself: it is ended below
+    marks["left_running"] = end_tree(proc, tree)
+    return marks
+
+
+def end_tree(proc: subprocess.Popen[Any], known: list[int]) -> list[int]:
+    """SIGKILL ``proc``'s process group, its descendants and ``known`` (listed while it ran: a process whose
+    parent ended is no one's descendant), and wait until they are gone. Returns those still alive after 60 s."""
+    import psutil
+
+    pids = {proc.pid, *known, *_descendants(proc.pid)}
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            p.kill()
+            procs.append(p)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    proc.wait()
+    _, alive = psutil.wait_procs(procs, timeout=60)
+    return [p.pid for p in alive]
+
+
+def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
+    """The DAG's job as bare verl on a Ray of its own: seconds from launch to its first training row, steady
+    seconds per step."""
+    start = start_bare(workdir, *bare_setup(workdir, run_dir))
     free_checkpoints(workdir / "checkpoints")
-    return {"rc": proc.returncode, "log": str(log), "seconds": round(time.monotonic() - t0, 1),
-            "time_to_first_step_s": None if first is None else round(first, 1), "steps": len(rows),
-            "steady_step_s": steady_step_s(rows),
-            "throughput_per_gpu": statistics.median([r.get("perf/throughput", 0.0) for r in rows] or [0.0])}
+    return {"rc": start.rc, "log": str(workdir / "bare.log"), "seconds": start.seconds,
+            "time_to_first_step_s": start.first_step_s, "steps": len(start.rows),
+            "steady_step_s": steady_step_s(start.rows),
+            "throughput_per_gpu": statistics.median([r.get("perf/throughput", 0.0) for r in start.rows] or [0.0])}
+
+
+def bare_verl_resumed(workdir: Path, run_dir: Path, kill_after: int, *, kill_kind: str = "worker",
+                      exit_wait_s: float = BARE_EXIT_WAIT_S, trainer: tuple[str, ...] = BARE_TRAINER) -> dict[str, Any]:
+    """A resume scenario's twin: the DAG's job as bare verl, what ``kill_kind`` names killed once step
+    ``kill_after`` is checkpointed, then started again at once with the same overrides, as a person would
+    by hand (verl's ``resume_mode=auto`` finds the checkpoint). Its figures: how long verl took to end
+    after the kill, the restart's time to its first step, the seconds from the kill to the first resumed
+    step, and each start's steps and critic figures."""
+    from verl_pipeline.rundir import tracker_step
+
+    overrides, env = bare_setup(workdir, run_dir)
+    first = start_bare(workdir, overrides, env, kill_after=kill_after, kill_kind=kill_kind, exit_wait_s=exit_wait_s,
+                       trainer=trainer)
+    resumed_from = tracker_step(workdir / "checkpoints") or 0  # verl may have saved another step before it ended
+    restart = start_bare(workdir, overrides, env, name="bare-restart", trainer=trainer)
+    kill = {k: v for k, v in first.kill.items() if k != "killed_mono"}
+    recovery = None
+    if "killed" in first.kill and restart.first_step_s is not None:
+        recovery = round(restart.began + restart.first_step_s - first.kill["killed_mono"], 1)
+    free_checkpoints(workdir / "checkpoints")
+    return {"rc": first.rc, "restart_rc": restart.rc, "log": str(workdir / "bare.log"),
+            "time_to_first_step_s": first.first_step_s, "steps": [int(r["step"]) for r in first.rows],
+            "kill": kill, "resumed_from": resumed_from, "restart_time_to_first_step_s": restart.first_step_s,
+            "restart_steps": [int(r["step"]) for r in restart.rows], "kill_to_resumed_step_s": recovery,
+            "critic_per_step": critic_per_step(first.rows + restart.rows)}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -566,25 +688,27 @@ def _kill_after_checkpoint(kind: str, marks: dict[str, Any]) -> Callable[[DagRun
     return during
 
 
-def check_critic_restored(result: Result, run_dir: Path, resumed_from: int) -> None:
+def check_critic_restored(result: Result, per_step: dict[int, dict[str, float | None]], resumed_from: int, *,
+                          who: str = "") -> None:
     """The resumed attempt's critic went on from the checkpoint: its value loss at the first resumed step
     lies nearer the last step before it than the run's first step (a critic started again from its
-    initial weights gives the first step's loss back). The values' mean is kept beside it as a figure."""
-    per_step = result.figures.get("critic_per_step") or {}
+    initial weights gives the first step's loss back). The values' mean is kept beside it as a figure
+    (``critic_restored``, or ``<who>_critic_restored``); ``who`` also names the run in a failure."""
     figures: dict[str, Any] = {}
     for name in ("critic/vf_loss", "critic/values/mean"):
         at = {s: (row or {}).get(name) for s, row in per_step.items()}
         figures[name] = {f"step_{s}": at.get(s) for s in (1, resumed_from, resumed_from + 1)}
-    result.figures["critic_restored"] = figures
+    result.figures[f"{who}_critic_restored" if who else "critic_restored"] = figures
     loss = {s: (row or {}).get("critic/vf_loss") for s, row in per_step.items()}
     first, before, after = loss.get(1), loss.get(resumed_from), loss.get(resumed_from + 1)
-    if not result.check(None not in (first, before, after), f"critic/vf_loss missing at steps 1, {resumed_from}, "
-                                                             f"{resumed_from + 1}: {loss}"):
+    run = f"{who}: " if who else ""
+    if not result.check(None not in (first, before, after), f"{run}critic/vf_loss missing at steps 1, "
+                                                             f"{resumed_from}, {resumed_from + 1}: {loss}"):
         return
     assert first is not None and before is not None and after is not None
-    result.check(abs(before - first) > 0, "the critic's loss did not move before the kill: nothing to tell apart")
+    result.check(abs(before - first) > 0, f"{run}the critic's loss did not move before the kill: nothing to tell apart")
     result.check(abs(after - before) < abs(after - first),
-                 f"the resumed critic's loss ({after:.4g}) is nearer step 1's ({first:.4g}) than step "
+                 f"{run}the resumed critic's loss ({after:.4g}) is nearer step 1's ({first:.4g}) than step "
                  f"{resumed_from}'s ({before:.4g}): it started again instead of restoring its checkpoint")
 
 
@@ -622,10 +746,40 @@ def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
                  f"the last attempt trained steps {steps}, want {last.resume_from_step + 1}..{RESUME_TOTAL}")
     if kind == "ppo":
         check_critic(result, run_dir, RESUME_TOTAL)
-        check_critic_restored(result, run_dir, last.resume_from_step)
+        check_critic_restored(result, result.figures["critic_per_step"], last.resume_from_step)
         check_export_is_actor(result, rd.model_dir)
         check_export(result, rd.model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
+    if args.twin:
+        add_resume_twin(result, args.workdir / "bare", run_dir, ppo=kind == "ppo",
+                        kill_kind="raylet" if kind == "raylet" else "worker")
     return result
+
+
+def add_resume_twin(result: Result, workdir: Path, run_dir: Path, *, ppo: bool, **bare: Any) -> None:
+    """The checked resume run's bare-verl twin (``bare_verl_resumed``; ``bare`` goes to it): the restart
+    trains the steps after the kill only (and with a critic, restores it), and what recovery cost each: the
+    seconds from the kill to the first resumed step, the DAG's (its retry: detection, retry delay,
+    provision, probe, submission, start) against a restart by hand at once."""
+    twin = bare_verl_resumed(workdir, run_dir, RESUME_KILL_AFTER, **bare)
+    result.figures["bare"] = twin
+    kill = twin["kill"]
+    if not result.check("error" not in kill and "killed_at_step" in kill,
+                        f"bare verl: nothing killed ({kill.get('error', 'no checkpoint to kill after')})"):
+        return
+    result.check(not kill["left_running"], f"bare verl: processes {kill['left_running']} outlived their kill")
+    at = twin["resumed_from"]
+    result.check(at >= kill["killed_at_step"] and twin["restart_rc"] == 0
+                 and twin["restart_steps"] == list(range(at + 1, RESUME_TOTAL + 1)),
+                 f"bare verl's restart from checkpoint {at} (killed after {kill['killed_at_step']}) exited "
+                 f"{twin['restart_rc']} having trained steps {twin['restart_steps']}, want {at + 1}..{RESUME_TOTAL} "
+                 f"(log: {workdir / 'bare-restart.log'})")
+    if ppo:
+        check_critic_restored(result, twin["critic_per_step"], at, who="bare")
+    first = (result.figures.get("time_to_first_step_s") or [None])[-1]
+    if twin["kill_to_resumed_step_s"] is not None and result.figures.get("kill_to_resubmit_s") is not None and first:
+        dag = round(result.figures["kill_to_resubmit_s"] + first, 1)
+        result.figures["kill_to_resumed_step_s"] = dag
+        result.figures["recovery_delta_s"] = round(dag - twin["kill_to_resumed_step_s"], 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -638,7 +792,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="cap vLLM's share of the GPU (tiny-model scenarios), so several runs share one GPU")
     p.add_argument("--no-bare", action="store_true", help="real-size: skip the bare-verl twin")
     p.add_argument("--twin", action="store_true",
-                   help="ppo: run its bare-verl twin after it (real-size runs one unless --no-bare)")
+                   help="ppo and resume-*: run its bare-verl twin after it (a resume twin is killed after the same "
+                        "checkpoint and started again by hand); real-size runs one unless --no-bare")
     p.add_argument("--real-size-profile", default=REAL_SIZE_MODEL_PROFILE, choices=REAL_SIZE_PROFILES,
                    help="real-size: the 0.5B model profile (GRPO, or PPO with a critic)")
     p.add_argument("--shared-caches", type=Path, default=None, metavar="DIR",

@@ -27,8 +27,9 @@ tiny() {  # scenario name, vLLM's share of the GPU
   wanted "$1" || return 0
   # TINY_OVERRIDES="k=v k2=v2": verl overrides for the tiny-model scenarios (an A/B against a launch without).
   local o over=(); for o in ${TINY_OVERRIDES:-}; do over+=(--verl-override "$o"); done
-  # TINY_TWIN=1: the ppo scenario's bare-verl twin after it (with ONLY=ppo: the pair alone on the GPU).
-  [ "$1" = ppo ] && [ "${TINY_TWIN:-0}" = 1 ] && over+=(--twin)
+  # TINY_TWIN=1: the ppo and resume scenarios' bare-verl twins, each after its DAG run (a resume twin is killed
+  # after the same checkpoint and started again by hand). ONLY=ppo or ONLY=resume-ppo: the pair alone on the GPU.
+  case $1 in ppo | resume-*) [ "${TINY_TWIN:-0}" = 1 ] && over+=(--twin) ;; esac
   "$py" "$here/gpu_acceptance.py" --scenario "$1" --workdir "$work/$1" --out "$out/$1.json" \
     --gpu-memory-utilization "$2" $(caches "$1") "${over[@]}" > "$out/$1.out" 2>&1
   local rc=$?  # before $(date …), whose own status $? would report
@@ -52,7 +53,7 @@ if [ "${PRECOMPILE:-1}" = 1 ]; then
 fi
 # The GPU stack's shared libraries (torch, CUDA, cuDNN, NCCL and the other wheels beside torch; vLLM, flash-attn
 # and the rest of the kit's site) read once into the page cache before a DAG run and its bare twin (the 0.5B
-# pair, or the tiny PPO pair of TINY_TWIN=1). On a fresh machine the first run would read them from disk and
+# pair, or the tiny pairs of TINY_TWIN=1). On a fresh machine the first run would read them from disk and
 # the twin after it would not: on 2026-12-05 (launch 6, an H100) the DAG's run, first, came to its first step
 # 85 s after its bare twin, slower at every stage of the start, vLLM's torch.compile in one process included
 # (29.0 s against 20.5 s). The read's time is in progress. PAGE_CACHE=0 skips it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -131,7 +132,7 @@ def _restored(losses: dict[int, float]) -> Any:
     g = _bench()
     result = g.Result("resume-ppo", figures={"critic_per_step": {s: {"critic/vf_loss": v}
                                                                  for s, v in losses.items()}})
-    g.check_critic_restored(result, Path("unused"), 3)
+    g.check_critic_restored(result, result.figures["critic_per_step"], 3)
     return result
 
 
@@ -143,6 +144,11 @@ def test_a_resumed_critic_is_told_from_one_started_again_by_its_loss() -> None:
     # A loss that never moved cannot tell the two apart: that is a failure too, not a pass.
     assert not _restored({1: 0.01, 2: 0.01, 3: 0.01, 4: 0.01}).ok
     assert not _restored({1: 0.1, 4: 0.2}).ok  # step 3 missing
+    # The bare twin's restart is judged alike, and named in the failure.
+    twin = _bench().Result("resume-ppo")
+    _bench().check_critic_restored(twin, {1: {"critic/vf_loss": 0.0204}, 3: {"critic/vf_loss": 0.0096},
+                                          4: {"critic/vf_loss": 0.0199}}, 3, who="bare")
+    assert twin.failures[0].startswith("bare: the resumed critic's loss") and "bare_critic_restored" in twin.figures
 
 
 def test_the_configs_it_writes_with_shared_caches_make_a_run_spec(tmp_path: Path,
@@ -207,3 +213,59 @@ def test_the_kill_skips_a_process_that_ended_since_the_listing_and_finds_the_tra
     finally:
         worker.kill()
         worker.wait()
+
+
+def _resume_job(tmp_path: Path, *extra: str) -> Path:
+    """A DAG run's job.json as the resume-ppo scenario leaves it: 6 steps, GAE, checkpoints of its own."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    overrides = [f"trainer.default_local_dir={tmp_path / 'dag-checkpoints'}", "trainer.experiment_name=dag",
+                 "trainer.total_training_steps=6", "algorithm.adv_estimator=gae", "+fake.step_seconds=1", *extra]
+    job = {"overrides": overrides, "runtime_env": {"env_vars": {"PYTHONPATH": str(REPO)}}}
+    (run_dir / "job.json").write_text(json.dumps(job))
+    return run_dir
+
+
+#: The bare-verl stand-in (tests/fakes/bare_verl_trainer.py), run as the twin runs verl's trainer module.
+BARE_STAND_IN = ("-m", "tests.fakes.bare_verl_trainer")
+
+
+def test_a_resume_twin_kills_bare_verls_worker_after_the_checkpoint_and_its_restart_goes_on_from_it(
+        tmp_path: Path) -> None:
+    g = _bench()
+    # The DAG's figures of the scenario: 30 s from its kill to the resubmission, then 45 s to the retry's first step.
+    result = g.Result("resume-ppo", figures={"kill_to_resubmit_s": 30.0, "time_to_first_step_s": [60.0, 45.0]})
+    g.add_resume_twin(result, tmp_path / "bare", _resume_job(tmp_path), ppo=True, trainer=BARE_STAND_IN)
+    twin = result.figures["bare"]
+    assert result.ok, (result.failures, twin)
+    kill = twin["kill"]
+    # Killed once step 3 was checkpointed and logged (a busy machine's poll may come a step late); the driver
+    # fails at its next call to the worker, having saved the step it was in.
+    assert kill["killed_at_step"] >= 3 and "WorkerDict" in kill["killed"][1] and kill["left_running"] == []
+    assert twin["rc"] != 0 and kill["exit_after_kill_s"] is not None  # verl ended by itself, failing
+    assert twin["resumed_from"] in (kill["killed_at_step"], kill["killed_at_step"] + 1) and twin["resumed_from"] < 6
+    assert twin["steps"] == list(range(1, twin["resumed_from"] + 1))
+    assert twin["restart_rc"] == 0 and twin["restart_steps"] == list(range(twin["resumed_from"] + 1, 7))
+    assert "ActorDiedError" in (tmp_path / "bare" / "bare.log").read_text()
+    assert "Resuming from" in (tmp_path / "bare" / "bare-restart.log").read_text()
+    assert 0 < twin["kill_to_resumed_step_s"] < 60
+    assert result.figures["kill_to_resumed_step_s"] == 75.0
+    assert result.figures["recovery_delta_s"] == round(75.0 - twin["kill_to_resumed_step_s"], 1)
+    restored = result.figures["bare_critic_restored"]["critic/vf_loss"]
+    assert restored["step_1"] == pytest.approx(0.07)
+    assert restored[f"step_{twin['resumed_from'] + 1}"] == pytest.approx(0.1 * 0.7 ** (twin["resumed_from"] + 1))
+    assert not any((tmp_path / "bare" / "checkpoints").glob("global_step_*"))  # freed once timed
+
+
+def test_a_resume_twin_ends_a_bare_verl_that_hangs_on_its_dead_worker_and_restarts_it(tmp_path: Path) -> None:
+    g = _bench()
+    result = g.Result("resume-ppo")
+    # bare verl has no hang watch: the twin gives it exit_wait_s to end by itself, then ends it and restarts.
+    g.add_resume_twin(result, tmp_path / "bare", _resume_job(tmp_path, "+fake.hang_on_dead_worker=true"), ppo=True,
+                      trainer=BARE_STAND_IN, exit_wait_s=2.0)
+    twin = result.figures["bare"]
+    assert twin["kill"]["exit_after_kill_s"] is None and twin["kill"]["left_running"] == []
+    assert twin["restart_rc"] == 0 and twin["restart_steps"][-1] == 6 and result.ok, result.failures
+    # No DAG figures to compare with: none made up.
+    assert "recovery_delta_s" not in result.figures
+

@@ -123,13 +123,14 @@ def test_the_gpu_stacks_shared_libraries_are_read_once_before_the_0_5b_runs(tmp_
     assert "shared libraries" not in (out / "progress").read_text()
 
 
-def test_tiny_twin_gives_the_ppo_scenario_its_bare_verl_twin_and_no_other(tmp_path: Path) -> None:
+def test_tiny_twin_gives_the_ppo_and_resume_scenarios_their_bare_verl_twins_and_no_other(tmp_path: Path) -> None:
     out, work, calls, python = tmp_path / "out", tmp_path / "work", tmp_path / "calls", tmp_path / "python"
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     python.chmod(0o755)
-    env = {"ONLY": "acceptance ppo", "PRECOMPILE": "0", "PYTHON": str(python), "TINY_TWIN": "1"}
+    env = {"ONLY": "acceptance ppo resume-ppo", "PRECOMPILE": "0", "PYTHON": str(python), "TINY_TWIN": "1"}
     assert _sh("gpu_all.sh", str(out), str(work), env=env).returncode == 0
     runs = {c.split("--scenario ")[1].split()[0]: c for c in calls.read_text().splitlines() if "--scenario" in c}
-    assert set(runs) == {"acceptance", "ppo"}
-    assert runs["ppo"].endswith(" --twin") and "--twin" not in runs["acceptance"]
+    assert set(runs) == {"acceptance", "ppo", "resume-ppo"}
+    assert runs["ppo"].endswith(" --twin") and runs["resume-ppo"].endswith(" --twin")
+    assert "--twin" not in runs["acceptance"]
     assert "MB of shared libraries" in (out / "progress").read_text()  # the pair starts on a warm page cache
