@@ -93,6 +93,11 @@ class Result:
             self.failures.append(what)
         return condition
 
+    def line(self, **extra: Any) -> str:
+        """The result as one JSON line (what the script prints per scenario)."""
+        return json.dumps({"scenario": self.scenario, "ok": self.ok, "failures": self.failures,
+                           "figures": self.figures, **extra}, default=str)
+
 
 # -- the machine ----------------------------------------------------------------------------------
 
@@ -464,6 +469,7 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
 def add_twin(result: Result, workdir: Path, run_dir: Path) -> None:
     """The checked DAG run's bare-verl twin, run after it (cold caches of its own too, see bare_verl): its
     figures, the steady s/step ratio (DAG / bare) and the gap between their times to the first step."""
+    print(result.line(before="its bare-verl twin"), flush=True)  # on record should the twin not end
     bare = bare_verl(workdir / "bare", run_dir)
     result.figures["bare"] = bare
     dag_first = result.figures["time_to_first_step_s"][0] if result.figures.get("time_to_first_step_s") else None
@@ -471,7 +477,8 @@ def add_twin(result: Result, workdir: Path, run_dir: Path) -> None:
         result.figures["steady_step_ratio"] = round(result.figures["steady_step_s"] / bare["steady_step_s"], 4)
     if bare.get("time_to_first_step_s") and dag_first:
         result.figures["first_step_delta_s"] = round(dag_first - bare["time_to_first_step_s"], 1)
-    result.check(bare["rc"] == 0, f"bare verl exited {bare['rc']} (log: {bare['log']})")
+    result.check(bare["rc"] == 0, f"bare verl exited {bare['rc']}{' at its deadline' if bare['timed_out'] else ''} "
+                                  f"(log: {bare['log']})")
 
 
 def free_checkpoints(ckpt: Path) -> None:
@@ -485,6 +492,9 @@ BARE_TRAINER = ("-m", "verl.trainer.main_ppo")
 #: How long bare verl gets to end by itself once a training worker of it is killed, before the twin ends it:
 #: a run that hangs on a dead worker is what the pipeline's hang watch is for, and bare verl has none.
 BARE_EXIT_WAIT_S = 300.0
+#: How long one start of bare verl may run before the twin ends it: more than twice the longest seen (the
+#: 0.5B PPO twin, 382 s with 3 steps), and a bound on what a hung twin takes of a 30-minute device session.
+BARE_DEADLINE_S = 900.0
 
 
 def bare_setup(workdir: Path, run_dir: Path) -> tuple[list[str], dict[str, str]]:
@@ -506,7 +516,8 @@ def bare_setup(workdir: Path, run_dir: Path) -> tuple[list[str], dict[str, str]]
 @dataclass
 class BareStart:
     """One start of bare verl: when it began (monotonic), its exit code and seconds, the seconds to its
-    first training row, its rows, and the kill when it was killed (see ``kill_in_bare``)."""
+    first training row, its rows, the kill when it was killed (see ``kill_in_bare``), and whether it was
+    ended at its deadline."""
 
     began: float
     rc: int
@@ -514,14 +525,16 @@ class BareStart:
     first_step_s: float | None
     rows: list[dict[str, float]]
     kill: dict[str, Any] = field(default_factory=dict)
+    timed_out: bool = False
 
 
 def start_bare(workdir: Path, overrides: list[str], env: dict[str, str], *, name: str = "bare",
                kill_after: int | None = None, kill_kind: str = "worker", exit_wait_s: float = BARE_EXIT_WAIT_S,
-               trainer: tuple[str, ...] = BARE_TRAINER) -> BareStart:
-    """Bare verl in ``workdir`` until it ends (log ``<name>.log``, metrics ``metrics<suffix>.jsonl``). With
-    ``kill_after``: once step ``kill_after`` is checkpointed and logged, what ``kill_kind`` names in it is
-    killed (``kill_target``'s kinds: a training worker, or the raylet of the Ray it started)."""
+               deadline_s: float = BARE_DEADLINE_S, trainer: tuple[str, ...] = BARE_TRAINER) -> BareStart:
+    """Bare verl in ``workdir`` until it ends, or until ``deadline_s`` when it has not (log ``<name>.log``,
+    metrics ``metrics<suffix>.jsonl``). With ``kill_after``: once step ``kill_after`` is checkpointed and
+    logged, what ``kill_kind`` names in it is killed (``kill_target``'s kinds: a training worker, or the
+    raylet of the Ray it started)."""
     from verl_pipeline.rundir import tracker_step
 
     suffix = name.removeprefix("bare")
@@ -529,6 +542,7 @@ def start_bare(workdir: Path, overrides: list[str], env: dict[str, str], *, name
     t0 = time.monotonic()
     first: float | None = None
     kill: dict[str, Any] = {}
+    timed_out = False
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, *trainer, *overrides], cwd=workdir, stdout=out,
                                 env={**env, "VERL_FILE_LOGGER_PATH": str(metrics)}, stderr=subprocess.STDOUT,
@@ -542,12 +556,16 @@ def start_bare(workdir: Path, overrides: list[str], env: dict[str, str], *, name
             saved, logged = tracker_step(ckpt) or 0, max((r["step"] for r in rows), default=0)
             if kill_after is not None and not kill and min(saved, logged) >= kill_after:
                 kill = {"killed_at_step": saved, **kill_in_bare(proc, kill_kind, exit_wait_s)}
+            elif time.monotonic() - t0 > deadline_s:
+                timed_out = True
+                end_tree(proc, [proc.pid, *_descendants(proc.pid)])
             time.sleep(0.5)
     rows = training_rows(metrics)
     if first is None and rows:
         first = time.monotonic() - t0
     return BareStart(began=t0, rc=proc.returncode, seconds=round(time.monotonic() - t0, 1),
-                     first_step_s=None if first is None else round(first, 1), rows=rows, kill=kill)
+                     first_step_s=None if first is None else round(first, 1), rows=rows, kill=kill,
+                     timed_out=timed_out)
 
 
 def kill_in_bare(proc: subprocess.Popen[Any], kind: str, exit_wait_s: float) -> dict[str, Any]:
@@ -598,14 +616,15 @@ def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
     seconds per step."""
     start = start_bare(workdir, *bare_setup(workdir, run_dir))
     free_checkpoints(workdir / "checkpoints")
-    return {"rc": start.rc, "log": str(workdir / "bare.log"), "seconds": start.seconds,
+    return {"rc": start.rc, "timed_out": start.timed_out, "log": str(workdir / "bare.log"), "seconds": start.seconds,
             "time_to_first_step_s": start.first_step_s, "steps": len(start.rows),
             "steady_step_s": steady_step_s(start.rows),
             "throughput_per_gpu": statistics.median([r.get("perf/throughput", 0.0) for r in start.rows] or [0.0])}
 
 
 def bare_verl_resumed(workdir: Path, run_dir: Path, kill_after: int, *, kill_kind: str = "worker",
-                      exit_wait_s: float = BARE_EXIT_WAIT_S, trainer: tuple[str, ...] = BARE_TRAINER) -> dict[str, Any]:
+                      exit_wait_s: float = BARE_EXIT_WAIT_S, deadline_s: float = BARE_DEADLINE_S,
+                      trainer: tuple[str, ...] = BARE_TRAINER) -> dict[str, Any]:
     """A resume scenario's twin: the DAG's job as bare verl, what ``kill_kind`` names killed once step
     ``kill_after`` is checkpointed, then started again at once with the same overrides, as a person would
     by hand (verl's ``resume_mode=auto`` finds the checkpoint). Its figures: how long verl took to end
@@ -615,15 +634,16 @@ def bare_verl_resumed(workdir: Path, run_dir: Path, kill_after: int, *, kill_kin
 
     overrides, env = bare_setup(workdir, run_dir)
     first = start_bare(workdir, overrides, env, kill_after=kill_after, kill_kind=kill_kind, exit_wait_s=exit_wait_s,
-                       trainer=trainer)
+                       deadline_s=deadline_s, trainer=trainer)
     resumed_from = tracker_step(workdir / "checkpoints") or 0  # verl may have saved another step before it ended
-    restart = start_bare(workdir, overrides, env, name="bare-restart", trainer=trainer)
+    restart = start_bare(workdir, overrides, env, name="bare-restart", deadline_s=deadline_s, trainer=trainer)
     kill = {k: v for k, v in first.kill.items() if k != "killed_mono"}
     recovery = None
     if "killed" in first.kill and restart.first_step_s is not None:
         recovery = round(restart.began + restart.first_step_s - first.kill["killed_mono"], 1)
     free_checkpoints(workdir / "checkpoints")
-    return {"rc": first.rc, "restart_rc": restart.rc, "log": str(workdir / "bare.log"),
+    return {"rc": first.rc, "restart_rc": restart.rc, "timed_out": [first.timed_out, restart.timed_out],
+            "log": str(workdir / "bare.log"),
             "time_to_first_step_s": first.first_step_s, "steps": [int(r["step"]) for r in first.rows],
             "kill": kill, "resumed_from": resumed_from, "restart_time_to_first_step_s": restart.first_step_s,
             "restart_steps": [int(r["step"]) for r in restart.rows], "kill_to_resumed_step_s": recovery,
@@ -760,19 +780,21 @@ def add_resume_twin(result: Result, workdir: Path, run_dir: Path, *, ppo: bool, 
     trains the steps after the kill only (and with a critic, restores it), and what recovery cost each: the
     seconds from the kill to the first resumed step, the DAG's (its retry: detection, retry delay,
     provision, probe, submission, start) against a restart by hand at once."""
+    print(result.line(before="its bare-verl twin"), flush=True)  # on record should the twin not end
     twin = bare_verl_resumed(workdir, run_dir, RESUME_KILL_AFTER, **bare)
     result.figures["bare"] = twin
     kill = twin["kill"]
     if not result.check("error" not in kill and "killed_at_step" in kill,
-                        f"bare verl: nothing killed ({kill.get('error', 'no checkpoint to kill after')})"):
+                        f"bare verl: nothing killed ({kill.get('error', 'no checkpoint to kill after')}"
+                        f"{', ended at its deadline' if twin['timed_out'][0] else ''})"):
         return
     result.check(not kill["left_running"], f"bare verl: processes {kill['left_running']} outlived their kill")
     at = twin["resumed_from"]
     result.check(at >= kill["killed_at_step"] and twin["restart_rc"] == 0
                  and twin["restart_steps"] == list(range(at + 1, RESUME_TOTAL + 1)),
                  f"bare verl's restart from checkpoint {at} (killed after {kill['killed_at_step']}) exited "
-                 f"{twin['restart_rc']} having trained steps {twin['restart_steps']}, want {at + 1}..{RESUME_TOTAL} "
-                 f"(log: {workdir / 'bare-restart.log'})")
+                 f"{twin['restart_rc']}{' at its deadline' if twin['timed_out'][1] else ''} having trained steps "
+                 f"{twin['restart_steps']}, want {at + 1}..{RESUME_TOTAL} (log: {workdir / 'bare-restart.log'})")
     if ppo:
         check_critic_restored(result, twin["critic_per_step"], at, who="bare")
     first = (result.figures.get("time_to_first_step_s") or [None])[-1]
@@ -830,8 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         if (args.scenario or []).count(name) > 1:  # a scenario named again (a repeated run): tell them apart
             r.scenario = f"{name}#{(args.scenario or [])[:i + 1].count(name)}"
         results.append(r)
-        print(json.dumps({"scenario": r.scenario, "ok": r.ok, "failures": r.failures, "figures": r.figures},
-                         default=str), flush=True)
+        print(r.line(), flush=True)
     if args.out:
         args.out.write_text(json.dumps([r.__dict__ for r in results], indent=2, default=str))
     return 0 if all(r.ok for r in results) else 1

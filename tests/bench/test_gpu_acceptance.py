@@ -269,3 +269,14 @@ def test_a_resume_twin_ends_a_bare_verl_that_hangs_on_its_dead_worker_and_restar
     # No DAG figures to compare with: none made up.
     assert "recovery_delta_s" not in result.figures
 
+
+def test_a_bare_start_that_outlives_its_deadline_is_ended_with_its_workers(tmp_path: Path) -> None:
+    """A hung twin must not take the rest of a device session: it is ended at its deadline, and said so."""
+    import psutil
+
+    g = _bench()
+    overrides, env = g.bare_setup(tmp_path / "bare", _resume_job(tmp_path, "+fake.step_seconds=600"))
+    start = g.start_bare(tmp_path / "bare", overrides, env, deadline_s=3.0, trainer=BARE_STAND_IN)
+    assert start.timed_out and start.rc != 0 and start.rows == [] and start.seconds < 60
+    assert not psutil.pid_exists(int((tmp_path / "bare" / "worker.pid").read_text()))  # its worker ended too
+

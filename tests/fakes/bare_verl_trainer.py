@@ -47,6 +47,7 @@ def main(argv: list[str]) -> int:
     trained = critic_steps(ckpt / f"global_step_{done}") if done else 0
     print(f"Resuming from {ckpt / f'global_step_{done}'}" if done else "Training from scratch", flush=True)
     worker = subprocess.Popen(WORKER)
+    Path("worker.pid").write_text(str(worker.pid))  # in the working directory: for a test to look it up
     try:
         for step in range(done + 1, total + 1):
             if worker.poll() is not None:
