@@ -220,7 +220,7 @@ def _resume_job(tmp_path: Path, *extra: str) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     overrides = [f"trainer.default_local_dir={tmp_path / 'dag-checkpoints'}", "trainer.experiment_name=dag",
-                 "trainer.total_training_steps=6", "algorithm.adv_estimator=gae", "+fake.step_seconds=1", *extra]
+                 "trainer.total_training_steps=6", "algorithm.adv_estimator=gae", "+fake.step_seconds=2", *extra]
     job = {"overrides": overrides, "runtime_env": {"env_vars": {"PYTHONPATH": str(REPO)}}}
     (run_dir / "job.json").write_text(json.dumps(job))
     return run_dir
