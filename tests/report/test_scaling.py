@@ -108,7 +108,7 @@ def _idle_gpu() -> GpuUsage:
                     memory_total_mib=81559.0)
 
 
-#: The 0.5B PPO job's settings on the fast path (its job.json, 2026-12-05), as parse_overrides reads them.
+#: The 0.5B PPO job's settings on the fast path, as its job.json holds them (2026-12-05).
 FAST_PATH = {"actor_rollout_ref.actor.use_dynamic_bsz": True, "actor_rollout_ref.model.use_remove_padding": True,
              "critic.model.use_remove_padding": True, "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
              "actor_rollout_ref.actor.fsdp_config.param_offload": False}

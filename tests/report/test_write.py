@@ -263,11 +263,14 @@ def test_a_resume_rendered_without_validation_shows_it_skipped_and_times_the_fir
     assert "<td>skipped</td>" in files.html.read_text()
 
 
-def test_an_idle_gpus_remedy_is_read_against_the_jobs_own_overrides(tmp_path: Path) -> None:
+def test_an_idle_gpus_remedy_is_read_against_the_jobs_own_settings(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, "fast")
+    # job.json as RenderedJob.to_dict writes it: the overrides and the settings they were rendered from.
     (run_dir / "job.json").write_text(json.dumps({"mode": "train", "overrides": [
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=15360"]}))
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=15360"], "settings": {
+        "actor_rollout_ref.actor.use_dynamic_bsz": True, "actor_rollout_ref.model.use_remove_padding": True,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 15360}}))
     _trained_between(run_dir, 1100.0, 1400.0)
     append_samples(RunDir(run_dir).gpu_usage_file,
                    node_samples("aaaa1111", "10.0.0.1", range(1010, 1500, 10), lambda t: 16.0, n_gpus=1))

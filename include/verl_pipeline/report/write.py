@@ -123,21 +123,6 @@ def _actors(metrics_path: Path) -> tuple[ActorStart, ...] | None:
     return None if starts is None else tuple(starts)
 
 
-def job_settings(job: dict[str, Any]) -> dict[str, Any] | None:
-    """The verl settings the job ran with (its ``job.json``'s overrides), or None when it has none
-    or they cannot be read (a report is still written: its remedies then name every way)."""
-    from verl_pipeline.exceptions import ConfigError
-    from verl_pipeline.trainer.overrides import parse_overrides
-
-    if not job.get("overrides"):
-        return None
-    try:
-        return parse_overrides(job["overrides"], field="job.json overrides")
-    except ConfigError as e:
-        log.warning("Report: the job's overrides could not be read (%s); its remedies name every way", e)
-        return None
-
-
 def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[str, Any] | None = None,
                  plots: bool = True) -> ReportFiles:
     """(Re)build the report of the run in ``run_dir``; ``spec``: the run's spec (else its run_spec.json)."""
@@ -167,7 +152,7 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
                           ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
                           earlier=earlier, gpu_series=gpu_series, restarts=_restarts(run_dir, spec),
-                          settings=job_settings(job))
+                          settings=job.get("settings") or None)
     out = report_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plots:
