@@ -439,7 +439,6 @@ def ppo(args: argparse.Namespace, configs: Path) -> Result:
         check_export_is_actor(result, model_dir)
         check_export(result, model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
         if args.twin:
-            free_checkpoints(Path(job_overrides(run_dir)["trainer.default_local_dir"]))
             add_twin(result, args.workdir, run_dir)
     return result
 
@@ -458,18 +457,21 @@ def real_size(args: argparse.Namespace, configs: Path) -> Result:
         return result
     if args.real_size_profile != REAL_SIZE_MODEL_PROFILE:  # PPO: its critic trained and is reported
         check_critic(result, run_dir, args.steps)
-    # Checked: the twin needs the disk (the 0.5B PPO run's 3 actor and critic checkpoints took about 36 GB
-    # of the GPU machine's 64 GB, and the twin's first save found it full on 2026-12-05).
-    free_checkpoints(Path(job_overrides(run_dir)["trainer.default_local_dir"]))
-    if not args.no_bare:
+    if args.no_bare:
+        free_checkpoints(Path(job_overrides(run_dir)["trainer.default_local_dir"]))
+    else:
         add_twin(result, args.workdir, run_dir)
     return result
 
 
 def add_twin(result: Result, workdir: Path, run_dir: Path) -> None:
-    """The checked DAG run's bare-verl twin, run after it (cold caches of its own too, see bare_verl): its
-    figures, the steady s/step ratio (DAG / bare) and the gap between their times to the first step."""
+    """The checked DAG run's bare-verl twin in ``workdir``/bare, run after it once the DAG run's checkpoints
+    are deleted (cold caches of its own too, see bare_verl): its figures, the steady s/step ratio (DAG /
+    bare) and the gap between their times to the first step."""
     print(result.line(before="its bare-verl twin"), flush=True)  # on record should the twin not end
+    # Checked: the twin needs the disk (the 0.5B PPO run's 3 actor and critic checkpoints took about 36 GB
+    # of the GPU machine's 64 GB, and the twin's first save found it full on 2026-12-05).
+    free_checkpoints(Path(job_overrides(run_dir)["trainer.default_local_dir"]))
     bare = bare_verl(workdir / "bare", run_dir)
     result.figures["bare"] = bare
     dag_first = result.figures["time_to_first_step_s"][0] if result.figures.get("time_to_first_step_s") else None
@@ -643,7 +645,7 @@ def bare_verl_resumed(workdir: Path, run_dir: Path, kill_after: int, *, kill_kin
         recovery = round(restart.began + restart.first_step_s - first.kill["killed_mono"], 1)
     free_checkpoints(workdir / "checkpoints")
     return {"rc": first.rc, "restart_rc": restart.rc, "timed_out": [first.timed_out, restart.timed_out],
-            "log": str(workdir / "bare.log"),
+            "log": str(workdir / "bare.log"), "restart_log": str(workdir / "bare-restart.log"),
             "time_to_first_step_s": first.first_step_s, "steps": [int(r["step"]) for r in first.rows],
             "kill": kill, "resumed_from": resumed_from, "restart_time_to_first_step_s": restart.first_step_s,
             "restart_steps": [int(r["step"]) for r in restart.rows], "kill_to_resumed_step_s": recovery,
@@ -770,18 +772,18 @@ def resume(args: argparse.Namespace, configs: Path, kind: str) -> Result:
         check_export_is_actor(result, rd.model_dir)
         check_export(result, rd.model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
     if args.twin:
-        add_resume_twin(result, args.workdir / "bare", run_dir, ppo=kind == "ppo",
+        add_resume_twin(result, args.workdir, run_dir, ppo=kind == "ppo",
                         kill_kind="raylet" if kind == "raylet" else "worker")
     return result
 
 
 def add_resume_twin(result: Result, workdir: Path, run_dir: Path, *, ppo: bool, **bare: Any) -> None:
-    """The checked resume run's bare-verl twin (``bare_verl_resumed``; ``bare`` goes to it): the restart
-    trains the steps after the kill only (and with a critic, restores it), and what recovery cost each: the
-    seconds from the kill to the first resumed step, the DAG's (its retry: detection, retry delay,
-    provision, probe, submission, start) against a restart by hand at once."""
+    """The checked resume run's bare-verl twin in ``workdir``/bare (``bare_verl_resumed``; ``bare`` goes to
+    it): the restart trains the steps after the kill only (and with a critic, restores it), and what
+    recovery cost each: the seconds from the kill to the first resumed step, the DAG's (its retry:
+    detection, retry delay, provision, probe, submission, start) against a restart by hand at once."""
     print(result.line(before="its bare-verl twin"), flush=True)  # on record should the twin not end
-    twin = bare_verl_resumed(workdir, run_dir, RESUME_KILL_AFTER, **bare)
+    twin = bare_verl_resumed(workdir / "bare", run_dir, RESUME_KILL_AFTER, **bare)
     result.figures["bare"] = twin
     kill = twin["kill"]
     if not result.check("error" not in kill and "killed_at_step" in kill,
@@ -794,7 +796,7 @@ def add_resume_twin(result: Result, workdir: Path, run_dir: Path, *, ppo: bool, 
                  and twin["restart_steps"] == list(range(at + 1, RESUME_TOTAL + 1)),
                  f"bare verl's restart from checkpoint {at} (killed after {kill['killed_at_step']}) exited "
                  f"{twin['restart_rc']}{' at its deadline' if twin['timed_out'][1] else ''} having trained steps "
-                 f"{twin['restart_steps']}, want {at + 1}..{RESUME_TOTAL} (log: {workdir / 'bare-restart.log'})")
+                 f"{twin['restart_steps']}, want {at + 1}..{RESUME_TOTAL} (log: {twin['restart_log']})")
     if ppo:
         check_critic_restored(result, twin["critic_per_step"], at, who="bare")
     first = (result.figures.get("time_to_first_step_s") or [None])[-1]

@@ -235,7 +235,7 @@ def test_a_resume_twin_kills_bare_verls_worker_after_the_checkpoint_and_its_rest
     g = _bench()
     # The DAG's figures of the scenario: 30 s from its kill to the resubmission, then 45 s to the retry's first step.
     result = g.Result("resume-ppo", figures={"kill_to_resubmit_s": 30.0, "time_to_first_step_s": [60.0, 45.0]})
-    g.add_resume_twin(result, tmp_path / "bare", _resume_job(tmp_path), ppo=True, trainer=BARE_STAND_IN)
+    g.add_resume_twin(result, tmp_path, _resume_job(tmp_path), ppo=True, trainer=BARE_STAND_IN)
     twin = result.figures["bare"]
     assert result.ok, (result.failures, twin)
     kill = twin["kill"]
@@ -261,7 +261,7 @@ def test_a_resume_twin_ends_a_bare_verl_that_hangs_on_its_dead_worker_and_restar
     g = _bench()
     result = g.Result("resume-ppo")
     # bare verl has no hang watch: the twin gives it exit_wait_s to end by itself, then ends it and restarts.
-    g.add_resume_twin(result, tmp_path / "bare", _resume_job(tmp_path, "+fake.hang_on_dead_worker=true"), ppo=True,
+    g.add_resume_twin(result, tmp_path, _resume_job(tmp_path, "+fake.hang_on_dead_worker=true"), ppo=True,
                       trainer=BARE_STAND_IN, exit_wait_s=2.0)
     twin = result.figures["bare"]
     assert twin["kill"]["exit_after_kill_s"] is None and twin["kill"]["left_running"] == []
