@@ -276,7 +276,8 @@ def test_a_bare_start_that_outlives_its_deadline_is_ended_with_its_workers(tmp_p
 
     g = _bench()
     overrides, env = g.bare_setup(tmp_path / "bare", _resume_job(tmp_path, "+fake.step_seconds=600"))
-    start = g.start_bare(tmp_path / "bare", overrides, env, deadline_s=3.0, trainer=BARE_STAND_IN)
+    # 15 s: time for the stand-in to start its worker on a busy machine (a second or two on a quiet one).
+    start = g.start_bare(tmp_path / "bare", overrides, env, deadline_s=15.0, trainer=BARE_STAND_IN)
     assert start.timed_out and start.rc != 0 and start.rows == [] and start.seconds < 60
     assert not psutil.pid_exists(int((tmp_path / "bare" / "worker.pid").read_text()))  # its worker ended too
 
