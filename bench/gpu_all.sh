@@ -90,7 +90,8 @@ extra=(); for o in ${REAL_SIZE_OVERRIDES:-}; do extra+=(--verl-override "$o"); d
 [ -n "${REAL_SIZE_PROFILE:-}" ] && extra+=(--real-size-profile "$REAL_SIZE_PROFILE")
 for _ in $(seq "${REAL_SIZE_RUNS:-1}"); do extra+=(--scenario real-size); done
 # How busy the GPU was in each phase of the 0.5B runs' steps (DAG and bare), from every utilisation sample
-# the driver keeps, not the report's one instant every 10 s (bench/gpu_busy.py). GPU_BUSY=0 skips it.
+# the driver keeps, not the report's one instant every 10 s, and the CPU each phase used, by process
+# (bench/gpu_busy.py). GPU_BUSY=0 skips it.
 busy=
 if [ "${GPU_BUSY:-1}" = 1 ]; then
   "$py" "$here/gpu_busy.py" record --metrics "$work/real-size/*/home/runs/*/metrics-a*.jsonl" \

@@ -10,10 +10,15 @@ around generation (CPU), or in an update of small micro batches.
 ``record`` runs beside a run on the GPU machine. Every ``--poll-s`` it reads every sample the driver
 kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation: one every 0.2 s on the
 H100, stamped in the CPU's epoch microseconds), so no burst falls between readings. It also notes when
-each training row lands in the runs' metrics files. ``analyse`` lays verl's phases of each step back
+each training row lands in the runs' metrics files, and the CPU time every process on the machine used
+since the last read, summed by what the process is (``process_group``: a Ray actor by its class, vLLM's
+engine, the DAG's own Python process, Ray's daemons). ``analyse`` lays verl's phases of each step back
 from its row: verl logs the row after the step and its validation, and times the phases in a fixed order
 (``STEP_PHASES``). It then gives the mean utilisation of the samples inside each phase, and over the
-steps as a whole.
+steps as a whole, and the CPU cores each phase kept busy and by whom. Launch 2 (2026-12-05) had the GPU
+at 19-21% through generation: whether verl's loop around the engine is short of CPU there, and whether
+the DAG's own processes take some of it (its generation was 5-10% slower than bare verl's), is what the
+CPU part answers.
 
 Usage (the GPU machine; ``bench/gpu_all.sh`` does it around the 0.5B runs):
   python bench/gpu_busy.py record --metrics GLOB [--metrics GLOB ...] --out FILE.jsonl [--poll-s 1]
@@ -27,6 +32,7 @@ import argparse
 import glob
 import itertools
 import json
+import os
 import signal
 import statistics
 import sys
@@ -51,6 +57,10 @@ TESTING = "testing"
 
 #: A reader of the driver's samples: each call gives those it has not given before, as (GPU, time, %).
 Reader = Callable[[], list[tuple[int, float, float]]]
+#: A reader of the machine's processes: each call gives the CPU seconds used since the call before, by group.
+CpuReader = Callable[[], dict[str, float]]
+#: How many of a phase's busiest process groups ``analyse`` names.
+CPU_TOP = 6
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,44 @@ def by_phase(samples: list[tuple[float, float]], windows: list[Window]) -> dict[
     return out
 
 
+#: CPU seconds by process group over the span (start, end] that one reading covers.
+CpuSpan = tuple[float, float, dict[str, float]]
+
+
+def cpu_spans(lines: list[dict[str, Any]]) -> list[CpuSpan]:
+    """The recording's CPU readings as spans: each from the reading before it to its own time (the
+    first reading only sets where the second's span starts)."""
+    readings = sorted((float(x["t"]), x["groups"]) for x in lines if x.get("kind") == "cpu")
+    return [(a[0], b[0], b[1]) for a, b in itertools.pairwise(readings)]
+
+
+def cpu_by_phase(spans: list[CpuSpan], windows: list[Window], cores: int | None) -> dict[str, dict[str, Any]]:
+    """Per phase over all steps: the CPU cores it kept busy on average (the CPU seconds of the readings
+    whose span's middle falls in it, over its seconds), the share of the machine's cores, and its
+    busiest process groups in cores."""
+    out: dict[str, dict[str, Any]] = {}
+    for phase in dict.fromkeys(w.phase for w in windows):
+        mine = [w for w in windows if w.phase == phase]
+        seconds = sum(w.end - w.start for w in mine)
+        groups: dict[str, float] = {}
+        readings = 0
+        for start, end, used in spans:
+            middle = (start + end) / 2
+            if any(w.start <= middle < w.end for w in mine):
+                readings += 1
+                for name, cpu_s in used.items():
+                    groups[name] = groups.get(name, 0.0) + cpu_s
+        if not readings or seconds <= 0:
+            out[phase] = {"readings": 0}
+            continue
+        busy = sum(groups.values()) / seconds
+        top = sorted(groups.items(), key=lambda kv: -kv[1])[:CPU_TOP]
+        out[phase] = {"readings": readings, "cores_busy": round(busy, 2),
+                      "machine_pct": None if not cores else round(100 * busy / cores, 1),
+                      "top": {name: round(cpu_s / seconds, 2) for name, cpu_s in top}}
+    return out
+
+
 def analyse_run(samples: list[tuple[float, float]], rows: list[tuple[dict[str, float], float]]) -> dict[str, Any]:
     """One run's steps (each row with the time it landed): the phases' utilisation, and the steps'
     (named phases and ``other``, validation apart) and the whole window's from the first step's start."""
@@ -127,7 +175,9 @@ def interval(samples: list[tuple[float, float]]) -> float | None:
 
 def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """``record``'s lines: per GPU its samples, per metrics file its rows; every file's steps against
-    every GPU (one GPU per run on the machines this ran on)."""
+    every GPU (one GPU per run on the machines this ran on), and against the machine's CPU readings
+    where the recording has them (``cpu``)."""
+    lines = list(lines)
     samples: dict[int, list[tuple[float, float]]] = {}
     rows: dict[str, list[tuple[dict[str, float], float]]] = {}
     for line in lines:
@@ -137,8 +187,14 @@ def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
             rows.setdefault(str(line["file"]), []).append((line["row"], float(line["t"])))
     for values in samples.values():
         values.sort()
-    return {"runs": {f: {f"gpu{g}": analyse_run(s, r) for g, s in sorted(samples.items())}
-                     for f, r in rows.items()}}
+    spans = cpu_spans(lines)
+    cores = next((int(x["cores"]) for x in lines if x.get("kind") == "host"), None)
+    runs: dict[str, dict[str, Any]] = {}
+    for f, r in rows.items():
+        runs[f] = {f"gpu{g}": analyse_run(s, r) for g, s in sorted(samples.items())}
+        if spans:
+            runs[f]["cpu"] = cpu_by_phase(spans, [w for row, landed in r for w in step_windows(row, landed)], cores)
+    return {"runs": runs}
 
 
 # -- recording on the GPU machine ------------------------------------------------------------------
@@ -160,12 +216,90 @@ class RowWatch:
         return new
 
 
+def process_group(argv: list[str]) -> str | None:
+    """What a process is, from its command line, for summing CPU time: a process that retitled itself
+    (Ray's workers ``ray::WorkerDict.update_actor``, vLLM's ``VLLM::EngineCore``) by its title up to the
+    method; a Python program by its module (``-m``) or its script's file name, so the DAG's own process
+    (``python gpu_acceptance.py``, ``python airflow``) stands apart from Ray's (``python dashboard.py``);
+    anything else by its program's file name. None for a kernel thread (no command line)."""
+    if not argv or not argv[0]:
+        return None
+    head = argv[0].split()[0]
+    if "::" in head:
+        return head.split(".")[0]
+    program = os.path.basename(head)
+    if not program.startswith("python"):
+        return program
+    rest = argv[1:] if len(argv) > 1 else argv[0].split()[1:]
+    for i, arg in enumerate(rest):
+        if arg == "-m" and i + 1 < len(rest):
+            return f"python -m {rest[i + 1]}"
+        if arg == "-c":
+            return "python -c"
+        if not arg.startswith("-"):
+            return f"python {os.path.basename(arg)}"
+    return "python"
+
+
+class ProcessCpu:
+    """The CPU seconds every process on the machine used between two calls, summed by ``process_group``
+    (``/proc/<pid>/stat``'s user and system time, all of a process's threads). A process seen for the
+    first time after the first call counts from its start; one that ended between two calls loses what
+    it used since the call before (a fraction of a poll); a reused PID is a new process (its start time
+    differs)."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+        self.tick = float(os.sysconf("SC_CLK_TCK"))
+        self.seen: dict[tuple[int, str], float] = {}
+        self.names: dict[tuple[int, str], str | None] = {}
+        self.primed = False
+
+    def _stat(self, pid: int) -> tuple[str, float] | None:
+        try:
+            fields = (self.proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        # After the name: state is field 3, utime 14, stime 15, starttime 22 (proc(5)).
+        return fields[19], (int(fields[11]) + int(fields[12])) / self.tick
+
+    def _name(self, key: tuple[int, str]) -> str | None:
+        if key not in self.names:
+            try:
+                raw = (self.proc / str(key[0]) / "cmdline").read_bytes()
+            except OSError:
+                raw = b""
+            self.names[key] = process_group([a.decode(errors="replace") for a in raw.split(b"\0") if a])
+        return self.names[key]
+
+    def __call__(self) -> dict[str, float]:
+        used: dict[str, float] = {}
+        now: dict[tuple[int, str], float] = {}
+        for entry in self.proc.iterdir():
+            if not entry.name.isdigit() or (stat := self._stat(int(entry.name))) is None:
+                continue
+            key = (int(entry.name), stat[0])
+            now[key] = stat[1]
+            name = self._name(key)
+            delta = stat[1] - self.seen.get(key, 0.0 if self.primed else stat[1])
+            if name is not None and delta > 0:
+                used[name] = used.get(name, 0.0) + delta
+        self.seen, self.primed = now, True
+        self.names = {k: v for k, v in self.names.items() if k in now}
+        return {name: round(cpu_s, 3) for name, cpu_s in used.items()}
+
+
 def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: threading.Event,
-           clock: Callable[[], float] = time.time) -> None:
-    """Until ``stop`` is set: every ``poll_s`` the driver's new samples and the newly landed rows, a line each."""
+           clock: Callable[[], float] = time.time, cpu: CpuReader | None = None) -> None:
+    """Until ``stop`` is set: every ``poll_s`` the driver's new samples, the newly landed rows and, with
+    ``cpu``, the machine's CPU time by process group since the poll before, a line each."""
     with out.open("a") as f:
+        if cpu is not None:
+            f.write(json.dumps({"kind": "host", "cores": os.cpu_count()}) + "\n")
         while True:
             lines = [{"kind": "gpu", "gpu": g, "t": t, "util": u} for g, t, u in reader()]
+            if cpu is not None:
+                lines.append({"kind": "cpu", "t": clock(), "groups": cpu()})
             lines += watch.poll(clock())
             f.writelines(json.dumps(line) + "\n" for line in lines)
             f.flush()
@@ -220,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        record(nvml_reader(), RowWatch(args.metrics), args.out, args.poll_s, stop)
+        record(nvml_reader(), RowWatch(args.metrics), args.out, args.poll_s, stop, cpu=ProcessCpu())
         return 0
     lines = [json.loads(line) for line in args.samples.read_text().splitlines() if line.strip()]
     figures = analyse(lines)

@@ -4,6 +4,7 @@ them, and the recorder on real files. Reading the driver itself needs the GPU (d
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -96,7 +97,8 @@ def test_the_recorder_writes_every_sample_and_notes_each_training_row_once_when_
     stop = threading.Event()
     out = tmp_path / "busy.jsonl"
     watch = bench.RowWatch([str(tmp_path / "run" / "metrics-*.jsonl")])
-    recorder = threading.Thread(target=bench.record, args=(reader, watch, out, 0.01, stop))
+    recorder = threading.Thread(target=bench.record, args=(reader, watch, out, 0.01, stop),
+                                kwargs={"cpu": lambda: {"ray::WorkerDict": 0.5}})
     recorder.start()
 
     def lines() -> list[dict[str, Any]]:
@@ -125,3 +127,91 @@ def test_the_recorder_writes_every_sample_and_notes_each_training_row_once_when_
     rows = [x for x in lines() if x["kind"] == "row"]
     assert [(r["row"]["step"], r["file"]) for r in rows] == [(1, str(metrics))]  # validation's row is no step
     assert [(x["t"], x["util"]) for x in lines() if x["kind"] == "gpu"] == [(1.0, 40.0), (1.2, 60.0), (1.4, 0.0)]
+    # The machine's cores once, then a CPU reading at every poll.
+    assert lines()[0] == {"kind": "host", "cores": os.cpu_count()}
+    cpu = [x for x in lines() if x["kind"] == "cpu"]
+    assert len(cpu) == len(reads) and all(x["groups"] == {"ray::WorkerDict": 0.5} for x in cpu)
+
+
+@pytest.mark.parametrize(("argv", "group"), [
+    (["ray::WorkerDict.update_actor"], "ray::WorkerDict"),
+    (["ray::AgentLoopWorkerTQ.generate_sequences            "], "ray::AgentLoopWorkerTQ"),
+    (["ray::IDLE"], "ray::IDLE"),
+    (["VLLM::EngineCore"], "VLLM::EngineCore"),
+    (["/usr/bin/python3", "-u", "-m", "verl.trainer.main_ppo", "data.train_batch_size=8"],
+     "python -m verl.trainer.main_ppo"),
+    (["/usr/bin/python3", "/tmp/site/bin/airflow", "dags", "test", "verl_ppo"], "python airflow"),
+    (["python3.12", "/tmp/site/ray/dashboard/agent.py", "--node-ip-address=1.2.3.4"], "python agent.py"),
+    (["/tmp/site/ray/core/src/ray/raylet/raylet", "--node_id=abc"], "raylet"),
+    (["/usr/bin/python3", "-c", "import sys"], "python -c"),
+    (["/usr/bin/python3 bench/gpu_acceptance.py --steps 2"], "python gpu_acceptance.py"),
+    ([], None),
+])
+def test_a_process_is_named_by_its_title_its_python_program_or_its_program(argv: list[str], group: str | None) -> None:
+    assert _bench().process_group(argv) == group
+
+
+def _burner(tmp_path: Path, name: str) -> subprocess.Popen[str]:
+    """A Python program named ``name`` that uses CPU when told: each line it reads names seconds of CPU
+    time to use, and it answers each once they are used."""
+    script = tmp_path / name
+    script.write_text("import sys, time\n"
+                      "for line in sys.stdin:\n"
+                      "    goal = time.process_time() + float(line)\n"
+                      "    while time.process_time() < goal:\n"
+                      "        pass\n"
+                      "    print('used', flush=True)\n")
+    return subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _use(proc: subprocess.Popen[str], seconds: float) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(f"{seconds}\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "used\n"
+
+
+def test_the_process_reader_counts_each_programs_cpu_time_since_the_read_before(tmp_path: Path) -> None:
+    """Real processes on this machine's /proc: one that ran before the first read counts only what it used
+    after it; one that started after it counts from its start."""
+    name_old, name_new = f"burner_old_{os.getpid()}.py", f"burner_new_{os.getpid()}.py"
+    old = _burner(tmp_path, name_old)
+    new = None
+    try:
+        _use(old, 0.3)
+        cpu = _bench().ProcessCpu()
+        assert f"python {name_old}" not in cpu()  # the first read only sets where the next one counts from
+        _use(old, 0.2)
+        new = _burner(tmp_path, name_new)
+        _use(new, 0.3)
+        used = cpu()
+        assert 0.15 <= used[f"python {name_old}"] <= 0.3
+        assert used[f"python {name_new}"] >= 0.25
+        assert cpu().get(f"python {name_old}", 0.0) < 0.1  # waiting on its input uses next to nothing
+    finally:
+        for proc in (old, new):
+            if proc is not None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def test_each_phase_gets_the_cpu_cores_its_readings_used_and_by_whom() -> None:
+    bench = _bench()
+    windows = bench.step_windows(ROW, landed_at=1000.0)  # gen 955-965, ..., save 979.5-997.5
+    # A reading a second: generation keeps 3 cores busy (the agent loop 2, the engine 1), the save 1.
+    lines: list[dict[str, Any]] = [{"kind": "cpu", "t": 954.0, "groups": {}}]
+    lines += [{"kind": "cpu", "t": float(t), "groups": {"ray::AgentLoopWorkerTQ": 2.0, "VLLM::EngineCore": 1.0}}
+              for t in range(955, 966)]
+    lines += [{"kind": "cpu", "t": float(t), "groups": {"ray::WorkerDict": 1.0}} for t in range(966, 1001)]
+    spans = bench.cpu_spans(lines)
+    out = bench.cpu_by_phase(spans, windows, cores=16)
+    # The readings whose span's middle falls in generation (955.5 ... 964.5): 10 of them, 3 s each.
+    assert out["gen"] == {"readings": 10, "cores_busy": 3.0, "machine_pct": 18.8,
+                          "top": {"ray::AgentLoopWorkerTQ": 2.0, "VLLM::EngineCore": 1.0}}
+    assert out["save_checkpoint"]["cores_busy"] == 1.0 and out["save_checkpoint"]["top"] == {"ray::WorkerDict": 1.0}
+    assert bench.cpu_by_phase([], windows, cores=16)["gen"] == {"readings": 0}
+    # analyse gives every run its phases' CPU beside its GPUs'.
+    recorded = [*lines, {"kind": "host", "cores": 16},
+                {"kind": "row", "file": "bare/metrics.jsonl", "t": 1000.0, "row": ROW}]
+    run = bench.analyse(recorded)["runs"]["bare/metrics.jsonl"]
+    assert run["cpu"]["gen"]["cores_busy"] == 3.0 and run["cpu"]["gen"]["machine_pct"] == 18.8
