@@ -246,13 +246,13 @@ class ProcessCpu:
     (``/proc/<pid>/stat``'s user and system time, all of a process's threads). A process seen for the
     first time after the first call counts from its start; one that ended between two calls loses what
     it used since the call before (a fraction of a poll); a reused PID is a new process (its start time
-    differs)."""
+    differs). A process is named afresh at every call: a Ray worker starts as ``ray::IDLE`` and takes its
+    actor's title when it is given one."""
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self.proc = proc
         self.tick = float(os.sysconf("SC_CLK_TCK"))
         self.seen: dict[tuple[int, str], float] = {}
-        self.names: dict[tuple[int, str], str | None] = {}
         self.primed = False
 
     def _stat(self, pid: int) -> tuple[str, float] | None:
@@ -263,14 +263,12 @@ class ProcessCpu:
         # After the name: state is field 3, utime 14, stime 15, starttime 22 (proc(5)).
         return fields[19], (int(fields[11]) + int(fields[12])) / self.tick
 
-    def _name(self, key: tuple[int, str]) -> str | None:
-        if key not in self.names:
-            try:
-                raw = (self.proc / str(key[0]) / "cmdline").read_bytes()
-            except OSError:
-                raw = b""
-            self.names[key] = process_group([a.decode(errors="replace") for a in raw.split(b"\0") if a])
-        return self.names[key]
+    def _name(self, pid: int) -> str | None:
+        try:
+            raw = (self.proc / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            return None
+        return process_group([a.decode(errors="replace") for a in raw.split(b"\0") if a])
 
     def __call__(self) -> dict[str, float]:
         used: dict[str, float] = {}
@@ -280,12 +278,10 @@ class ProcessCpu:
                 continue
             key = (int(entry.name), stat[0])
             now[key] = stat[1]
-            name = self._name(key)
             delta = stat[1] - self.seen.get(key, 0.0 if self.primed else stat[1])
-            if name is not None and delta > 0:
+            if delta > 0 and (name := self._name(key[0])) is not None:
                 used[name] = used.get(name, 0.0) + delta
         self.seen, self.primed = now, True
-        self.names = {k: v for k, v in self.names.items() if k in now}
         return {name: round(cpu_s, 3) for name, cpu_s in used.items()}
 
 

@@ -153,10 +153,14 @@ def test_a_process_is_named_by_its_title_its_python_program_or_its_program(argv:
 
 def _burner(tmp_path: Path, name: str) -> subprocess.Popen[str]:
     """A Python program named ``name`` that uses CPU when told: each line it reads names seconds of CPU
-    time to use, and it answers each once they are used."""
+    time to use, and it answers each once they are used; ``title T`` retitles it first, as Ray retitles
+    a worker when it gives it an actor."""
     script = tmp_path / name
-    script.write_text("import sys, time\n"
+    script.write_text("import sys, time, setproctitle\n"
                       "for line in sys.stdin:\n"
+                      "    if line.startswith('title '):\n"
+                      "        setproctitle.setproctitle(line.split()[1])\n"
+                      "        line = line.split()[2]\n"
                       "    goal = time.process_time() + float(line)\n"
                       "    while time.process_time() < goal:\n"
                       "        pass\n"
@@ -164,16 +168,17 @@ def _burner(tmp_path: Path, name: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def _use(proc: subprocess.Popen[str], seconds: float) -> None:
+def _use(proc: subprocess.Popen[str], seconds: float, title: str = "") -> None:
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(f"{seconds}\n")
+    proc.stdin.write(f"title {title} {seconds}\n" if title else f"{seconds}\n")
     proc.stdin.flush()
     assert proc.stdout.readline() == "used\n"
 
 
 def test_the_process_reader_counts_each_programs_cpu_time_since_the_read_before(tmp_path: Path) -> None:
     """Real processes on this machine's /proc: one that ran before the first read counts only what it used
-    after it; one that started after it counts from its start."""
+    after it; one that started after it counts from its start; one that retitles itself counts under its
+    new title."""
     name_old, name_new = f"burner_old_{os.getpid()}.py", f"burner_new_{os.getpid()}.py"
     old = _burner(tmp_path, name_old)
     new = None
@@ -188,6 +193,8 @@ def test_the_process_reader_counts_each_programs_cpu_time_since_the_read_before(
         assert 0.15 <= used[f"python {name_old}"] <= 0.3
         assert used[f"python {name_new}"] >= 0.25
         assert cpu().get(f"python {name_old}", 0.0) < 0.1  # waiting on its input uses next to nothing
+        _use(new, 0.2, title=f"ray::Burner{os.getpid()}.update_actor")
+        assert cpu()[f"ray::Burner{os.getpid()}"] >= 0.15
     finally:
         for proc in (old, new):
             if proc is not None:
