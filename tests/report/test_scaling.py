@@ -141,3 +141,21 @@ def test_an_idle_gpus_remedy_asks_for_what_the_job_lacks_and_every_way_when_its_
     assert unknown is not None and unknown.remedy == scaling.gpu_work_remedy(None)
     assert "offload off" in unknown.remedy and "already has" not in unknown.remedy
     assert "larger micro batches" in unknown.remedy and "use_remove_padding=true" in unknown.remedy
+
+
+def test_an_idle_gpus_remedy_says_when_the_trainers_peak_memory_left_room_for_larger_micro_batches() -> None:
+    # Launch 2's 0.5B GRPO job: 13.5 GB at its peak on a 79.2 GB GPU, its budgets memory-bound by the rules.
+    flag = scaling.gpu_utilization_flag([_idle_gpu()], FAST_PATH, peak_gb=13.49, gpu_memory_gb=79.2)
+    assert flag is not None
+    assert flag.remedy.endswith("The trainer's peak allocated memory was 13.5 GB of the GPU's 79.2 GB (17%; the "
+                                "rollout's memory is freed while the actor trains): larger micro batches fit")
+    # Nothing said where the peak took half the GPU or more, where it is unknown, or where verl keeps the
+    # rollout's memory while the actor trains (then the trainer's peak is not what is left).
+    for peak, gpu_gb, settings in ((39.6, 79.2, FAST_PATH), (None, 79.2, FAST_PATH), (13.49, None, FAST_PATH),
+                                   (13.49, 79.2, {**FAST_PATH, "actor_rollout_ref.rollout.free_cache_engine": False})):
+        quiet = scaling.gpu_utilization_flag([_idle_gpu()], settings, peak_gb=peak, gpu_memory_gb=gpu_gb)
+        assert quiet is not None and "peak allocated memory" not in quiet.remedy
+    # The report's flags pass the run's peak and GPU memory on.
+    found = scaling.flags(timing_s={}, peak_memory_gb=13.49, gpu_memory_gb=79.2, comparisons=[],
+                          gpus=[_idle_gpu()], settings=FAST_PATH)
+    assert any("larger micro batches fit" in f.remedy for f in found if f.kind is FlagKind.GPU_UTILIZATION_LOW)

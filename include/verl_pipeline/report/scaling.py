@@ -55,6 +55,12 @@ MIN_GPU_UTILIZATION_PCT = 70.0
 MIN_SAMPLES_JUDGED = 3
 #: The under-used GPUs the flag's evidence names one by one (a 64-GPU run's evidence stays readable).
 GPUS_NAMED = 8
+#: A trainer whose peak allocated memory stayed under this share of the GPU's has room for larger micro
+#: batches: launch 2's 0.5B GRPO job peaked at 13.5 of 79.2 GB with its budgets memory-bound by the rules
+#: (docs/benchmarks.md, 2026-12-05, eighth session).
+MEMORY_ROOM_SHARE = 0.5
+#: verl frees the rollout's KV cache and weights while the actor trains unless this is false.
+FREE_CACHE_KEY = "actor_rollout_ref.rollout.free_cache_engine"
 #: A gradient norm at or below this is 0 (what a float sum of zeros leaves).
 MAX_ZERO_GRAD_NORM = 1e-9
 
@@ -272,9 +278,25 @@ def under_used(gpu: GpuUsage) -> bool:
             and gpu.mean_utilization_pct < MIN_GPU_UTILIZATION_PCT)
 
 
-def gpu_utilization_flag(gpus: list[GpuUsage], settings: Mapping[str, Any] | None = None) -> Flag | None:
+def memory_room(peak_gb: float | None, gpu_memory_gb: float | None, settings: Mapping[str, Any] | None) -> str:
+    """What the trainer's peak memory says of room for larger micro batches: a sentence when it stayed under
+    :data:`MEMORY_ROOM_SHARE` of the GPU's and verl freed the rollout's memory while the actor trained (its
+    default), else nothing."""
+    if peak_gb is None or not gpu_memory_gb or peak_gb / gpu_memory_gb >= MEMORY_ROOM_SHARE:
+        return ""
+    freed = spelled(settings or {}, FREE_CACHE_KEY)
+    if freed is not None and freed.value is False:
+        return ""
+    return (f" The trainer's peak allocated memory was {peak_gb:.1f} GB of the GPU's {gpu_memory_gb:g} GB "
+            f"({peak_gb / gpu_memory_gb:.0%}; the rollout's memory is freed while the actor trains): larger micro "
+            "batches fit")
+
+
+def gpu_utilization_flag(gpus: list[GpuUsage], settings: Mapping[str, Any] | None = None,
+                         peak_gb: float | None = None, gpu_memory_gb: float | None = None) -> Flag | None:
     """Every GPU :func:`under_used` while the run trained (the first :data:`GPUS_NAMED` named), with the
-    ways to more work that fit the job's ``settings`` (:func:`gpu_work_remedy`)."""
+    ways to more work that fit the job's ``settings`` (:func:`gpu_work_remedy`) and, where the trainer's
+    peak memory left room, that it did (:func:`memory_room`)."""
     low = [g for g in gpus if under_used(g)]
     if not low:
         return None
@@ -285,7 +307,7 @@ def gpu_utilization_flag(gpus: list[GpuUsage], settings: Mapping[str, Any] | Non
     return Flag(FlagKind.GPU_UTILIZATION_LOW,
                 f"GPU utilisation under {MIN_GPU_UTILIZATION_PCT:.0f}% while the run trained on {len(low)} of "
                 f"{len(gpus)} GPU(s): {each}{more}",
-                gpu_work_remedy(settings))
+                gpu_work_remedy(settings) + memory_room(peak_gb, gpu_memory_gb, settings))
 
 
 def grad_norm_flag(grad_norms: list[float], advantage_ranges: list[tuple[float, float]]) -> Flag | None:
@@ -316,7 +338,8 @@ def flags(*, timing_s: dict[str, float], peak_memory_gb: float | None, gpu_memor
     ``settings``: the job's verl settings, when known, for the remedies that depend on them)."""
     found = [generation_flag(timing_s), saves_flag(saves or []),
              memory_flag(peak_memory_gb, gpu_memory_gb), scaling_flag(comparisons),
-             gpu_utilization_flag(gpus or [], settings), grad_norm_flag(grad_norms or [], advantage_ranges or [])]
+             gpu_utilization_flag(gpus or [], settings, peak_memory_gb, gpu_memory_gb),
+             grad_norm_flag(grad_norms or [], advantage_ranges or [])]
     return [f for f in found if f is not None]
 
 
