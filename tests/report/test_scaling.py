@@ -147,8 +147,9 @@ def test_an_idle_gpus_remedy_says_when_the_trainers_peak_memory_left_room_for_la
     # Launch 2's 0.5B GRPO job: 13.5 GB at its peak on a 79.2 GB GPU, its budgets memory-bound by the rules.
     flag = scaling.gpu_utilization_flag([_idle_gpu()], FAST_PATH, peak_gb=13.49, gpu_memory_gb=79.2)
     assert flag is not None
-    assert flag.remedy.endswith("The trainer's peak allocated memory was 13.5 GB of the GPU's 79.2 GB (17%; the "
-                                "rollout's memory is freed while the actor trains): larger micro batches fit")
+    assert flag.remedy.endswith("what the scaling rules chose. The trainer's peak allocated memory was 13.5 GB of "
+                                "the GPU's 79.2 GB (17%; the rollout's memory is freed while the actor trains): "
+                                "larger micro batches fit")
     # Nothing said where the peak took half the GPU or more, where it is unknown, or where verl keeps the
     # rollout's memory while the actor trains (then the trainer's peak is not what is left).
     for peak, gpu_gb, settings in ((39.6, 79.2, FAST_PATH), (None, 79.2, FAST_PATH), (13.49, None, FAST_PATH),

@@ -287,7 +287,7 @@ def memory_room(peak_gb: float | None, gpu_memory_gb: float | None, settings: Ma
     freed = spelled(settings or {}, FREE_CACHE_KEY)
     if freed is not None and freed.value is False:
         return ""
-    return (f" The trainer's peak allocated memory was {peak_gb:.1f} GB of the GPU's {gpu_memory_gb:g} GB "
+    return (f". The trainer's peak allocated memory was {peak_gb:.1f} GB of the GPU's {gpu_memory_gb:g} GB "
             f"({peak_gb / gpu_memory_gb:.0%}; the rollout's memory is freed while the actor trains): larger micro "
             "batches fit")
 
