@@ -517,10 +517,11 @@ def bare_setup(workdir: Path, run_dir: Path) -> tuple[list[str], dict[str, str]]
 
 @dataclass
 class BareStart:
-    """One start of bare verl: when it began (monotonic), its exit code and seconds, the seconds to its
-    first training row, its rows, the kill when it was killed (see ``kill_in_bare``), and whether it was
+    """One start of bare verl: its log, when it began (monotonic), its exit code and seconds, the seconds to
+    its first training row, its rows, the kill when it was killed (see ``kill_in_bare``), and whether it was
     ended at its deadline."""
 
+    log: Path
     began: float
     rc: int
     seconds: float
@@ -565,7 +566,7 @@ def start_bare(workdir: Path, overrides: list[str], env: dict[str, str], *, name
     rows = training_rows(metrics)
     if first is None and rows:
         first = time.monotonic() - t0
-    return BareStart(began=t0, rc=proc.returncode, seconds=round(time.monotonic() - t0, 1),
+    return BareStart(log=log, began=t0, rc=proc.returncode, seconds=round(time.monotonic() - t0, 1),
                      first_step_s=None if first is None else round(first, 1), rows=rows, kill=kill,
                      timed_out=timed_out)
 
@@ -618,7 +619,7 @@ def bare_verl(workdir: Path, run_dir: Path) -> dict[str, Any]:
     seconds per step."""
     start = start_bare(workdir, *bare_setup(workdir, run_dir))
     free_checkpoints(workdir / "checkpoints")
-    return {"rc": start.rc, "timed_out": start.timed_out, "log": str(workdir / "bare.log"), "seconds": start.seconds,
+    return {"rc": start.rc, "timed_out": start.timed_out, "log": str(start.log), "seconds": start.seconds,
             "time_to_first_step_s": start.first_step_s, "steps": len(start.rows),
             "steady_step_s": steady_step_s(start.rows),
             "throughput_per_gpu": statistics.median([r.get("perf/throughput", 0.0) for r in start.rows] or [0.0])}
@@ -645,7 +646,7 @@ def bare_verl_resumed(workdir: Path, run_dir: Path, kill_after: int, *, kill_kin
         recovery = round(restart.began + restart.first_step_s - first.kill["killed_mono"], 1)
     free_checkpoints(workdir / "checkpoints")
     return {"rc": first.rc, "restart_rc": restart.rc, "timed_out": [first.timed_out, restart.timed_out],
-            "log": str(workdir / "bare.log"), "restart_log": str(workdir / "bare-restart.log"),
+            "log": str(first.log), "restart_log": str(restart.log),
             "time_to_first_step_s": first.first_step_s, "steps": [int(r["step"]) for r in first.rows],
             "kill": kill, "resumed_from": resumed_from, "restart_time_to_first_step_s": restart.first_step_s,
             "restart_steps": [int(r["step"]) for r in restart.rows], "kill_to_resumed_step_s": recovery,
