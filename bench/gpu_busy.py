@@ -94,6 +94,20 @@ def step_windows(row: dict[str, float], landed_at: float) -> list[Window]:
     return windows
 
 
+def run_windows(rows: list[tuple[dict[str, float], float]]) -> list[Window]:
+    """The phases of every step of a run, each row with the time it landed."""
+    return [w for row, landed in rows for w in step_windows(row, landed)]
+
+
+def phases(windows: list[Window]) -> dict[str, tuple[list[Window], float]]:
+    """Each phase, in the order the steps ran them: its windows over all steps and their seconds."""
+    out: dict[str, tuple[list[Window], float]] = {}
+    for phase in dict.fromkeys(w.phase for w in windows):
+        mine = [w for w in windows if w.phase == phase]
+        out[phase] = (mine, sum(w.end - w.start for w in mine))
+    return out
+
+
 def inside(samples: list[tuple[float, float]], start: float, end: float) -> list[float]:
     return [u for t, u in samples if start <= t < end]
 
@@ -102,9 +116,7 @@ def by_phase(samples: list[tuple[float, float]], windows: list[Window]) -> dict[
     """Per phase over all steps: its seconds, the samples inside it and their mean (the share of that
     time a kernel ran), and the busy seconds that make (seconds times mean)."""
     out: dict[str, dict[str, Any]] = {}
-    for phase in dict.fromkeys(w.phase for w in windows):
-        mine = [w for w in windows if w.phase == phase]
-        seconds = sum(w.end - w.start for w in mine)
+    for phase, (mine, seconds) in phases(windows).items():
         values = [u for w in mine for u in inside(samples, w.start, w.end)]
         mean = statistics.fmean(values) if values else None
         out[phase] = {"seconds": round(seconds, 2), "samples": len(values),
@@ -129,9 +141,7 @@ def cpu_by_phase(spans: list[CpuSpan], windows: list[Window], cores: int | None)
     whose span's middle falls in it, over its seconds), the share of the machine's cores, and its
     busiest process groups in cores."""
     out: dict[str, dict[str, Any]] = {}
-    for phase in dict.fromkeys(w.phase for w in windows):
-        mine = [w for w in windows if w.phase == phase]
-        seconds = sum(w.end - w.start for w in mine)
+    for phase, (mine, seconds) in phases(windows).items():
         groups: dict[str, float] = {}
         readings = 0
         for start, end, used in spans:
@@ -154,13 +164,12 @@ def cpu_by_phase(spans: list[CpuSpan], windows: list[Window], cores: int | None)
 def analyse_run(samples: list[tuple[float, float]], rows: list[tuple[dict[str, float], float]]) -> dict[str, Any]:
     """One run's steps (each row with the time it landed): the phases' utilisation, and the steps'
     (named phases and ``other``, validation apart) and the whole window's from the first step's start."""
-    windows = [w for row, landed in rows for w in step_windows(row, landed)]
+    windows = run_windows(rows)
     if not windows:
         return {}
-    phases = by_phase(samples, windows)
     in_steps = [u for w in windows if w.phase != TESTING for u in inside(samples, w.start, w.end)]
     window = inside(samples, min(w.start for w in windows), max(w.end for w in windows))
-    return {"steps": sorted({w.step for w in windows}), "phases": phases,
+    return {"steps": sorted({w.step for w in windows}), "phases": by_phase(samples, windows),
             "steps_busy_pct": round(statistics.fmean(in_steps), 1) if in_steps else None,
             "window_busy_pct": round(statistics.fmean(window), 1) if window else None,
             "window_samples": len(window),
@@ -193,7 +202,7 @@ def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for f, r in rows.items():
         runs[f] = {f"gpu{g}": analyse_run(s, r) for g, s in sorted(samples.items())}
         if spans:
-            runs[f]["cpu"] = cpu_by_phase(spans, [w for row, landed in r for w in step_windows(row, landed)], cores)
+            runs[f]["cpu"] = cpu_by_phase(spans, run_windows(r), cores)
     return {"runs": runs}
 
 
