@@ -65,7 +65,7 @@ def test_flash_attn_on_every_gpu_node_takes_verls_fast_path() -> None:
 
 
 def test_a_critic_gets_packing_and_budgets_of_its_own_on_the_fast_path() -> None:
-    _, c = _decide(PPO, h200())
+    _, c = _decide(PPO, h200(), memory=79.2)  # an H100: the actor's update is bound by memory there
     assert c.updates["critic.model.use_remove_padding"] is True and c.updates["critic.use_dynamic_bsz"] is True
     assert REF_LOG_PROB_TOKENS_KEY not in c.updates  # no KL: no reference
     # No logits: the critic's budgets are larger than the actor's, up to its share of the batch.
@@ -137,7 +137,7 @@ def test_token_budgets_are_at_least_twice_a_sequence_and_at_most_the_gpus_share(
                           gpu_memory_gb=139.8, resident_gb=0.0,
                           model=ModelFacts(0.0004, 128, 2, 2, vocab_size=843))
     per_token = bytes_per_token(inputs.model, logits=fastpath.LOGIT_BYTES_UPDATE, update=True)
-    assert per_token == 12 * 843 + (2 * 2 + 34) * 128
+    assert per_token == 4 * 843 + (2 * 2 + 34) * 128
     value, why = token_budget(inputs, samples_per_gpu=8, per_token=per_token)
     assert value == 8 * 384 and "the per-GPU share bounds it" in why  # the tiny model: its whole mini-batch
     value, _ = token_budget(inputs, samples_per_gpu=1, per_token=per_token)
@@ -163,3 +163,30 @@ def test_token_budgets_follow_the_gpus_memory() -> None:
     # Without gradient checkpointing every layer's activations are kept: fewer tokens fit.
     assert bytes_per_token(QWEN_05B, logits=0, update=True, checkpointing=False) > \
         bytes_per_token(QWEN_05B, logits=0, update=True)
+
+
+def test_the_05b_budgets_on_an_h100_are_the_ones_its_gpu_run_measured() -> None:
+    # One H100 (79.2 GB as probed): the budgets the 0.5B GRPO job ran with on 2026-12-05, peaking at 22.47 GiB
+    # allocated; 12 and 8 bytes per vocabulary entry had given 17,408 and 26,624 (13.49 GiB).
+    _, c = _decide(GRPO, h200(), memory=79.2)
+    assert c.updates[ACTOR_TOKENS_KEY] == 49152
+    assert c.updates[ROLLOUT_LOG_PROB_TOKENS_KEY] == c.updates[REF_LOG_PROB_TOKENS_KEY] == 52224
+    # Twice the measured slope of 2 bytes per entry per token: the logits the update's budget holds, at the
+    # measured rate, take at most half the memory the rule gave the activations.
+    inputs = budget_inputs(GRPO, QWEN_05B, 79.2)
+    measured = c.updates[ACTOR_TOKENS_KEY] * 2 * 151936 / 2**30
+    assert measured <= inputs.activation_gb / 2
+
+
+@pytest.mark.parametrize("spelling", [{"actor_rollout_ref.actor.entropy_coeff": 0.01},
+                                      {"actor_rollout_ref.actor": {"entropy_coeff": "1e-3"}}])
+def test_an_entropy_bonus_sizes_the_updates_temporaries_too(spelling: dict[str, Any]) -> None:
+    _, plain = _decide(GRPO, h200(), memory=79.2)
+    _, bonus = _decide({**GRPO, **spelling}, h200(), memory=79.2)
+    assert bonus.updates[ACTOR_TOKENS_KEY] < plain.updates[ACTOR_TOKENS_KEY]
+    assert bonus.updates[ROLLOUT_LOG_PROB_TOKENS_KEY] == plain.updates[ROLLOUT_LOG_PROB_TOKENS_KEY]
+    said = next(r.text() for r in bonus.rules if r.key == ACTOR_TOKENS_KEY)
+    assert "entropy_coeff is not 0" in said
+    # A zero bonus, however written, is none.
+    _, zero = _decide({**GRPO, "actor_rollout_ref.actor.entropy_coeff": "0.0"}, h200(), memory=79.2)
+    assert zero.updates[ACTOR_TOKENS_KEY] == plain.updates[ACTOR_TOKENS_KEY]

@@ -75,11 +75,17 @@ BUDGET_STEP = 1024
 #: Share of the GPU memory left beside the resident training state (and a headroom) that one micro
 #: batch's activations may take: the backward pass and the allocator's fragmentation need the rest.
 ACTIVATION_SHARE = 0.5
-#: Bytes per token per vocabulary entry in the update: bf16 logits, the entropy's softmax and product,
-#: their gradients (an estimate; the GPU runs' ``actor/perf/max_memory_allocated_gb`` checks it).
-LOGIT_BYTES_UPDATE = 12
-#: The same for a log-prob pass (no gradients): the logits and the log-softmax's float32 copy.
-LOGIT_BYTES_FORWARD = 8
+#: Bytes per token per vocabulary entry in the update and in a log-prob pass: twice what was measured.
+#: verl 0.9.1 keeps the logits in bf16 and takes the log-probs with flash-attn's cross-entropy, whose
+#: backward writes into the logits: the 0.5B GRPO job's peak allocated memory on an H100 grew by 2.0
+#: bytes per entry per token between budgets of 17,408 and 49,152 update tokens (13.49 -> 22.47 GiB,
+#: docs/benchmarks.md, ninth session of 2026-12-05). The log-prob passes computed the entropy too.
+LOGIT_BYTES_UPDATE = 4
+LOGIT_BYTES_FORWARD = 4
+#: The update's bytes per entry when the loss carries an entropy bonus (``entropy_coeff`` not 0): the
+#: entropy's softmax and product and their gradients beside the logits. An estimate no run has measured.
+LOGIT_BYTES_ENTROPY_BONUS = 12
+ENTROPY_COEFF_KEY = "actor_rollout_ref.actor.entropy_coeff"
 #: Bytes per token per hidden unit of one transformer layer's activations in bf16 (Korthikanti et al.,
 #: "Reducing activation recomputation", 34 s·b·h per layer; flash-attn keeps no attention scores).
 LAYER_BYTES = 34
@@ -140,6 +146,12 @@ class BudgetInputs:
     resident_gb: float
     model: ModelFacts | None
     gradient_checkpointing: bool = True
+    #: The actor's loss carries an entropy bonus: its update keeps the entropy's temporaries.
+    entropy_bonus: bool = False
+
+    @property
+    def update_logit_bytes(self) -> int:
+        return LOGIT_BYTES_ENTROPY_BONUS if self.entropy_bonus else LOGIT_BYTES_UPDATE
 
     @property
     def sequence(self) -> int:
@@ -188,6 +200,14 @@ def _int(settings: Mapping[str, Any], key: str, default: int) -> int:
         return default
 
 
+def _entropy_bonus(settings: Mapping[str, Any]) -> bool:
+    found = spelled(settings, ENTROPY_COEFF_KEY)
+    try:
+        return found is not None and found.value is not None and float(found.value) != 0.0
+    except (TypeError, ValueError):
+        return True  # unreadable: sized as if the loss carried it, the safer side
+
+
 def budget_inputs(settings: Mapping[str, Any], model: ModelFacts | None, gpu_memory_gb: float) -> BudgetInputs:
     """The budgets' inputs from the job's settings (shape, batches, lengths, offload) and the GPU's memory."""
     n_gpus = max(1, _int(settings, "trainer.nnodes", 1) * _int(settings, "trainer.n_gpus_per_node", 1))
@@ -204,7 +224,8 @@ def budget_inputs(settings: Mapping[str, Any], model: ModelFacts | None, gpu_mem
         response=_int(settings, "data.max_response_length", VERL_DEFAULT_RESPONSE),
         mini_samples_per_gpu=math.ceil(mini * n / n_gpus), batch_samples_per_gpu=math.ceil(batch * n / n_gpus),
         gpu_memory_gb=gpu_memory_gb, resident_gb=resident, model=model,
-        gradient_checkpointing=checkpointing is None or checkpointing.value is not False)
+        gradient_checkpointing=checkpointing is None or checkpointing.value is not False,
+        entropy_bonus=_entropy_bonus(settings))
 
 
 def dynamic_batches(c: Choices, inputs: BudgetInputs, *, critic: bool, ref: bool) -> None:
@@ -217,10 +238,11 @@ def dynamic_batches(c: Choices, inputs: BudgetInputs, *, critic: bool, ref: bool
     for key in followers:
         c.set(key, True, f"follows {DYNAMIC_BSZ_KEY}")
     ck = inputs.gradient_checkpointing
-    update = bytes_per_token(inputs.model, logits=LOGIT_BYTES_UPDATE, update=True, checkpointing=ck)
+    update = bytes_per_token(inputs.model, logits=inputs.update_logit_bytes, update=True, checkpointing=ck)
     forward = bytes_per_token(inputs.model, logits=LOGIT_BYTES_FORWARD, update=False)
     value, text = token_budget(inputs, samples_per_gpu=inputs.mini_samples_per_gpu, per_token=update)
-    c.set(ACTOR_TOKENS_KEY, value, f"actor update: {text}")
+    bonus = f" ({ENTROPY_COEFF_KEY} is not 0: the entropy's temporaries are sized too)" if inputs.entropy_bonus else ""
+    c.set(ACTOR_TOKENS_KEY, value, f"actor update{bonus}: {text}")
     value, text = token_budget(inputs, samples_per_gpu=inputs.batch_samples_per_gpu, per_token=forward)
     c.set(ROLLOUT_LOG_PROB_TOKENS_KEY, value, f"old log-probs (forward only): {text}")
     if ref:
