@@ -18,7 +18,10 @@ from its row: verl logs the row after the step and its validation, and times the
 steps as a whole, and the CPU cores each phase kept busy and by whom. Launch 2 (2026-12-05) had the GPU
 at 19-21% through generation: whether verl's loop around the engine is short of CPU there, and whether
 the DAG's own processes take some of it (its generation was 5-10% slower than bare verl's), is what the
-CPU part answers.
+CPU part answers. The same job then ran twice as fast on another H100 machine, its generation 83% busy:
+so the recording also says which machine (its cores and CPU model) and, per phase, how the whole
+machine's CPU time went (``/proc/stat``: work, waits on the disk, and ``steal``, the time a virtual
+machine's CPUs waited for their host's).
 
 Usage (the GPU machine; ``bench/gpu_all.sh`` does it around the 0.5B runs):
   python bench/gpu_busy.py record --metrics GLOB [--metrics GLOB ...] --out FILE.jsonl [--poll-s 1]
@@ -59,8 +62,15 @@ TESTING = "testing"
 Reader = Callable[[], list[tuple[int, float, float]]]
 #: A reader of the machine's processes: each call gives the CPU seconds used since the call before, by group.
 CpuReader = Callable[[], dict[str, float]]
+#: A reader of the whole machine's CPU time: each call gives the seconds since the call before, by state.
+MachineReader = Callable[[], dict[str, float]]
 #: How many of a phase's busiest process groups ``analyse`` names.
 CPU_TOP = 6
+#: ``/proc/stat``'s first line, the states of all CPUs summed, in its order (proc(5)); the guest's time is
+#: also in ``user``. What the machine's CPU did is read as these states' shares.
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+#: The states that are work; ``steal`` is time a virtual machine's CPUs waited for the host's.
+BUSY_STATES = ("user", "nice", "system", "irq", "softirq")
 
 
 @dataclass(frozen=True)
@@ -125,15 +135,17 @@ def by_phase(samples: list[tuple[float, float]], windows: list[Window]) -> dict[
     return out
 
 
-#: CPU seconds by process group over the span (start, end] that one reading covers.
-CpuSpan = tuple[float, float, dict[str, float]]
+#: CPU seconds by process group over the span (start, end] that one reading covers, and the whole
+#: machine's CPU seconds by state over it (empty where the recording has none).
+CpuSpan = tuple[float, float, dict[str, float], dict[str, float]]
 
 
 def cpu_spans(lines: list[dict[str, Any]]) -> list[CpuSpan]:
     """The recording's CPU readings as spans: each from the reading before it to its own time (the
     first reading only sets where the second's span starts)."""
-    readings = sorted((float(x["t"]), x["groups"]) for x in lines if x.get("kind") == "cpu")
-    return [(a[0], b[0], b[1]) for a, b in itertools.pairwise(readings)]
+    readings = sorted(((float(x["t"]), x["groups"], x.get("machine") or {}) for x in lines
+                       if x.get("kind") == "cpu"), key=lambda r: r[0])
+    return [(a[0], b[0], b[1], b[2]) for a, b in itertools.pairwise(readings)]
 
 
 def cpu_by_phase(spans: list[CpuSpan], windows: list[Window], cores: int | None) -> dict[str, dict[str, Any]]:
@@ -144,7 +156,7 @@ def cpu_by_phase(spans: list[CpuSpan], windows: list[Window], cores: int | None)
     for phase, (mine, seconds) in phases(windows).items():
         groups: dict[str, float] = {}
         readings = 0
-        for start, end, used in spans:
+        for start, end, used, _ in spans:
             middle = (start + end) / 2
             if any(w.start <= middle < w.end for w in mine):
                 readings += 1
@@ -158,7 +170,22 @@ def cpu_by_phase(spans: list[CpuSpan], windows: list[Window], cores: int | None)
         out[phase] = {"readings": readings, "cores_busy": round(busy, 2),
                       "machine_pct": None if not cores else round(100 * busy / cores, 1),
                       "top": {name: round(cpu_s / seconds, 2) for name, cpu_s in top}}
+        if machine := machine_shares([m for start, end, _, m in spans if any(
+                w.start <= (start + end) / 2 < w.end for w in mine)]):
+            out[phase]["machine"] = machine
     return out
+
+
+def machine_shares(readings: list[dict[str, float]]) -> dict[str, float] | None:
+    """The whole machine's CPU over some readings of ``/proc/stat``: the shares of its time that were work
+    (every process and the kernel's), waits on the disk (``iowait``) and a virtual machine's waits for its
+    host (``steal``), in percent. None where the readings have none."""
+    total = sum(v for r in readings for v in r.values())
+    if total <= 0:
+        return None
+    def share(states: tuple[str, ...]) -> float:
+        return round(100 * sum(r.get(k, 0.0) for r in readings for k in states) / total, 1)
+    return {"busy_pct": share(BUSY_STATES), "iowait_pct": share(("iowait",)), "steal_pct": share(("steal",))}
 
 
 def analyse_run(samples: list[tuple[float, float]], rows: list[tuple[dict[str, float], float]]) -> dict[str, Any]:
@@ -197,13 +224,14 @@ def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for values in samples.values():
         values.sort()
     spans = cpu_spans(lines)
-    cores = next((int(x["cores"]) for x in lines if x.get("kind") == "host"), None)
+    host = next(({k: v for k, v in x.items() if k != "kind"} for x in lines if x.get("kind") == "host"), {})
+    cores = int(host["cores"]) if host.get("cores") else None
     runs: dict[str, dict[str, Any]] = {}
     for f, r in rows.items():
         runs[f] = {f"gpu{g}": analyse_run(s, r) for g, s in sorted(samples.items())}
         if spans:
             runs[f]["cpu"] = cpu_by_phase(spans, run_windows(r), cores)
-    return {"runs": runs}
+    return {"host": host, "runs": runs} if host else {"runs": runs}
 
 
 # -- recording on the GPU machine ------------------------------------------------------------------
@@ -294,17 +322,54 @@ class ProcessCpu:
         return {name: round(cpu_s, 3) for name, cpu_s in used.items()}
 
 
+class MachineCpu:
+    """The whole machine's CPU seconds by state (:data:`STAT_FIELDS`) between two calls, from
+    ``/proc/stat``; the first call gives none, it only sets where the next counts from."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.stat = proc / "stat"
+        self.tick = float(os.sysconf("SC_CLK_TCK"))
+        self.last: list[int] | None = None
+
+    def __call__(self) -> dict[str, float]:
+        fields = self.stat.read_text().split("\n", 1)[0].split()[1:1 + len(STAT_FIELDS)]
+        now = [int(v) for v in fields] + [0] * (len(STAT_FIELDS) - len(fields))
+        before, self.last = self.last, now
+        if before is None:
+            return {}
+        return {k: round((b - a) / self.tick, 3) for k, a, b in zip(STAT_FIELDS, before, now, strict=True)}
+
+
+def host_facts(proc: Path = Path("/proc")) -> dict[str, Any]:
+    """The machine a recording ran on: its cores and its CPU's model (``/proc/cpuinfo``; None where the
+    file names none). Two H100 machines of one kind ran one job two-fold apart (2026-12-05)."""
+    model = None
+    try:
+        for line in (proc / "cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"kind": "host", "cores": os.cpu_count(), "cpu_model": model}
+
+
 def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: threading.Event,
-           clock: Callable[[], float] = time.time, cpu: CpuReader | None = None) -> None:
+           clock: Callable[[], float] = time.time, cpu: CpuReader | None = None,
+           machine: MachineReader | None = None) -> None:
     """Until ``stop`` is set: every ``poll_s`` the driver's new samples, the newly landed rows and, with
-    ``cpu``, the machine's CPU time by process group since the poll before, a line each."""
+    ``cpu``, the machine's CPU time by process group since the poll before (with ``machine``, the whole
+    machine's by state beside it), a line each; with ``cpu``, first a line that says which machine."""
     with out.open("a") as f:
         if cpu is not None:
-            f.write(json.dumps({"kind": "host", "cores": os.cpu_count()}) + "\n")
+            f.write(json.dumps(host_facts()) + "\n")
         while True:
             lines = [{"kind": "gpu", "gpu": g, "t": t, "util": u} for g, t, u in reader()]
             if cpu is not None:
-                lines.append({"kind": "cpu", "t": clock(), "groups": cpu()})
+                line: dict[str, Any] = {"kind": "cpu", "t": clock(), "groups": cpu()}
+                if machine is not None:
+                    line["machine"] = machine()
+                lines.append(line)
             lines += watch.poll(clock())
             f.writelines(json.dumps(line) + "\n" for line in lines)
             f.flush()
@@ -359,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        record(nvml_reader(), RowWatch(args.metrics), args.out, args.poll_s, stop, cpu=ProcessCpu())
+        record(nvml_reader(), RowWatch(args.metrics), args.out, args.poll_s, stop, cpu=ProcessCpu(),
+               machine=MachineCpu())
         return 0
     lines = [json.loads(line) for line in args.samples.read_text().splitlines() if line.strip()]
     figures = analyse(lines)

@@ -98,7 +98,8 @@ def test_the_recorder_writes_every_sample_and_notes_each_training_row_once_when_
     out = tmp_path / "busy.jsonl"
     watch = bench.RowWatch([str(tmp_path / "run" / "metrics-*.jsonl")])
     recorder = threading.Thread(target=bench.record, args=(reader, watch, out, 0.01, stop),
-                                kwargs={"cpu": lambda: {"ray::WorkerDict": 0.5}})
+                                kwargs={"cpu": lambda: {"ray::WorkerDict": 0.5},
+                                        "machine": lambda: {"user": 0.4, "idle": 1.6}})
     recorder.start()
 
     def lines() -> list[dict[str, Any]]:
@@ -127,10 +128,11 @@ def test_the_recorder_writes_every_sample_and_notes_each_training_row_once_when_
     rows = [x for x in lines() if x["kind"] == "row"]
     assert [(r["row"]["step"], r["file"]) for r in rows] == [(1, str(metrics))]  # validation's row is no step
     assert [(x["t"], x["util"]) for x in lines() if x["kind"] == "gpu"] == [(1.0, 40.0), (1.2, 60.0), (1.4, 0.0)]
-    # The machine's cores once, then a CPU reading at every poll.
-    assert lines()[0] == {"kind": "host", "cores": os.cpu_count()}
+    # The machine once (its cores and CPU), then a CPU reading at every poll, the whole machine's beside it.
+    assert lines()[0] == bench.host_facts() and lines()[0]["cores"] == os.cpu_count()
     cpu = [x for x in lines() if x["kind"] == "cpu"]
     assert len(cpu) == len(reads) and all(x["groups"] == {"ray::WorkerDict": 0.5} for x in cpu)
+    assert all(x["machine"] == {"user": 0.4, "idle": 1.6} for x in cpu)
 
 
 @pytest.mark.parametrize(("argv", "group"), [
@@ -202,6 +204,38 @@ def test_the_process_reader_counts_each_programs_cpu_time_since_the_read_before(
                 proc.wait(timeout=30)
 
 
+def test_the_machine_reader_gives_each_cpu_states_seconds_since_the_read_before(tmp_path: Path) -> None:
+    bench = _bench()
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 1000 10 0 5 0 0 0\ncpu0 50 0 25 500 5 0 2 0 0 0\nintr 1\n")
+    machine = bench.MachineCpu(tmp_path)
+    assert machine() == {}  # the first read only sets where the next counts from
+    stat.write_text(f"cpu  {100 + 3 * tick} 0 {50 + tick} {1000 + 12 * tick} 10 0 5 {2 * tick} 0 0\n")
+    assert machine() == {"user": 3.0, "nice": 0.0, "system": 1.0, "idle": 12.0, "iowait": 0.0, "irq": 0.0,
+                         "softirq": 0.0, "steal": 2.0}
+    # This machine's own /proc/stat: a process that uses 0.3 s of CPU is in the machine's work since.
+    burner = _burner(tmp_path, f"burner_machine_{os.getpid()}.py")
+    try:
+        real = bench.MachineCpu()
+        real()
+        _use(burner, 0.3)
+        used = real()
+        assert sum(used[k] for k in bench.BUSY_STATES) >= 0.25
+    finally:
+        burner.kill()
+        burner.wait(timeout=30)
+
+
+def test_the_host_line_names_the_cores_and_the_cpu(tmp_path: Path) -> None:
+    bench = _bench()
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                                      "model name\t: AMD EPYC 9654 96-Core Processor\n\nprocessor\t: 1\n")
+    assert bench.host_facts(tmp_path) == {"kind": "host", "cores": os.cpu_count(),
+                                          "cpu_model": "AMD EPYC 9654 96-Core Processor"}
+    assert bench.host_facts(tmp_path / "absent")["cpu_model"] is None
+
+
 def test_each_phase_gets_the_cpu_cores_its_readings_used_and_by_whom() -> None:
     bench = _bench()
     windows = bench.step_windows(ROW, landed_at=1000.0)  # gen 955-965, ..., save 979.5-997.5
@@ -217,8 +251,27 @@ def test_each_phase_gets_the_cpu_cores_its_readings_used_and_by_whom() -> None:
                           "top": {"ray::AgentLoopWorkerTQ": 2.0, "VLLM::EngineCore": 1.0}}
     assert out["save_checkpoint"]["cores_busy"] == 1.0 and out["save_checkpoint"]["top"] == {"ray::WorkerDict": 1.0}
     assert bench.cpu_by_phase([], windows, cores=16)["gen"] == {"readings": 0}
-    # analyse gives every run its phases' CPU beside its GPUs'.
-    recorded = [*lines, {"kind": "host", "cores": 16},
-                {"kind": "row", "file": "bare/metrics.jsonl", "t": 1000.0, "row": ROW}]
-    run = bench.analyse(recorded)["runs"]["bare/metrics.jsonl"]
+    # analyse gives every run its phases' CPU beside its GPUs', and says which machine.
+    host = {"kind": "host", "cores": 16, "cpu_model": "AMD EPYC 9654 96-Core Processor"}
+    recorded = [*lines, host, {"kind": "row", "file": "bare/metrics.jsonl", "t": 1000.0, "row": ROW}]
+    figures = bench.analyse(recorded)
+    run = figures["runs"]["bare/metrics.jsonl"]
     assert run["cpu"]["gen"]["cores_busy"] == 3.0 and run["cpu"]["gen"]["machine_pct"] == 18.8
+    assert figures["host"] == {"cores": 16, "cpu_model": "AMD EPYC 9654 96-Core Processor"}
+    assert "machine" not in run["cpu"]["gen"]  # a recording without the machine's states
+
+
+def test_each_phase_gets_the_whole_machines_work_waits_and_steal() -> None:
+    bench = _bench()
+    windows = bench.step_windows(ROW, landed_at=1000.0)
+    # 16 cores, a reading a second: in generation 4 core-seconds of work, 2 stolen by the host, 10 idle;
+    # in the save 1 of work, 3 waiting on the disk, 12 idle.
+    gen = {"user": 3.0, "system": 1.0, "steal": 2.0, "idle": 10.0}
+    save = {"user": 1.0, "iowait": 3.0, "idle": 12.0}
+    lines: list[dict[str, Any]] = [{"kind": "cpu", "t": 954.0, "groups": {}, "machine": {}}]
+    lines += [{"kind": "cpu", "t": float(t), "groups": {"x": 1.0}, "machine": gen if t < 966 else save}
+              for t in range(955, 1001)]
+    out = bench.cpu_by_phase(bench.cpu_spans(lines), windows, cores=16)
+    assert out["gen"]["machine"] == {"busy_pct": 25.0, "iowait_pct": 0.0, "steal_pct": 12.5}
+    assert out["save_checkpoint"]["machine"] == {"busy_pct": 6.2, "iowait_pct": 18.8, "steal_pct": 0.0}
+    assert bench.machine_shares([]) is None and bench.machine_shares([{}]) is None
