@@ -341,17 +341,11 @@ class MachineCpu:
 
 
 def host_facts(proc: Path = Path("/proc")) -> dict[str, Any]:
-    """The machine a recording ran on: its cores and its CPU's model (``/proc/cpuinfo``; None where the
-    file names none). Two H100 machines of one kind ran one job two-fold apart (2026-12-05)."""
-    model = None
-    try:
-        for line in (proc / "cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"kind": "host", "cores": os.cpu_count(), "cpu_model": model}
+    """The machine a recording ran on: its cores and its CPU's model as the probe reads it (None where
+    ``cpuinfo`` names none). Two H100 machines of one kind ran one job two-fold apart (2026-12-05)."""
+    from verl_pipeline.cluster.probe import cpu_model
+
+    return {"kind": "host", "cores": os.cpu_count(), "cpu_model": cpu_model(str(proc / "cpuinfo"))}
 
 
 def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: threading.Event,

@@ -8,6 +8,7 @@ cannot be installed on a CPU machine with this project's torch.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -87,3 +88,19 @@ def test_a_node_reports_the_versions_the_decisions_read_and_no_gpu_facts_without
     # flash-attn is looked for, found missing; a node without GPUs is not asked for GPUs or a kernel run.
     assert facts["modules"]["flash_attn"]["ok"] is False
     assert "gpu" not in facts and "flash_attn_kernel" not in facts
+    # The node's CPUs: the count, and the model /proc/cpuinfo names (where it names one).
+    assert facts["os_cpu_count"] == os.cpu_count()
+    named = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    assert facts["cpu_model"] == (named[0] if named else None)
+
+
+def test_the_cpu_model_is_read_where_cpuinfo_names_one(tmp_path: Path) -> None:
+    from verl_pipeline.cluster.probe import cpu_model
+
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n")
+    arm = tmp_path / "arm"  # an Arm node's cpuinfo names parts, not a model
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n")
+    assert cpu_model(str(x86)) == "Intel(R) Xeon(R) Platinum 8480+"
+    assert cpu_model(str(arm)) is None and cpu_model(str(tmp_path / "absent")) is None

@@ -12,6 +12,10 @@ H200_VERSIONS = {"torch": "2.11.0+cu130", "triton": "3.5.0", "vllm": "0.24.0", "
                  "flash-attn": "2.8.3.post2", "verl": "0.9.1", "transformers": "5.9.0"}
 
 
+#: The CPU the probe reports on the test nodes.
+CPU_MODEL = "AMD EPYC 9654 96-Core Processor"
+
+
 def probe_node(*, flash_attn: bool | str = True, node_id: str = "a" * 56, ip: str = "10.0.0.7", gpus: int = 1,
                name: str = "NVIDIA H200", memory_gib: float = 139.8, capability: str = "9.0",
                versions: dict[str, str | None] | None = None, driver: str = "580.65.06") -> dict[str, Any]:
@@ -19,8 +23,9 @@ def probe_node(*, flash_attn: bool | str = True, node_id: str = "a" * 56, ip: st
     False (not installed) or ``"broken"`` (imports, fails on the GPU)."""
     versions = dict(H200_VERSIONS if versions is None else versions)
     modules: dict[str, Any] = {"verl": {"ok": True, "version": "0.9.1"}}
-    facts: dict[str, Any] = {"python": "3.12.3", "torch": {"version": versions.get("torch"), "cuda": "13.0",
-                                                           "cuda_available": True, "device_count": gpus},
+    facts: dict[str, Any] = {"python": "3.12.3", "os_cpu_count": 16, "cpu_model": CPU_MODEL,
+                             "torch": {"version": versions.get("torch"), "cuda": "13.0",
+                                       "cuda_available": True, "device_count": gpus},
                              "gpu": {"devices": [{"name": name, "memory_gib": memory_gib, "capability": capability}]
                                      * gpus, "driver": driver}}
     if flash_attn:

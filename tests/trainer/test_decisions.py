@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tests.jobs.test_checkpoints import save
-from tests.trainer.nodes import h200, probe_node
+from tests.trainer.nodes import CPU_MODEL, h200, probe_node
 from verl_pipeline import steps
 from verl_pipeline.constants import Mode
 from verl_pipeline.profiles import build_run_spec
@@ -35,6 +35,10 @@ def test_the_record_says_what_the_probe_found_and_what_the_job_uses() -> None:
     assert record["attention"] == "flash-attn" and record["settings"][ACTOR_ATTN_OVERRIDE] == "flash_attention_2"
     node = record["nodes"]["gpu_nodes"][0]
     assert (node["gpu_name"], node["gpu_memory_gb"], node["flash_attn"]) == ("NVIDIA H200", 139.8, "2.8.3.post2")
+    # The CPUs beside the GPU: nothing is decided from them, but a run's figures compare only beside them.
+    assert (node["cpus"], node["cpu_model"]) == (16, CPU_MODEL)
+    assert "1 x NVIDIA H200 (139.8 GB, sm 9.0), 16 CPUs (AMD EPYC 9654 96-Core Processor), flash-attn" in \
+        decision.nodes.describe()
     assert record["nodes"]["flash_attn_on_every_gpu_node"] is True and record["gpu_memory_gb"] == 139.8
     assert record["caches"]["enabled"] and record["env"][COMPILE_CACHE_SWITCH] == "0"
     assert record["rules"]["probe"].startswith("'ran' — the first submission probes the nodes; a restart probes")
@@ -99,6 +103,10 @@ def test_the_kept_records_are_read_back_for_render() -> None:
                    {"run": "r", "nodes": facts}):
         found = NodeFacts.from_record(record, source="file.json")
         assert found is not None and found.gpu_nodes == h200().gpu_nodes and "as kept in file.json" in found.source
+    # A record kept before the probe reported CPUs reads back without them.
+    old_node = {k: v for k, v in facts["gpu_nodes"][0].items() if k not in ("cpus", "cpu_model")}
+    older = NodeFacts.from_record({"found": {**facts, "gpu_nodes": [old_node]}}, source="older.json")
+    assert older is not None and older.gpu_nodes[0].cpus is None and ", 16 CPUs" not in older.describe()
     # environment.json's own "nodes" is the per-node list, not the facts; an old file has no "found".
     assert NodeFacts.from_record({"nodes": [probe_node()]}, source="old.json") is None
 

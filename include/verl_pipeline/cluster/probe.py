@@ -1,10 +1,10 @@
 """The environment probe: one short Ray task per alive node, pinned to it, reporting what is there.
 
-Each task reports torch and its CUDA build, the GPUs torch sees (on nodes with GPUs: their name,
-memory and compute capability, and the driver), whether each module the job needs imports (flash-attn,
-sglang; verl and vllm are looked up, with the torch they require) with its version, transformers'
-version and the range the node's verl supports, the versions of the distributions the request names,
-and whether each path the job reads exists. On a node with GPUs flash-attn is also run once on a GPU
+Each task reports the node's CPUs (their count and model), torch and its CUDA build, the GPUs torch
+sees (on nodes with GPUs: their name, memory and compute capability, and the driver), whether each
+module the job needs imports (flash-attn, sglang; verl and vllm are looked up, with the torch they
+require) with its version, transformers' version and the range the node's verl supports, the
+versions of the distributions the request names, and whether each path the job reads exists. On a node with GPUs flash-attn is also run once on a GPU
 (a build for another GPU or CUDA imports, then fails there): whether it is *usable* decides the
 attention path (:mod:`verl_pipeline.trainer.fastpath`). The tasks ask for no CPU, so they run on a node
 that is busy.
@@ -198,6 +198,20 @@ def _versions(distributions: list[str]) -> dict[str, str | None]:
     return found
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The CPU's model as ``cpuinfo`` names it (``model name``), None where it names none or cannot be read.
+    One job ran two-fold apart on two machines of one GPU kind (2026-12-05): the CPU beside the GPU is a
+    fact of the run too."""
+    try:
+        with open(cpuinfo, errors="replace") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        return None
+    return None
+
+
 def node_facts(request: dict[str, Any]) -> dict[str, Any]:
     """What this node has for the job described by ``request`` (runs inside the pinned Ray task)."""
     from importlib import metadata
@@ -205,7 +219,8 @@ def node_facts(request: dict[str, Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     facts: dict[str, Any] = {"hostname": socket.gethostname(), "python": sys.version.split()[0],
                              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                             "os_cpu_count": os.cpu_count(), "torch": _torch_facts(bool(request.get("gpus")))}
+                             "os_cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
+                             "torch": _torch_facts(bool(request.get("gpus")))}
     facts["modules"] = {m: _module_facts(m) for m in request.get("modules", [])}
     facts["versions"] = _versions(list(request.get("versions", [])))
     if request.get("gpus") and not facts["torch"].get("error"):

@@ -3,8 +3,9 @@
 The probe (:mod:`verl_pipeline.cluster.probe`) reports everything it saw on every node; this keeps
 what :mod:`verl_pipeline.trainer.decisions` decides from — whether flash-attn imports *and runs* on
 each GPU node, the GPU (name, memory, compute capability), the driver, and the versions the warm
-caches are keyed by — in a form the run directory keeps (``environment.json``, ``job.json``,
-``decisions.jsonl``) and ``verl-pipeline render`` reads back. Pure; no heavy imports.
+caches are keyed by — and the node's CPUs (count, model: nothing is decided from them, but two runs
+on one GPU kind compare only beside them), in a form the run directory keeps (``environment.json``,
+``job.json``, ``decisions.jsonl``) and ``verl-pipeline render`` reads back. Pure; no heavy imports.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class GpuNode:
     flash_attn_error: str | None = None
     #: Distribution -> version (None: not installed), the probe's ``versions``.
     versions: dict[str, str | None] = field(default_factory=dict)
+    #: The node's CPUs as the OS counts them, and their model (None where not reported).
+    cpus: int | None = None
+    cpu_model: str | None = None
 
     @classmethod
     def from_probe(cls, node: Mapping[str, Any]) -> GpuNode:
@@ -61,7 +65,9 @@ class GpuNode:
                    gpu_name=" + ".join(names) if names else None, gpu_memory_gb=min(memory) if memory else None,
                    capability=" + ".join(capabilities) if capabilities else None, driver=gpu.get("driver"),
                    python=facts.get("python"), cuda=(facts.get("torch") or {}).get("cuda"), flash_attn=usable,
-                   flash_attn_error=error, versions=dict(facts.get("versions") or {}))
+                   flash_attn_error=error, versions=dict(facts.get("versions") or {}),
+                   cpus=int(facts["os_cpu_count"]) if facts.get("os_cpu_count") else None,
+                   cpu_model=facts.get("cpu_model"))
 
     def describe(self) -> str:
         gpu = f"{self.gpus:g} x {self.gpu_name or 'unknown GPU'}"
@@ -70,7 +76,10 @@ class GpuNode:
             gpu += f", sm {self.capability})" if self.capability else ")"
         flash = (f"flash-attn {self.flash_attn}" if self.flash_attn
                  else f"no usable flash-attn ({self.flash_attn_error})")
-        return f"{self.node}: {gpu}, {flash}"
+        cpu = ""
+        if self.cpus:
+            cpu = f", {self.cpus} CPUs" + (f" ({self.cpu_model})" if self.cpu_model else "")
+        return f"{self.node}: {gpu}{cpu}, {flash}"
 
 
 @dataclass(frozen=True)
