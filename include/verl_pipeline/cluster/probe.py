@@ -4,10 +4,10 @@ Each task reports the node's CPUs (their count and model), torch and its CUDA bu
 sees (on nodes with GPUs: their name, memory and compute capability, and the driver), whether each
 module the job needs imports (flash-attn, sglang; verl and vllm are looked up, with the torch they
 require) with its version, transformers' version and the range the node's verl supports, the
-versions of the distributions the request names, and whether each path the job reads exists. On a node with GPUs flash-attn is also run once on a GPU
-(a build for another GPU or CUDA imports, then fails there): whether it is *usable* decides the
-attention path (:mod:`verl_pipeline.trainer.fastpath`). The tasks ask for no CPU, so they run on a node
-that is busy.
+versions of the distributions the request names, and whether each path the job reads exists. On a
+node with GPUs flash-attn is also run once on a GPU (a build for another GPU or CUDA imports, then
+fails there): whether it is *usable* decides the attention path (:mod:`verl_pipeline.trainer.fastpath`).
+The tasks ask for no CPU, so they run on a node that is busy.
 
 The probe runs as a short Ray job through the Jobs API (the same path, cluster and
 ``runtime_env`` as the verl job it checks), started by :func:`run_probe` on the Airflow worker or
