@@ -171,8 +171,8 @@ def test_the_05b_budgets_on_an_h100_are_the_ones_its_gpu_run_measured() -> None:
     _, c = _decide(GRPO, h200(), memory=79.2)
     assert c.updates[ACTOR_TOKENS_KEY] == 49152
     assert c.updates[ROLLOUT_LOG_PROB_TOKENS_KEY] == c.updates[REF_LOG_PROB_TOKENS_KEY] == 52224
-    # Twice the measured slope of 2 bytes per entry per token: the logits the update's budget holds, at the
-    # measured rate, take at most half the memory the rule gave the activations.
+    # 4 bytes per entry against the 2 measured for the update: its budget's logits, at the measured rate,
+    # take at most half the memory the rule gave the activations.
     inputs = budget_inputs(GRPO, QWEN_05B, 79.2)
     measured = c.updates[ACTOR_TOKENS_KEY] * 2 * 151936 / 2**30
     assert measured <= inputs.activation_gb / 2
