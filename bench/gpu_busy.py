@@ -64,6 +64,8 @@ Reader = Callable[[], list[tuple[int, float, float]]]
 CpuReader = Callable[[], dict[str, float]]
 #: A reader of the whole machine's CPU time: each call gives the seconds since the call before, by state.
 MachineReader = Callable[[], dict[str, float]]
+#: The kernel's clock ticks per second, the unit of ``/proc``'s CPU times.
+TICKS_PER_S = float(os.sysconf("SC_CLK_TCK"))
 #: How many of a phase's busiest process groups ``analyse`` names.
 CPU_TOP = 6
 #: ``/proc/stat``'s first line, the states of all CPUs summed, in its order (proc(5)); the guest's time is
@@ -149,29 +151,26 @@ def cpu_spans(lines: list[dict[str, Any]]) -> list[CpuSpan]:
 
 
 def cpu_by_phase(spans: list[CpuSpan], windows: list[Window], cores: int | None) -> dict[str, dict[str, Any]]:
-    """Per phase over all steps: the CPU cores it kept busy on average (the CPU seconds of the readings
-    whose span's middle falls in it, over its seconds), the share of the machine's cores, and its
-    busiest process groups in cores."""
+    """Per phase over all steps, from the readings whose span's middle falls in it: the CPU cores it kept
+    busy on average (their CPU seconds over its seconds), the share of the machine's cores, its busiest
+    process groups in cores and, where the recording has them, the whole machine's shares by state."""
     out: dict[str, dict[str, Any]] = {}
     for phase, (mine, seconds) in phases(windows).items():
-        groups: dict[str, float] = {}
-        readings = 0
-        for start, end, used, _ in spans:
-            middle = (start + end) / 2
-            if any(w.start <= middle < w.end for w in mine):
-                readings += 1
-                for name, cpu_s in used.items():
-                    groups[name] = groups.get(name, 0.0) + cpu_s
-        if not readings or seconds <= 0:
+        theirs = [(used, machine) for start, end, used, machine in spans
+                  if any(w.start <= (start + end) / 2 < w.end for w in mine)]
+        if not theirs or seconds <= 0:
             out[phase] = {"readings": 0}
             continue
+        groups: dict[str, float] = {}
+        for used, _ in theirs:
+            for name, cpu_s in used.items():
+                groups[name] = groups.get(name, 0.0) + cpu_s
         busy = sum(groups.values()) / seconds
         top = sorted(groups.items(), key=lambda kv: -kv[1])[:CPU_TOP]
-        out[phase] = {"readings": readings, "cores_busy": round(busy, 2),
+        out[phase] = {"readings": len(theirs), "cores_busy": round(busy, 2),
                       "machine_pct": None if not cores else round(100 * busy / cores, 1),
                       "top": {name: round(cpu_s / seconds, 2) for name, cpu_s in top}}
-        if machine := machine_shares([m for start, end, _, m in spans if any(
-                w.start <= (start + end) / 2 < w.end for w in mine)]):
+        if machine := machine_shares([m for _, m in theirs]):
             out[phase]["machine"] = machine
     return out
 
@@ -288,7 +287,6 @@ class ProcessCpu:
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self.proc = proc
-        self.tick = float(os.sysconf("SC_CLK_TCK"))
         self.seen: dict[tuple[int, str], float] = {}
         self.primed = False
 
@@ -298,7 +296,7 @@ class ProcessCpu:
         except (OSError, IndexError):
             return None
         # After the name: state is field 3, utime 14, stime 15, starttime 22 (proc(5)).
-        return fields[19], (int(fields[11]) + int(fields[12])) / self.tick
+        return fields[19], (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
     def _name(self, pid: int) -> str | None:
         try:
@@ -328,7 +326,6 @@ class MachineCpu:
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self.stat = proc / "stat"
-        self.tick = float(os.sysconf("SC_CLK_TCK"))
         self.last: list[int] | None = None
 
     def __call__(self) -> dict[str, float]:
@@ -337,7 +334,7 @@ class MachineCpu:
         before, self.last = self.last, now
         if before is None:
             return {}
-        return {k: round((b - a) / self.tick, 3) for k, a, b in zip(STAT_FIELDS, before, now, strict=True)}
+        return {k: round((b - a) / TICKS_PER_S, 3) for k, a, b in zip(STAT_FIELDS, before, now, strict=True)}
 
 
 def host_facts(proc: Path = Path("/proc")) -> dict[str, Any]:
