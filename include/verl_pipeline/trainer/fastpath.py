@@ -75,12 +75,9 @@ BUDGET_STEP = 1024
 #: Share of the GPU memory left beside the resident training state (and a headroom) that one micro
 #: batch's activations may take: the backward pass and the allocator's fragmentation need the rest.
 ACTIVATION_SHARE = 0.5
-#: Bytes per token per vocabulary entry in the update and in a log-prob pass: 1.6 to 2 times what was
-#: measured. verl 0.9.1 keeps the logits in bf16 and takes the log-probs with flash-attn's cross-entropy,
-#: whose backward writes into the logits: the 0.5B GRPO job's peak allocated memory on an H100 grew by
-#: 2.0 bytes per entry per token between budgets of 17,408 and 49,152 update tokens, 2.5 if the log-prob
-#: passes (26,624 and 52,224) set the peak (13.49 -> 22.47 GiB, docs/benchmarks.md, ninth session of
-#: 2026-12-05). The log-prob passes computed the entropy too.
+#: Bytes per token per vocabulary entry in the update and in a log-prob pass: 1.6 to 2 times what the 0.5B
+#: GRPO job measured on an H100, whose log-prob passes computed the entropy too (verl 0.9.1 keeps the
+#: logits in bf16; the measurement is in docs/scaling.md).
 LOGIT_BYTES_UPDATE = 4
 LOGIT_BYTES_FORWARD = 4
 #: The update's bytes per entry when the loss carries an entropy bonus (``entropy_coeff`` not 0): the
