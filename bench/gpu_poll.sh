@@ -11,7 +11,9 @@ out=$(realpath -m "${1:?usage: bench/gpu_poll.sh OUTDIR WORKDIR SECONDS}") work=
 dest=${OUT:?the device tool sets OUT}
 deadline=$(( $(date +%s) + seconds ))
 while [ ! -f "$out/done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+# A launch's progress, or each launch's when OUTDIR holds several (one folder each, as the plan starts them).
 cat "$out/progress" 2>/dev/null
+for p in "$out"/*/progress; do [ -f "$p" ] && { echo "${p%/progress}:"; cat "$p"; }; done
 [ -f "$out/done" ] && echo "launch over: $(cat "$out/done")"
 rm -f "$dest"/results.tgz*
 tar -C / --exclude=caches --exclude=models --exclude='global_step_*' --exclude='*.safetensors' \

@@ -53,6 +53,20 @@ def test_each_poll_packs_the_results_without_checkpoints_models_or_data(tmp_path
     assert sorted(p.name for p in dest.iterdir()) == ["results.tgz"]
 
 
+def test_a_poll_shows_each_launch_of_a_folder_that_holds_several(tmp_path: Path) -> None:
+    """The plan starts its launches one after the other, each in a folder of its own under one OUTDIR: a poll
+    of that OUTDIR shows every launch's progress (on 2026-12-06 it showed none, and two polls went blind)."""
+    out, work, dest = tmp_path / "gout", tmp_path / "gw", tmp_path / "OUT"
+    for d in (out / "grpo3", out / "old", work, dest):
+        d.mkdir(parents=True)
+    (out / "grpo3" / "progress").write_text("04:07:21 start\n04:18:10 real-size rc=0, disk free 40G\n")
+    (out / "old" / "progress").write_text("04:18:12 start\n")
+    poll = _sh("gpu_poll.sh", str(out), str(work), "0", env={"OUT": str(dest)})
+    assert poll.returncode == 0, poll.stderr
+    assert f"{out}/grpo3:\n04:07:21 start\n04:18:10 real-size rc=0" in poll.stdout
+    assert f"{out}/old:\n04:18:12 start\n" in poll.stdout
+
+
 def test_the_rollout_ceiling_runs_on_the_newest_0_5b_run(tmp_path: Path) -> None:
     """ROLLOUT_CEILING=1 hands bench/rollout_ceiling.py the last 0.5B run's directory (the repeated run's
     when there are two). A stand-in Python records each call instead of running it."""
