@@ -15,9 +15,10 @@ workload both ways, on the CPU, and compares:
   loop do);
 - ``put_get_s``: putting and getting a 64 MB array five times (the object store).
 
-The cluster is the project's local backend with the DAG's defaults (token auth, a 4 GiB object store),
-started once, as one DAG run's is; the job is submitted through the project's Jobs API client with the
-package in ``py_modules``, and its log is read every second while it runs, as the waiter does. The bare
+The cluster is the project's local backend with the GPU runs' cluster profile (``local-gpu``: token auth,
+its object store) on this machine's CPUs, started once, as one DAG run's is; the job is submitted through
+the project's Jobs API client with the package in ``py_modules``, and its status and log are read every
+second while it runs, as the waiter reads them. The bare
 driver starts its own Ray with ``ray.init``, as bare verl does. The rounds alternate their order (job
 first, then bare first) so that a machine getting faster or slower over the run does not favour one.
 """
@@ -78,6 +79,8 @@ print("RESULT " + json.dumps({"call_us": statistics.median(lat) * 1e6, "spin_s":
 '''
 
 FIGURES = ("call_us", "spin_s", "put_get_s")
+#: The cluster profile whose settings the job's cluster takes: the one the GPU runs use.
+CLUSTER_PROFILE = "local-gpu"
 
 
 def _result(text: str) -> dict[str, float]:
@@ -138,13 +141,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--auth", choices=("token", "disabled"), default="token",
-                   help="the pipeline's cluster's auth mode (token: the DAG's default)")
+                   help="the pipeline's cluster's auth mode (token: the profile's)")
     args = p.parse_args()
-    from verl_pipeline.cluster.local import LocalBackend
+    import yaml
 
+    from verl_pipeline.cluster.local import LocalBackend
+    from verl_pipeline.paths import configs_dir
+
+    # The GPU runs' cluster profile as it is (auth, object store, …), on this machine's CPUs and no GPU.
     num_cpus = os.cpu_count() or 2
-    backend = LocalBackend.from_spec({"backend": "local", "num_cpus": num_cpus, "object_store_memory_mb": 4096,
-                                      "auth_mode": args.auth, "stop_grace_s": 3})
+    spec = yaml.safe_load((configs_dir() / "clusters" / f"{CLUSTER_PROFILE}.yaml").read_text())["cluster"]
+    spec.update(num_cpus=num_cpus, num_gpus=0, auth_mode=args.auth)
+    backend = LocalBackend.from_spec(spec)
     runs: dict[str, list[dict[str, float]]] = {"job": [], "bare": []}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "workload.py"
