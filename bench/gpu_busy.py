@@ -21,7 +21,11 @@ the DAG's own processes take some of it (its generation was 5-10% slower than ba
 CPU part answers. The same job then ran twice as fast on another H100 machine, its generation 83% busy:
 so the recording also says which machine (its cores and CPU model) and, per phase, how the whole
 machine's CPU time went (``/proc/stat``: work, waits on the disk, and ``steal``, the time a virtual
-machine's CPUs waited for their host's).
+machine's CPUs waited for their host's). On one such machine the speed of a core moved by 31% and 60%
+within minutes (vLLM's one-core ``torch.compile`` of the same graph: 18.6-30.2 s, 2026-12-06), with
+steal at zero, so a run and its twin can differ by the machine alone. At every poll the recorder also times a fixed
+piece of pure-Python work on one core (``core_probe``), and ``analyse`` gives each step its median:
+two runs' steps are then compared where the cores ran at one speed.
 
 Usage (the GPU machine; ``bench/gpu_all.sh`` does it around the 0.5B runs):
   python bench/gpu_busy.py record --metrics GLOB [--metrics GLOB ...] --out FILE.jsonl [--poll-s 1]
@@ -68,6 +72,9 @@ MachineReader = Callable[[], dict[str, float]]
 TICKS_PER_S = float(os.sysconf("SC_CLK_TCK"))
 #: How many of a phase's busiest process groups ``analyse`` names.
 CPU_TOP = 6
+#: The core probe's fixed work: a pure-Python loop of this many turns (about 5 ms on one core), timed at every
+#: poll, so a step's median says how fast a core ran Python through it.
+PROBE_TURNS = 200_000
 #: ``/proc/stat``'s first line, the states of all CPUs summed, in its order (proc(5)); the guest's time is
 #: also in ``user``. What the machine's CPU did is read as these states' shares.
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -202,6 +209,19 @@ def analyse_run(samples: list[tuple[float, float]], rows: list[tuple[dict[str, f
             "sample_interval_s": interval(samples)}
 
 
+def step_speed(probes: list[tuple[float, float]], windows: list[Window]) -> list[dict[str, Any]]:
+    """Each step (validation apart): its seconds and the median of the core probe's milliseconds inside it,
+    with how many probes that took (None where none fell in it)."""
+    out = []
+    for step in sorted({w.step for w in windows}):
+        mine = [w for w in windows if w.step == step and w.phase != TESTING]
+        start, end = min(w.start for w in mine), max(w.end for w in mine)
+        values = inside(probes, start, end)
+        out.append({"step": step, "seconds": round(end - start, 2), "probes": len(values),
+                    "probe_ms": round(statistics.median(values), 2) if values else None})
+    return out
+
+
 def interval(samples: list[tuple[float, float]]) -> float | None:
     """The driver's median time between two samples (its sampling period)."""
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(samples) if b[0] > a[0]]
@@ -210,11 +230,12 @@ def interval(samples: list[tuple[float, float]]) -> float | None:
 
 def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """``record``'s lines: per GPU its samples, per metrics file its rows; every file's steps against
-    every GPU (one GPU per run on the machines this ran on), and against the machine's CPU readings
-    where the recording has them (``cpu``)."""
+    every GPU (one GPU per run on the machines this ran on), against the machine's CPU readings
+    where the recording has them (``cpu``), and each step against the core probe (``core_speed``)."""
     lines = list(lines)
     samples: dict[int, list[tuple[float, float]]] = {}
     rows: dict[str, list[tuple[dict[str, float], float]]] = {}
+    probes = sorted((float(x["t"]), float(x["ms"])) for x in lines if x.get("kind") == "probe")
     for line in lines:
         if line.get("kind") == "gpu":
             samples.setdefault(int(line["gpu"]), []).append((float(line["t"]), float(line["util"])))
@@ -230,6 +251,8 @@ def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
         runs[f] = {f"gpu{g}": analyse_run(s, r) for g, s in sorted(samples.items())}
         if spans:
             runs[f]["cpu"] = cpu_by_phase(spans, run_windows(r), cores)
+        if probes:
+            runs[f]["core_speed"] = step_speed(probes, run_windows(r))
     return {"host": host, "runs": runs} if host else {"runs": runs}
 
 
@@ -345,12 +368,23 @@ def host_facts(proc: Path = Path("/proc")) -> dict[str, Any]:
     return {"kind": "host", "cores": os.cpu_count(), "cpu_model": cpu_model(str(proc / "cpuinfo"))}
 
 
+def core_probe(turns: int = PROBE_TURNS) -> float:
+    """The seconds one core takes now for a fixed piece of pure-Python work (the wall clock's: a core the
+    host runs slower, or gives to another process, shows as the same work taking longer)."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(turns):
+        total += i & 7
+    return time.perf_counter() - start
+
+
 def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: threading.Event,
            clock: Callable[[], float] = time.time, cpu: CpuReader | None = None,
-           machine: MachineReader | None = None) -> None:
+           machine: MachineReader | None = None, probe: Callable[[], float] | None = None) -> None:
     """Until ``stop`` is set: every ``poll_s`` the driver's new samples, the newly landed rows and, with
     ``cpu``, the machine's CPU time by process group since the poll before (with ``machine``, the whole
-    machine's by state beside it), a line each; with ``cpu``, first a line that says which machine."""
+    machine's by state beside it), with ``probe`` its seconds in milliseconds, a line each; with ``cpu``,
+    first a line that says which machine."""
     with out.open("a") as f:
         if cpu is not None:
             f.write(json.dumps(host_facts()) + "\n")
@@ -361,6 +395,8 @@ def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: thre
                 if machine is not None:
                     line["machine"] = machine()
                 lines.append(line)
+            if probe is not None:
+                lines.append({"kind": "probe", "t": clock(), "ms": round(1000 * probe(), 3)})
             lines += watch.poll(clock())
             f.writelines(json.dumps(line) + "\n" for line in lines)
             f.flush()
@@ -416,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         record(nvml_reader(), RowWatch(args.metrics), args.out, args.poll_s, stop, cpu=ProcessCpu(),
-               machine=MachineCpu())
+               machine=MachineCpu(), probe=core_probe)
         return 0
     lines = [json.loads(line) for line in args.samples.read_text().splitlines() if line.strip()]
     figures = analyse(lines)
