@@ -23,9 +23,9 @@ so the recording also says which machine (its cores and CPU model) and, per phas
 machine's CPU time went (``/proc/stat``: work, waits on the disk, and ``steal``, the time a virtual
 machine's CPUs waited for their host's). On one such machine the speed of a core moved by 31% and 60%
 within minutes (vLLM's one-core ``torch.compile`` of the same graph: 18.6-30.2 s, 2026-12-06), with
-steal at zero, so a run and its twin can differ by the machine alone. At every poll the recorder also times a fixed
-piece of pure-Python work on one core (``core_probe``), and ``analyse`` gives each step its median:
-two runs' steps are then compared where the cores ran at one speed.
+steal near zero, so a run and its twin can differ by the machine alone. At every poll the recorder
+also times a fixed piece of pure-Python work on one core (``core_probe``), and ``analyse`` gives each
+step its median: two runs' steps are then compared where the cores ran at one speed.
 
 Usage (the GPU machine; ``bench/gpu_all.sh`` does it around the 0.5B runs):
   python bench/gpu_busy.py record --metrics GLOB [--metrics GLOB ...] --out FILE.jsonl [--poll-s 1]
