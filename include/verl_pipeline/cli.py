@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_pipeline.constants import BackendKind, Mode, Placement
+from verl_pipeline.constants import DEFAULT_RECIPE, BackendKind, Mode, Placement
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.profiles import Asked, build_run_spec
 from verl_pipeline.rundir import RunDir
@@ -351,7 +351,7 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
     else:
         # The directory is keyed by the data's content and the model's tokenizer, which only the
         # preprocess task (on the shared storage) can hash.
-        recipe = str(spec.data_options.get("recipe") or pre.DEFAULT_RECIPE)
+        recipe = str(spec.data_options.get("recipe") or DEFAULT_RECIPE)
         out_dir = pre.output_dir(spec.data_root, recipe, "<content-key>")
         data = {"train_path": str(pre.split_file(out_dir, "train")), "val_path": str(pre.split_file(out_dir, "val"))}
         notes.append(f"shared storage {list(spec.shared_roots)} is not mounted here: data paths are where "

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from enum import Enum
 
+#: The data recipe (``configs/recipes``) a run uses when its data options name none.
+DEFAULT_RECIPE = "gsm8k"
+
 
 class Placement(str, Enum):
     """Where rollout (generation) runs relative to training."""

@@ -23,7 +23,7 @@ import yaml
 
 from verl_pipeline.admission import admission_of
 from verl_pipeline.auth import check_job_env
-from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
+from verl_pipeline.constants import DEFAULT_RECIPE, DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir, pipeline_home
 from verl_pipeline.restarts import SECTION as RESTARTS_SECTION
@@ -43,6 +43,7 @@ from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
 from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.overrides import flatten, parse_overrides, spellings
+from verl_pipeline.trainer.reward import ANSWER_FORM
 from verl_pipeline.trainer.owned import check_owned_keys
 from verl_pipeline.trainer.shape import check_shape
 
@@ -169,6 +170,7 @@ def build_run_spec(
         layers, dict(mprof.get("scaling") or {}), models["model_facts"], hardware, nnodes=nnodes,
         n_gpus_per_node=n_gpus_per_node, overrides=overrides, placement=placement,
     )
+    verl_settings, data["data_options"] = _reward_function(verl_settings, data["data_options"], derived)
     spec = RunSpec(
         run_name=run_name, profile=profile_name, model_profile=model_profile, cluster_profile=cluster_profile,
         **models, **data, **storage, cluster=cluster, runtime=runtime, hardware=hardware,
@@ -234,6 +236,27 @@ def _data(section: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     if recipe is not None and recipe not in list_profiles("recipes"):
         raise ConfigError("recipe", recipe, "no such recipe in configs/recipes", f"one of {list_profiles('recipes')}")
     return {"data": data, "data_options": section}
+
+
+def _reward_function(settings: dict[str, Any], options: dict[str, Any],
+                     derived: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's reward function named once (:func:`verl_pipeline.trainer.reward.resolve`), imported and its
+    signature checked here, before any cluster; written into both the verl settings (the job scores with
+    it) and the data options (preprocessing checks the rows with it), with the recipe's answer form
+    (``check_solution``)."""
+    from verl_pipeline.trainer import reward
+
+    recipe = load_yaml_profile("recipes", str(options.get("recipe") or DEFAULT_RECIPE))
+    # How a correct answer is written: preprocessing checks rows with it and the preflight scores with it.
+    options = {**options, "check_solution": options.get("check_solution") or recipe.get("check_solution")
+               or ANSWER_FORM}
+    fn = reward.resolve(settings, options, recipe, base=configs_dir())
+    if fn is None:
+        return settings, options
+    reward.load(fn)
+    derived[reward.PATH_KEY] = f"the run's reward function, named by {fn.named_by} ({fn.label})"
+    return reward.apply(settings, fn), {**options, "custom_reward_path": fn.path, "custom_reward_name": fn.name,
+                                        "custom_reward_kwargs": dict(fn.kwargs)}
 
 
 def _storage(section: dict[str, Any], cluster_profile: str) -> dict[str, Any]:

@@ -13,18 +13,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from verl_pipeline.data.recipes import Recipe
 from verl_pipeline.exceptions import ConfigError, DataError
+from verl_pipeline.trainer.reward import RewardFunction
+from verl_pipeline.trainer.reward import call as call_reward
+from verl_pipeline.trainer.reward import load as load_reward
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +34,24 @@ VERL_SCORED_EXAMPLES = ("openai/gsm8k", "lighteval/MATH", "DigitalLearningGmbH/M
 
 
 class RewardCheck:
-    """verl's scorer for the recipe's data_source, verified to exist and to accept the ground truths."""
+    """The run's reward function (the user's, or verl's ``default_compute_score``), verified to exist and
+    to accept the ground truths, called as verl's reward manager calls it (:mod:`verl_pipeline.trainer.reward`)."""
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.samples = 0
-        self.queued: list[tuple[str, str, int]] = []
+        self.queued: list[tuple[str, dict[str, Any], str, int]] = []
         self.fn: Callable[..., Any] | None = None
         self.error: BaseException | None = None
         if recipe.custom_reward_path:
-            self.fn = _load_custom(recipe.custom_reward_path, recipe.custom_reward_name)
-            self.scorer = f"{recipe.custom_reward_path}:{recipe.custom_reward_name}"
-            self._check_source()
+            self.function = RewardFunction(recipe.custom_reward_path, recipe.custom_reward_name,
+                                           dict(recipe.custom_reward_kwargs), "data.custom_reward_path")
+            self.fn = load_reward(self.function)
+            self.scorer = self.function.label
             self.thread = None
         else:
+            self.function = RewardFunction("verl/utils/reward_score/__init__.py", "default_compute_score",
+                                           named_by="verl's default")
             self.scorer = "verl.utils.reward_score.default_compute_score"
             # Importing verl (torch) takes seconds: rows are read, checked and written (to the
             # unpublished temp directory) meanwhile; samples wait in a queue until it is loaded.
@@ -67,7 +72,8 @@ class RewardCheck:
 
         verl 0.9.1 keeps no list of the data_sources it scores: ``default_compute_score`` is a chain of
         cases, and a data_source that none of them matches raises ``NotImplementedError`` (its last
-        case, verl/utils/reward_score/__init__.py). That exception is the refusal."""
+        case, verl/utils/reward_score/__init__.py). That exception is the refusal. A custom function is
+        only called on the rows themselves (with their ``extra_info``), in :meth:`sample`."""
         assert self.fn is not None
         try:
             self.fn(self.recipe.data_source, self.recipe.check_solution.format(ground_truth="1"), "1", extra_info={})
@@ -75,7 +81,8 @@ class RewardCheck:
             raise ConfigError("data.data_source", self.recipe.data_source,
                               f"{self.scorer} has no reward function for this data_source ({no_scorer})",
                               f"a data_source verl scores ({', '.join(VERL_SCORED_EXAMPLES)}) or set "
-                              "data.custom_reward_path to your reward function file") from None
+                              "data.custom_reward_path (or reward.custom_reward_function.path) to your reward "
+                              "function's file") from None
 
     def wait(self) -> None:
         """Until the scorer is loaded and the data_source checked, then every queued sample scored;
@@ -94,47 +101,28 @@ class RewardCheck:
             for args in queued:
                 self._score(*args)
 
-    def sample(self, ground_truth: str, label: str, line: int) -> None:
-        """Check one ground truth: now when the scorer is loaded, else as soon as it is (``poll``/``wait``).
+    def sample(self, ground_truth: str, extra_info: dict[str, Any], label: str, line: int) -> None:
+        """Check one ground truth with the ``extra_info`` its row will carry in the parquet: now when the
+        scorer is loaded, else as soon as it is (``poll``/``wait``).
 
         Reading and checking rows goes on while verl is imported; nothing is published before
         ``wait`` returned, and a failure of the import shows at the next ``poll``.
         """
-        self.queued.append((ground_truth, label, line))
+        self.queued.append((ground_truth, extra_info, label, line))
         self.poll()
 
-    def _score(self, ground_truth: str, label: str, line: int) -> None:
+    def _score(self, ground_truth: str, extra_info: dict[str, Any], label: str, line: int) -> None:
         assert self.fn is not None
         solution = self.recipe.check_solution.format(ground_truth=ground_truth)
-        score = self.fn(self.recipe.data_source, solution, ground_truth, extra_info={})
-        value = score.get("score") if isinstance(score, dict) else score
+        value = call_reward(self.fn, self.function, data_source=self.recipe.data_source, solution=solution,
+                            ground_truth=ground_truth, extra_info=extra_info, where=f"{label} line {line}")
         self.samples += 1
-        if value is None or float(value) < 1.0:
+        if value < 1.0:
             raise DataError(
                 f"{label} line {line}: {self.scorer} scores the extracted ground truth {ground_truth!r} "
                 f"{value} (not 1.0) for data_source {self.recipe.data_source!r} answered as {solution!r}: "
                 "this scorer cannot reward correct answers for these rows. Fix: a data_source whose scorer "
                 "matches these answers, a different answer_extraction, or check_solution in the recipe")
-
-
-def _load_custom(path_text: str, name: str) -> Callable[..., Any]:
-    path = Path(path_text)
-    if not path.is_file():
-        raise ConfigError("data.custom_reward_path", path_text, "no such file", "an absolute path to a .py file")
-    spec = importlib.util.spec_from_file_location(f"verl_pipeline_custom_reward_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ConfigError("data.custom_reward_path", path_text, "cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        raise ConfigError("data.custom_reward_path", path_text, f"importing it failed ({type(e).__name__}: {e})") \
-            from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError("data.custom_reward_name", name, f"is not a function in {path_text}",
-                          "compute_score(data_source, solution_str, ground_truth, extra_info=None)")
-    return fn
 
 
 class PromptLengths:

@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from verl_pipeline.constants import DEFAULT_RECIPE
 from verl_pipeline.data.recipes import GSM8K_PATTERN, RECIPE_KEYS, Recipe, extract_gsm8k, last_boxed, load_recipe
 from verl_pipeline.data.sources import Batch, Columns, Part, fingerprint, read_part, resolve_parts
 from verl_pipeline.exceptions import ConfigError, DataError
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 CODE_VERSION = "v2"
 RECIPE_VERSION = f"gsm8k-{CODE_VERSION}"
 DATA_SOURCE = "openai/gsm8k"
-DEFAULT_RECIPE = "gsm8k"
 # verl's GSM8K example appends this so the model answers in the `#### N` form the scorer reads.
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 OPTION_KEYS = frozenset({"recipe", "train_size", "val_size", "seed", "val_fraction", "max_reject_fraction", "dedup",
@@ -243,7 +243,8 @@ class _Run:
             content = pc.binary_join_element_wise(content, " " + r.instruction, "")
         rows = b.rows[keep]
         truth_k = truth.take(idx)
-        self.reward.sample(truth_k[0].as_py(), part.label, int(rows[0]))
+        self.reward.sample(truth_k[0].as_py(), self._sample_info(t, int(keep[0]), question, split),
+                           part.label, int(rows[0]))
 
         sel = self._first_seen(content, rows, part, split) if self.dedup else np.arange(len(keep))
         if self.lengths is not None and len(sel):
@@ -256,6 +257,16 @@ class _Run:
             self._write("val", sel[is_val], keep, content, truth_k, question, t)
         else:
             self._write(split, sel, keep, content, truth_k, question, t)
+
+    def _sample_info(self, t: pa.Table, i: int, question: pa.Array, split: str) -> dict[str, Any]:
+        """Row ``i``'s ``extra_info`` as :meth:`_write` puts it in the parquet (its index there not yet known)."""
+        r = self.recipe
+        info: dict[str, Any] = {"split": "train" if split == "all" else split, "index": self.rows.get(split, 0),
+                                "answer": t.column(r.answer_column)[i].as_py(), "question": question[i].as_py()}
+        for c in r.extra_columns:
+            value = t.column(c)[i].as_py()
+            info[c] = None if value is None else str(value)
+        return info
 
     def _ground_truth(self, t: pa.Table) -> pa.ChunkedArray:
         """Each row's ground truth, as the recipe extracts it from its answer column."""

@@ -19,7 +19,7 @@ EXTRACTIONS = ("gsm8k", "boxed", "regex", "column")
 #: Keys of a recipe that data options may replace.
 RECIPE_KEYS = ("data_source", "ability", "prompt_column", "prompt_template", "answer_column", "answer_extraction",
                "answer_regex", "instruction", "system_prompt", "extra_columns", "check_solution",
-               "custom_reward_path", "custom_reward_name")
+               "custom_reward_path", "custom_reward_name", "custom_reward_kwargs")
 GSM8K_PATTERN = r"####\s*(?P<answer>-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$"
 _GSM8K = re.compile(GSM8K_PATTERN)
 
@@ -45,6 +45,8 @@ class Recipe:
     check_solution: str = "{ground_truth}"
     custom_reward_path: str | None = None
     custom_reward_name: str = "compute_score"
+    #: Keyword arguments verl passes the function (``reward.custom_reward_function.reward_kwargs``).
+    custom_reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -121,13 +123,16 @@ def load_recipe(name: str, options: dict[str, Any]) -> Recipe:
     for key in ("instruction", "system_prompt", "custom_reward_path"):
         if merged.get(key) is not None and not isinstance(merged[key], str):
             raise ConfigError(f"data.{key}", merged[key], "must be a string or null")
+    kwargs = merged.get("custom_reward_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError("data.custom_reward_kwargs", kwargs, "must be a mapping", "custom_reward_kwargs: {scale: 2}")
     return Recipe(
         name=name, data_source=merged["data_source"].strip(), ability=merged["ability"].strip(),
         prompt_column=column, prompt_template=template, answer_column=merged["answer_column"],
         answer_extraction=extraction, answer_regex=regex, instruction=merged.get("instruction") or None,
         system_prompt=merged.get("system_prompt") or None, extra_columns=tuple(extras), check_solution=check,
         custom_reward_path=merged.get("custom_reward_path") or None,
-        custom_reward_name=str(merged.get("custom_reward_name") or "compute_score"),
+        custom_reward_name=str(merged.get("custom_reward_name") or "compute_score"), custom_reward_kwargs=dict(kwargs),
     )
 
 

@@ -7,7 +7,8 @@ trusted when it was made for these overrides and this verl installation: see
 ``ppo_trainer.yaml`` with the same overrides a training job gets and runs verl's validation for the
 target shape; loads the parquet with verl's ``RLHFDataset`` and the model's tokenizer and reports
 prompt lengths; generates a few tokens with the model on CPU; and scores every ground truth with
-verl's ``default_compute_score`` in a Ray task on the cluster (each must score 1.0). It prints a JSON
+the run's reward manager and function in a Ray task on the cluster, each written in the recipe's
+answer form (each must score 1.0). It prints a JSON
 summary after a marker line (each check with its seconds) and exits non-zero when a check fails.
 """
 
@@ -26,33 +27,73 @@ from typing import Any, NoReturn
 from verl_pipeline.constants import PREFLIGHT_SUMMARY_MARKER
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.trainer.render import split_entrypoint_overrides
+from verl_pipeline.trainer.reward import ANSWER_FORM
 from verl_pipeline.trainer.validate import Validated, VerlConfigError, trusted, validate
 
 log = logging.getLogger("verl_pipeline.preflight")
 
 
-def _score_splits(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Score each split's ground truths, written as a model would answer, with verl's reward function.
+def _score_splits(cfg: Any, splits: dict[str, list[dict[str, Any]]], answer_form: str) -> dict[str, dict[str, Any]]:
+    """Score each split's ground truths, written in the recipe's answer form, as the training job will:
+    verl's reward manager of the run's config (``reward.reward_manager``) with the run's reward function
+    (``reward.custom_reward_function``, else verl's ``default_compute_score``), each answer tokenized and
+    decoded by the model's tokenizer as a response is.
 
     One Ray task for every split: each worker that runs it imports verl (and torch) first, which costs
     far more than scoring a few thousand answers."""
-    from verl.utils.reward_score import default_compute_score
+    import asyncio
+
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.reward import load_reward_manager
+    from verl.utils import hf_tokenizer
+
+    tokenizer = hf_tokenizer(str(cfg.actor_rollout_ref.model.path))
+    manager = load_reward_manager(cfg, tokenizer)
+    prompt = torch.tensor([[tokenizer.eos_token_id or 0]])
+
+    def item(row: dict[str, Any]) -> Any:
+        answer = answer_form.format(ground_truth=row["reward_model"]["ground_truth"])
+        ids = tokenizer(answer, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        mask = torch.ones(1, prompt.shape[1] + ids.shape[1], dtype=torch.long)
+        non_tensors = {k: np.array([row.get(k) if k != "extra_info" else dict(row.get(k) or {})], dtype=object)
+                       for k in ("data_source", "reward_model", "extra_info")}
+        return DataProto.from_dict(tensors={"prompts": prompt, "responses": ids, "attention_mask": mask},
+                                   non_tensors=non_tensors)
+
+    async def score(rows: list[dict[str, Any]]) -> list[Any]:
+        return list(await asyncio.gather(*(manager.run_single(item(r)) for r in rows), return_exceptions=True))
 
     out = {}
     for split, rows in splits.items():
         not_one = 0
         examples: list[dict[str, Any]] = []
-        for row in rows:
+        errors: list[str] = []
+        for row, result in zip(rows, manager.loop.run_until_complete(score(rows)), strict=True):
             truth = row["reward_model"]["ground_truth"]
-            answer = f"The answer is computed step by step.\n#### {truth}"
-            score = default_compute_score(row["data_source"], answer, truth, row.get("extra_info"))
-            value = float(score["score"] if isinstance(score, dict) else score)
+            value = _reward_value(result)
+            if isinstance(value, str):
+                errors.append(f"row {(row.get('extra_info') or {}).get('index')}: {value}")
+                value = float("nan")
             if value != 1.0:
                 not_one += 1
                 if len(examples) < 5:
-                    examples.append({"index": row["extra_info"]["index"], "ground_truth": truth, "score": value})
-        out[split] = {"scored": len(rows), "not_one": not_one, "examples": examples}
+                    examples.append({"index": (row.get("extra_info") or {}).get("index"), "ground_truth": truth,
+                                     "score": value})
+        out[split] = {"scored": len(rows), "not_one": not_one, "examples": examples, "errors": errors[:5],
+                      "answer_form": answer_form, "manager": type(manager).__name__}
     return out
+
+
+def _reward_value(result: Any) -> float | str:
+    """The score in what the reward manager returned, or why there is none (its error, in words)."""
+    if isinstance(result, BaseException):
+        return f"the reward function raised {type(result).__name__}: {result}"
+    value = result.get("reward_score") if isinstance(result, dict) else result
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"the reward is {value!r}, not a number"
+    return float(value)
 
 
 def _prompt_lengths(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> dict[str, Any]:
@@ -115,7 +156,7 @@ def _verl_config(overrides: list[str], record_path: Path | None) -> tuple[Valida
 
 
 def run(overrides: list[str], *, generate_prompts: int = 2, max_new_tokens: int = 8,
-        validation_record: Path | None = None) -> dict[str, Any]:
+        validation_record: Path | None = None, answer_form: str = ANSWER_FORM) -> dict[str, Any]:
     summary: dict[str, Any] = {"ok": False, "checks": {}}
     checks = summary["checks"]
     t0 = time.monotonic()
@@ -145,7 +186,7 @@ def run(overrides: list[str], *, generate_prompts: int = 2, max_new_tokens: int 
     files = {split: [str(f) for f in (paths if not isinstance(paths, str) else [paths])]
              for split, paths in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
     rows = {split: [r for p in paths for r in pq.read_table(p).to_pylist()] for split, paths in files.items()}
-    scores_ref = ray.remote(num_cpus=1)(_score_splits).remote(rows)
+    scores_ref = ray.remote(num_cpus=1)(_score_splits).remote(cfg, rows, answer_form)
 
     t = time.monotonic()
     from verl.utils import hf_tokenizer
@@ -177,6 +218,13 @@ def run(overrides: list[str], *, generate_prompts: int = 2, max_new_tokens: int 
     all_one = all(s["not_one"] == 0 for s in scores.values())
     # From the task's submission: most of it is the worker starting, in parallel with the checks above.
     checks["reward"] = {"ok": all_one, "all_ground_truths_score_1": all_one, **scores, "seconds": _since(t_reward)}
+    if not all_one:
+        split, failed = next((k, v) for k, v in scores.items() if v["not_one"])
+        checks["reward"]["error"] = (
+            f"{failed['not_one']} of {failed['scored']} {split} ground truths, answered as {answer_form!r}, do not "
+            f"score 1.0 with {failed['manager']} and the run's reward function: "
+            + (failed["errors"][0] if failed["errors"] else f"first {failed['examples'][:1]}")
+            + ". Fix: the recipe's check_solution in the form the reward function rewards, or the reward function")
     summary["ok"] = all(c.get("ok") for c in checks.values())
     summary["seconds"] = _since(t0)
     return summary
@@ -195,9 +243,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the provision task's verl validation; trusted when made for these overrides")
     parser.add_argument("--generate-prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--answer-form", default=ANSWER_FORM,
+                        help="a correct answer, with {ground_truth}: the recipe's check_solution")
     args = parser.parse_args(opts)
     summary = run(overrides, generate_prompts=args.generate_prompts, max_new_tokens=args.max_new_tokens,
-                  validation_record=args.validation_record)
+                  validation_record=args.validation_record, answer_form=args.answer_form)
     if args.summary_path:
         write_json_atomic(args.summary_path, summary)
     print(PREFLIGHT_SUMMARY_MARKER + json.dumps(summary, sort_keys=True, default=str), flush=True)
