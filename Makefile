@@ -63,12 +63,12 @@ compose-plugin:
 	  chmod +x $(WORK)/docker/cli-plugins/docker-compose; \
 	fi
 
-# The docker-compose stack end to end (bench/compose_stack.py): from a clean state, cold and warm build, up,
+# The docker-compose stack end to end (tests/e2e/compose_stack.py): from a clean state, cold and warm build, up,
 # a DAG run through the stack's REST API, the report and the proxied Ray dashboard in Chromium, the fault
 # cases, down -v; prints the timings. Needs a Docker engine and Chromium; not part of `make test` (CI time).
 # The CPU way by default; STACK_ARGS="--gpu" on a GPU box, "--wheels DIR" to offer DIR's torch wheels to the builds.
 stack-e2e: install compose-plugin
-	DOCKER_CONFIG=$(WORK)/docker $(BIN)/python bench/compose_stack.py $(STACK_ARGS)
+	DOCKER_CONFIG=$(WORK)/docker $(BIN)/python tests/e2e/compose_stack.py $(STACK_ARGS)
 
 # PostgreSQL + Chromium (Debian packages) for the real-scheduler and browser tests; needs root + apt-get
 # (`.ci/run` calls it). Without them those tests skip, or fail when CI is set.

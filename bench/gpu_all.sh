@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU acceptance scenario on one machine, in the least wall time: two tiny-model runs side by
-# side (each vLLM capped to a share of the GPU so both start), then the raylet case alone (its
-# retry's vLLM profiles the GPU's memory while it starts: beside other runs' allocations it found no
-# room for its KV cache on 2026-12-02), then the 0.5B-architecture run and its bare-verl twin alone
-# (their figures are the ones compared). `logprob-kernels` (a minute) times verl's log-prob paths on
-# the GPU while the 0.5B weights are written. Results: $1/*.json, logs beside them.
+# Every GPU acceptance scenario on one machine, in the least wall time: the tiny-model runs side by
+# side (each vLLM capped to a share of the GPU so all start), then the raylet case alone (its retry's
+# vLLM profiles the GPU's memory while it starts, and beside other runs' allocations it can find no
+# room for its KV cache), then the 0.5B-architecture run and its bare-verl twin alone (their figures
+# are the ones compared). `logprob-kernels` (a minute) times verl's log-prob paths on the GPU while
+# the 0.5B weights are written. Results: $1/*.json, logs beside them, $1/progress line by line.
 # Usage: bash bench/gpu_all.sh OUTDIR [WORKDIR]
-# ONLY="resume-raylet real-size" runs those scenarios alone (a device session too short for all);
+# ONLY="resume-raylet real-size" runs those scenarios alone;
 # logprob-kernels runs only when ONLY names it. ppo and resume-ppo (PPO with a critic) join the tiny
 # runs side by side. SHARED_CACHES=1: each scenario keeps its runs' warm caches in $WORKDIR/caches/<it>
 # (its later run starts as a repeated run on one cluster does); REAL_SIZE_RUNS=N runs the 0.5B scenario N times (the
@@ -20,7 +20,7 @@ mkdir -p "$out" "$work"
 # Each scenario's own warm caches (its first run starts cold whatever ran before it).
 caches() { [ "${SHARED_CACHES:-0}" = 1 ] && echo "--shared-caches=$work/caches/$1"; }
 # The disk left after each scenario, in its progress line: checkpoints of a 0.5B actor and critic take ~12 GB a
-# step, and a full disk ended a launch on 2026-12-05 (its twin's first save failed, then the poll's archive).
+# step, and a twin whose first save finds the disk full fails.
 disk() { df -h --output=avail "$work" | tail -1 | tr -d ' '; }
 wanted() { [ -z "${ONLY:-}" ] && [ "$1" != logprob-kernels ] || [[ " ${ONLY:-} " == *" $1 "* ]]; }
 tiny() {  # scenario name, vLLM's share of the GPU
@@ -36,40 +36,20 @@ tiny() {  # scenario name, vLLM's share of the GPU
   echo "$(date -u +%T) $1 rc=$rc, disk free $(disk)" >> "$out/progress"
 }
 echo "$(date -u +%T) start" >> "$out/progress"
-# bench/gpu_poll.sh waits for this: the launch is over, however it ended.
-rm -f "$out/done"
-trap 'echo "$(date -u +%T)" > "$out/done"' EXIT
-# Where a package's site is, found without importing it: the kit's (verl's) and the image's (torch's).
+trap 'echo "$(date -u +%T) end" >> "$out/progress"' EXIT
+# Where a package's site is, found without importing it: verl's and torch's (one site, or two).
 site_of() { "$py" -c "import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec('$1').origin)))" 2>/dev/null; }
 site=$(site_of verl)
-# The kit's site (../shared/gpu) ships without bytecode, so the first process to import vLLM, verl or
-# transformers on a fresh machine compiles them, and the first run's start pays for it where an image
-# built with pip (which compiles at install) does not. Compiled once here, before any run, every run
-# starts as it would on an image: a cold start is the caches', not the bytecode's. PRECOMPILE=0 skips it.
-if [ "${PRECOMPILE:-1}" = 1 ]; then
-  t0=$(date +%s)
-  "$py" -m compileall -q -j 0 "$site" > "$out/compileall.out" 2>&1  # files for other Pythons fail: ignored
-  echo "$(date -u +%T) compiled $site in $(( $(date +%s) - t0 )) s" >> "$out/progress"
-fi
 # The GPU stack's shared libraries (torch, CUDA, cuDNN, NCCL and the other wheels beside torch; vLLM, flash-attn
-# and the rest of the kit's site) read once into the page cache before a DAG run and its bare twin (the 0.5B
-# pair, or the tiny pairs of TINY_TWIN=1). On a fresh machine the first run would read them from disk and
-# the twin after it would not: on 2026-12-05 (launch 6, an H100) the DAG's run, first, came to its first step
-# 85 s after its bare twin, slower at every stage of the start, vLLM's torch.compile in one process included
-# (29.0 s against 20.5 s). The read's time is in progress. PAGE_CACHE=0 skips it.
+# and the rest of verl's site) read once into the page cache before a DAG run and its bare twin (the 0.5B
+# pair, or the tiny pairs of TINY_TWIN=1). On a fresh machine the first run would read gigabytes of them from
+# disk and the twin after it would not, which puts tens of seconds between their starts (docs/benchmarks.md).
+# The read's time is in progress. PAGE_CACHE=0 skips it.
 if [ "${PAGE_CACHE:-1}" = 1 ] && { wanted real-size || [ "${TINY_TWIN:-0}" = 1 ]; }; then
   t0=$(date +%s)
   bytes=$(for d in $(site_of torch) $site; do find "$d" -name '*.so*' -type f -print0; done 2>/dev/null \
     | xargs -0 -r cat | wc -c)
   echo "$(date -u +%T) read $(( bytes / 1000000 )) MB of shared libraries in $(( $(date +%s) - t0 )) s" >> "$out/progress"
-fi
-# IMPORT_COST=1: how long a fresh process takes to import what verl's processes import, and to make its
-# first CUDA call, before any run (bench/import_cost.py; a minute or two): a verl start is a chain of such
-# processes, and a warm restart on 2026-12-04 spent 20-30 s between one and the next.
-if [ "${IMPORT_COST:-0}" = 1 ]; then
-  "$py" "$here/import_cost.py" --cuda --out "$out/import-cost.json" > "$out/import-cost.out" 2>&1
-  rc=$?
-  echo "$(date -u +%T) import-cost rc=$rc" >> "$out/progress"
 fi
 # The 0.5B-architecture weights are written while the tiny runs go (a minute of CPU), when a 0.5B run follows.
 wanted real-size && "$py" -c "import sys; sys.path.insert(0, '$here'); import gpu_acceptance as g, pathlib; \

@@ -1,31 +1,21 @@
 """How busy the GPU was in each phase of each training step, from the driver's own utilisation samples.
 
-Issue 35 asks for GPU utilisation of at least 85% over the training window, and for the measurement
-that bounds it where it is missed. The report's figure comes from Ray's node summary every 10 s: one
-instant each (the driver's utilisation over its last sample period, a fraction of a second), so a run
-of a few minutes gets a handful of instants of a GPU that works in bursts (launch 5: 8 in the window,
-mean 16%, median 3%). Nor does it say *when* the GPU idles: in a checkpoint save (disk), in verl's loop
-around generation (CPU), or in an update of small micro batches.
+Ray's node summary, which the run report reads every 10 s, gives one instant each (the driver's utilisation
+over its last sample period, a fraction of a second): a run of a few minutes gets a handful of instants of
+a GPU that works in bursts, and nothing says *when* it idles (a checkpoint save on the disk, verl's loop
+around generation on the CPU, an update of small micro batches).
 
 ``record`` runs beside a run on the GPU machine. Every ``--poll-s`` it reads every sample the driver
-kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation: one every 0.2 s on the
+kept since its last read (NVML's ``nvmlDeviceGetSamples`` for GPU utilisation: one every 0.2 s on an
 H100, stamped in the CPU's epoch microseconds), so no burst falls between readings. It also notes when
 each training row lands in the runs' metrics files, and the CPU time every process on the machine used
 since the last read, summed by what the process is (``process_group``: a Ray actor by its class, vLLM's
-engine, the DAG's own Python process, Ray's daemons). ``analyse`` lays verl's phases of each step back
-from its row: verl logs the row after the step and its validation, and times the phases in a fixed order
-(``STEP_PHASES``). It then gives the mean utilisation of the samples inside each phase, and over the
-steps as a whole, and the CPU cores each phase kept busy and by whom. Launch 2 (2026-12-05) had the GPU
-at 19-21% through generation: whether verl's loop around the engine is short of CPU there, and whether
-the DAG's own processes take some of it (its generation was 5-10% slower than bare verl's), is what the
-CPU part answers. The same job then ran twice as fast on another H100 machine, its generation 83% busy:
-so the recording also says which machine (its cores and CPU model) and, per phase, how the whole
-machine's CPU time went (``/proc/stat``: work, waits on the disk, and ``steal``, the time a virtual
-machine's CPUs waited for their host's). On one such machine the speed of a core moved by 31% and 60%
-within minutes (vLLM's one-core ``torch.compile`` of the same graph: 18.6-30.2 s, 2026-12-06), with
-steal near zero, so a run and its twin can differ by the machine alone. At every poll the recorder
-also times a fixed piece of pure-Python work on one core (``core_probe``), and ``analyse`` gives each
-step its median: two runs' steps are then compared where the cores ran at one speed.
+engine, the DAG's own Python process, Ray's daemons), and the whole machine's CPU time by state
+(``/proc/stat``: work, waits on the disk, and ``steal``, the time a virtual machine's CPUs waited for
+their host's). ``analyse`` lays verl's phases of each step back from its row: verl logs the row after
+the step and its validation, and times the phases in a fixed order (``STEP_PHASES``). It then gives the
+mean utilisation of the samples inside each phase and over the steps as a whole, and the CPU cores each
+phase kept busy and by whom.
 
 Usage (the GPU machine; ``bench/gpu_all.sh`` does it around the 0.5B runs):
   python bench/gpu_busy.py record --metrics GLOB [--metrics GLOB ...] --out FILE.jsonl [--poll-s 1]
@@ -72,9 +62,6 @@ MachineReader = Callable[[], dict[str, float]]
 TICKS_PER_S = float(os.sysconf("SC_CLK_TCK"))
 #: How many of a phase's busiest process groups ``analyse`` names.
 CPU_TOP = 6
-#: The core probe's fixed work: a pure-Python loop of this many turns (about 5 ms on one core), timed at every
-#: poll, so a step's median says how fast a core ran Python through it.
-PROBE_TURNS = 200_000
 #: ``/proc/stat``'s first line, the states of all CPUs summed, in its order (proc(5)); the guest's time is
 #: also in ``user``. What the machine's CPU did is read as these states' shares.
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -209,19 +196,6 @@ def analyse_run(samples: list[tuple[float, float]], rows: list[tuple[dict[str, f
             "sample_interval_s": interval(samples)}
 
 
-def step_speed(probes: list[tuple[float, float]], windows: list[Window]) -> list[dict[str, Any]]:
-    """Each step (validation apart): its seconds and the median of the core probe's milliseconds inside it,
-    with how many probes that took (None where none fell in it)."""
-    out = []
-    for step in sorted({w.step for w in windows}):
-        mine = [w for w in windows if w.step == step and w.phase != TESTING]
-        start, end = min(w.start for w in mine), max(w.end for w in mine)
-        values = inside(probes, start, end)
-        out.append({"step": step, "seconds": round(end - start, 2), "probes": len(values),
-                    "probe_ms": round(statistics.median(values), 2) if values else None})
-    return out
-
-
 def interval(samples: list[tuple[float, float]]) -> float | None:
     """The driver's median time between two samples (its sampling period)."""
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(samples) if b[0] > a[0]]
@@ -230,12 +204,11 @@ def interval(samples: list[tuple[float, float]]) -> float | None:
 
 def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """``record``'s lines: per GPU its samples, per metrics file its rows; every file's steps against
-    every GPU (one GPU per run on the machines this ran on), against the machine's CPU readings
-    where the recording has them (``cpu``), and each step against the core probe (``core_speed``)."""
+    every GPU (one GPU per run on the machines this ran on), and against the machine's CPU readings
+    where the recording has them (``cpu``)."""
     lines = list(lines)
     samples: dict[int, list[tuple[float, float]]] = {}
     rows: dict[str, list[tuple[dict[str, float], float]]] = {}
-    probes = sorted((float(x["t"]), float(x["ms"])) for x in lines if x.get("kind") == "probe")
     for line in lines:
         if line.get("kind") == "gpu":
             samples.setdefault(int(line["gpu"]), []).append((float(line["t"]), float(line["util"])))
@@ -251,8 +224,6 @@ def analyse(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
         runs[f] = {f"gpu{g}": analyse_run(s, r) for g, s in sorted(samples.items())}
         if spans:
             runs[f]["cpu"] = cpu_by_phase(spans, run_windows(r), cores)
-        if probes:
-            runs[f]["core_speed"] = step_speed(probes, run_windows(r))
     return {"host": host, "runs": runs} if host else {"runs": runs}
 
 
@@ -361,30 +332,19 @@ class MachineCpu:
 
 
 def host_facts(proc: Path = Path("/proc")) -> dict[str, Any]:
-    """The machine a recording ran on: its cores and its CPU's model as the probe reads it (None where
-    ``cpuinfo`` names none). Two H100 machines of one kind ran one job two-fold apart (2026-12-05)."""
+    """The machine a recording ran on: its cores and its CPU's model as the environment probe reads it
+    (None where ``cpuinfo`` names none). Two machines of one GPU kind can run one job two-fold apart."""
     from verl_pipeline.cluster.probe import cpu_model
 
     return {"kind": "host", "cores": os.cpu_count(), "cpu_model": cpu_model(str(proc / "cpuinfo"))}
 
 
-def core_probe(turns: int = PROBE_TURNS) -> float:
-    """The seconds one core takes now for a fixed piece of pure-Python work (the wall clock's: a core the
-    host runs slower, or gives to another process, shows as the same work taking longer)."""
-    start = time.perf_counter()
-    total = 0
-    for i in range(turns):
-        total += i & 7
-    return time.perf_counter() - start
-
-
 def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: threading.Event,
            clock: Callable[[], float] = time.time, cpu: CpuReader | None = None,
-           machine: MachineReader | None = None, probe: Callable[[], float] | None = None) -> None:
+           machine: MachineReader | None = None) -> None:
     """Until ``stop`` is set: every ``poll_s`` the driver's new samples, the newly landed rows and, with
     ``cpu``, the machine's CPU time by process group since the poll before (with ``machine``, the whole
-    machine's by state beside it), with ``probe`` its seconds in milliseconds, a line each; with ``cpu``,
-    first a line that says which machine."""
+    machine's by state beside it), a line each; with ``cpu``, first a line that says which machine."""
     with out.open("a") as f:
         if cpu is not None:
             f.write(json.dumps(host_facts()) + "\n")
@@ -395,8 +355,6 @@ def record(reader: Reader, watch: RowWatch, out: Path, poll_s: float, stop: thre
                 if machine is not None:
                     line["machine"] = machine()
                 lines.append(line)
-            if probe is not None:
-                lines.append({"kind": "probe", "t": clock(), "ms": round(1000 * probe(), 3)})
             lines += watch.poll(clock())
             f.writelines(json.dumps(line) + "\n" for line in lines)
             f.flush()
@@ -452,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         record(nvml_reader(), RowWatch(args.metrics), args.out, args.poll_s, stop, cpu=ProcessCpu(),
-               machine=MachineCpu(), probe=core_probe)
+               machine=MachineCpu())
         return 0
     lines = [json.loads(line) for line in args.samples.read_text().splitlines() if line.strip()]
     figures = analyse(lines)

@@ -1,10 +1,10 @@
-"""Wall time of the README's run command (`make run`), phase by phase, before and after a change.
+"""Wall time of the README's run command (`make run`), phase by phase; with ``--before``, against a commit.
 
-Usage: .venv/bin/python bench/pipeline_wall_time.py [--runs N] [--before REF] [--no-before]
+Usage: .venv/bin/python bench/pipeline_wall_time.py [--runs N] [--before REF]
 
-Runs `make run` of ``--before`` (a commit; by default the one before the issue-25 changes, checked
-out in a temporary git worktree) and of this checkout, ``--runs`` times each, alternating, so all
-see the same machine. This checkout runs twice per round: as a repeat run of the configuration
+Runs `make run` of this checkout and, with ``--before``, of that commit (checked out in a temporary git
+worktree), ``--runs`` times each, alternating, so all see the same machine. This checkout runs twice
+per round: as a repeat run of the configuration
 (the provision task reuses the validation verl passed in an earlier run) and as the configuration's
 first run (the kept validations removed before it). Each variant runs its own Makefile and code
 (``PYTHONPATH`` points at its ``include/``) with its own ``.work`` (Airflow DB, pipeline home) on
@@ -42,8 +42,6 @@ import psutil
 from verl_pipeline.trainer.validate import RECORDS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-#: main just before the issue-25 changes (validation once per run, ordered teardown, lean Ray head).
-BEFORE = "8cbe320"
 TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z")
 PHASES = {
     "make_run": "`make run` wall",
@@ -175,15 +173,14 @@ class Variant:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--before", default=BEFORE, help="the commit to compare with (a git ref)")
-    parser.add_argument("--no-before", action="store_true", help="measure this checkout only")
+    parser.add_argument("--before", default=None, help="a commit to compare with (a git ref); none: this checkout only")
     args = parser.parse_args()
     venv = Path(sys.executable).parent.parent
     with tempfile.TemporaryDirectory(prefix="vp-bench-") as tmp:
         before = Path(tmp) / "before"
         variants = [Variant("after: a configuration run before", REPO, Path(tmp) / "work-after"),
                     Variant("after: a configuration's first run", REPO, Path(tmp) / "work-after", True)]
-        if not args.no_before:
+        if args.before:
             subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(before), args.before],
                            check=True, capture_output=True)
             variants.insert(0, Variant("before", before, Path(tmp) / "work-before"))
@@ -199,12 +196,12 @@ def main() -> None:
                     print(f"run {i + 1}, {v.name}: DAG run {runs[v.name][-1]['dag_run']:.1f}s, `make run` "
                           f"{runs[v.name][-1]['make_run']:.1f}s (load average {load:.1f} at start)", flush=True)
         finally:
-            if not args.no_before:
+            if args.before:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)],
                                check=False, capture_output=True)
     names = [v.name for v in variants]
     print(f"\n`make run`, warm install, {args.runs} runs per variant, seconds: median (min-max)"
-          + ("" if args.no_before else f"; before = {args.before}"))
+          + (f"; before = {args.before}" if args.before else ""))
     print("| phase | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     for key, label in PHASES.items():
         print(f"| {label} | " + " | ".join(_cell([r[key] for r in runs[n]]) for n in names) + " |")

@@ -1,9 +1,10 @@
 """Preprocessing throughput and peak RSS: this project's ``preprocess`` vs verl's example-script way.
 
 Usage: .venv/bin/python bench/preprocess_throughput.py [--rows 1000000 10000000] [--baseline-max 1000000]
-       [--work /tmp/vp-bench] [--gsm8k ../shared/data/gsm8k]
+       [--work /tmp/vp-bench] [--gsm8k DIR]
 
-Input: the real GSM8K train+test rows (../shared/data/gsm8k) replicated to N rows as one JSONL file.
+Input: the real GSM8K train+test rows (``--gsm8k``, else ``$VERL_PIPELINE_GSM8K_DIR``: a directory with
+train.jsonl and test.jsonl) replicated to N rows as one JSONL file.
 Copy k of a row gets the prefix ``[k] `` on its question so that every prompt stays distinct (else
 the deduplication would remove all but the first copy and the runs would not write the same rows).
 
@@ -105,9 +106,14 @@ def main() -> None:
     ap.add_argument("--baseline-max", type=int, default=1_000_000, help="largest size the baseline runs at")
     ap.add_argument("--nolen-max", type=int, default=1_000_000, help="largest size the no-length-filter run runs at")
     ap.add_argument("--work", type=Path, default=Path("/tmp/vp-bench-preprocess"))
-    ap.add_argument("--gsm8k", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k")
+    ap.add_argument("--gsm8k", type=Path, default=os.environ.get("VERL_PIPELINE_GSM8K_DIR"),
+                    help="GSM8K's train.jsonl and test.jsonl (default: $VERL_PIPELINE_GSM8K_DIR)")
     ap.add_argument("--keep", action="store_true", help="keep the generated inputs")
     args = ap.parse_args()
+    if args.gsm8k is None or not (Path(args.gsm8k) / "train.jsonl").is_file():
+        ap.error(f"--gsm8k {args.gsm8k}: no train.jsonl there (fix: pass GSM8K's directory, or set "
+                 "VERL_PIPELINE_GSM8K_DIR)")
+    args.gsm8k = Path(args.gsm8k)
     args.work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO / "include"), "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "true"}

@@ -8,7 +8,7 @@
 # and any wheel put in docker/wheels/.
 ARG PYTHON_BASE_IMAGE=python:3.11-slim
 FROM ${PYTHON_BASE_IMAGE}
-# Marks this project's layers (bench/compose_stack.py removes exactly those for a cold build).
+# Marks this project's layers (tests/e2e/compose_stack.py removes exactly those for a cold build).
 LABEL io.verl-pipeline.image=airflow
 
 # Same UID in the Airflow and Ray images, so both can write the shared /shared/* volumes.

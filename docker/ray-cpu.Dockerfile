@@ -8,7 +8,7 @@
 # docker/wheels gives the CPU build.
 ARG PYTHON_BASE_IMAGE=python:3.11-slim
 FROM ${PYTHON_BASE_IMAGE}
-# Marks this project's layers (bench/compose_stack.py removes exactly those for a cold build).
+# Marks this project's layers (tests/e2e/compose_stack.py removes exactly those for a cold build).
 LABEL io.verl-pipeline.image=ray-cpu
 
 # Same UID as the Airflow image, so both can write the shared /shared/* volumes.

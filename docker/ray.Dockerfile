@@ -13,7 +13,7 @@
 # CUDA 13 like the wheels (torch 2.11.0+cu130): the container toolkit then refuses a host driver too old for them.
 ARG CUDA_BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu22.04
 FROM ${CUDA_BASE_IMAGE}
-# Marks this project's layers (bench/compose_stack.py removes exactly those for a cold build).
+# Marks this project's layers (tests/e2e/compose_stack.py removes exactly those for a cold build).
 LABEL io.verl-pipeline.image=ray
 
 # Same UID as the Airflow image, so both can write the shared /shared/* volumes.

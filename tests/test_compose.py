@@ -7,7 +7,7 @@ container, loopback-only ports, GPU reservations (and none in the CPU way), toke
 the stack's cluster profile, non-root users, secrets never build arguments, env-check before
 everything, .env.example's defaults fitting the profile the stack's runs use, the Celery profile and
 that every variable is documented. Some tests run ``docker compose config`` itself when a Compose v2
-binary is available (skipped otherwise). The stack itself is built and run by bench/compose_stack.py
+binary is available (skipped otherwise). The stack itself is built and run by tests/e2e/compose_stack.py
 (``make stack-e2e``), not here: CI has no time for it.
 """
 
@@ -324,7 +324,7 @@ def test_secrets_are_never_build_arguments(services: dict[str, dict[str, Any]]) 
 
 def test_no_container_runs_as_root(services: dict[str, dict[str, Any]]) -> None:
     """Airflow and Ray run as APP_UID (GID 0), env-check as nobody; postgres and redis start as root only to
-    drop to their own user (their images' entrypoints), which bench/compose_stack.py checks on the live stack."""
+    drop to their own user (their images' entrypoints), which tests/e2e/compose_stack.py checks on the live stack."""
     for name, svc in services.items():
         if name in ("postgres", "redis"):
             continue

@@ -1,5 +1,6 @@
 """Every function, class or attribute of the package that the docs (README.md, docs/*.md) or a docstring
-names exists: a reader who follows ``steps.submit_attempt`` or ``RunDir.metrics_file`` finds it.
+names exists: a reader who follows ``steps.submit_attempt`` or ``RunDir.metrics_file`` finds it; and every
+link of the docs to a section (``page.md#anchor``) names a heading of that page.
 
 What counts as a reference to the package (imports and attribute look-ups only, no cluster):
 
@@ -159,3 +160,49 @@ def test_the_scan_tells_code_from_verl_keys_and_file_names() -> None:
     assert not exists("jobs.attempts.metrics_file", None) and not exists("RunDir.no_such_file", None)
     doc = Text("x.py", "verl_pipeline.jobs.submit", "each attempt's :meth:`RunDir.metrics_file`, see ``Submission``")
     assert references(doc) == {"RunDir.metrics_file"}
+
+
+# -- links to a section: ``[text](page.md#anchor)`` names a heading of that page -----------------------------
+
+_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+_HEADING = re.compile(r"#{1,6} (.*)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped (``-`` and ``_`` kept), spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor outside code fences; a repeated heading gets ``-1``, ``-2`` … as on GitHub."""
+    out: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in page.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        heading = None if fenced else _HEADING.match(line)
+        if heading:
+            base = slug(heading.group(1))
+            out.add(f"{base}-{seen[base]}" if base in seen else base)
+            seen[base] = seen.get(base, 0) + 1
+    return out
+
+
+def test_every_link_to_a_section_of_the_docs_names_a_heading_of_that_page() -> None:
+    checked, broken = 0, []
+    for page in DOCS:
+        for target, anchor in _LINK.findall(page.read_text()):
+            path = (page.parent / target).resolve() if target else page
+            if path.suffix != ".md":
+                continue
+            checked += 1
+            if not path.is_file() or anchor not in anchors(path):
+                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
+    assert not broken, "links to a section that is not there:\n" + "\n".join(broken)
+    assert checked > 50
+
+
+def test_the_anchor_of_a_heading_is_githubs() -> None:
+    assert slug("On a GPU — `bench/gpu_acceptance.py`") == "on-a-gpu--benchgpu_acceptancepy"
+    assert slug("Precedence: which layer wins") == "precedence-which-layer-wins"
+    assert slug("docker-compose.yaml: one box, GPU or CPU") == "docker-composeyaml-one-box-gpu-or-cpu"

@@ -1,4 +1,4 @@
-"""Tests of the scripts under ``bench/`` on the CPU (their GPU parts wait for a device session)."""
+"""Tests of the scripts under ``bench/`` on the CPU (their GPU parts need a GPU machine)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """bench/rollout_ceiling.py on the CPU: the benchmark's shape and engine settings come from verl's own
 composition of the run's overrides, verl's figures from its metrics, and the comparison per token. The
-benchmark itself needs the GPU (docs/benchmarks.md: the plan for the next device session)."""
+benchmark itself needs the GPU (its figures: docs/benchmarks.md, "What bounds generation")."""
 
 from __future__ import annotations
 

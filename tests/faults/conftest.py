@@ -75,7 +75,7 @@ def fault_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path)
 
 def write_fault_configs(tmp_path: Path) -> Path:
     """``tmp_path/configs``: the shipped configs plus the fault clusters (``local-2node``, ``local-1node``)
-    and profiles, their storage in ``tmp_path/home`` (also what ``bench/restart_budget.py`` runs on)."""
+    and profiles, their storage in ``tmp_path/home`` (also what ``tests/e2e/restart_budget.py`` runs on)."""
     cfg = tmp_path / "configs"
     shutil.copytree(configs_dir(), cfg)
     (cfg / "clusters" / "local-2node.yaml").write_text(yaml.safe_dump({

@@ -144,7 +144,7 @@ def test_an_idle_gpus_remedy_asks_for_what_the_job_lacks_and_every_way_when_its_
 
 
 def test_an_idle_gpus_remedy_says_when_the_trainers_peak_memory_left_room_for_larger_micro_batches() -> None:
-    # Launch 2's 0.5B GRPO job: 13.5 GB at its peak on a 79.2 GB GPU, its budgets memory-bound by the rules.
+    # The 0.5B GRPO job on one H100 (2026-12-05): 13.5 GB at its peak of 79.2 GB, budgets memory-bound by the rules.
     flag = scaling.gpu_utilization_flag([_idle_gpu()], FAST_PATH, peak_gb=13.49, gpu_memory_gb=79.2)
     assert flag is not None
     assert flag.remedy.endswith("what the scaling rules chose. The trainer's peak allocated memory was 13.5 GB of "

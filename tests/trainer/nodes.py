@@ -7,7 +7,7 @@ from typing import Any
 
 from verl_pipeline.trainer.nodefacts import NodeFacts
 
-#: The versions one H200 machine's site had (docs/benchmarks.md; flash-attn from ../shared/gpu).
+#: The versions of the H200 node that docs/benchmarks.md's GPU runs used (flash-attn 2.8.3.post2 built for it).
 H200_VERSIONS = {"torch": "2.11.0+cu130", "triton": "3.5.0", "vllm": "0.24.0", "flashinfer-python": "0.5.3",
                  "flash-attn": "2.8.3.post2", "verl": "0.9.1", "transformers": "5.9.0"}
 

@@ -8,7 +8,7 @@ import pytest
 
 from verl_pipeline.trainer.log_times import CLOCK_SKEW_S, MAX_LAG_S, printed_at
 
-# The lines as launch 1 on the H200 (2026-12-05) forwarded them, Ray's actor prefix included.
+# The lines as a 0.5B GRPO run on the H200 (2026-12-05) forwarded them, Ray's actor prefix included.
 VERL = "\x1b[36m(TaskRunnerV1 pid=3221)\x1b[0m INFO:2026-12-05 10:29:23,189:create worker group dict_keys(['actor'])"
 VLLM = ("\x1b[36m(vLLMHttpServer pid=4546)\x1b[0m (EngineCore pid=4857) INFO 12-05 10:31:39 "
         "[kv_cache_utils.py:2146] GPU KV cache size: 9,560,512 tokens")

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.sdk.bases.hook import BaseHook
 
+from verl_pipeline.airflow.provider import CONNECTION_TYPE
 from verl_pipeline.cluster.address import Endpoint
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.jobs.client import JobInfo, LogStream, NodeInfo, RayJobsClient
@@ -101,7 +102,9 @@ class RayJobsHook(BaseHook):
 
     conn_name_attr = "conn_id"
     default_conn_name = "ray_default"
-    conn_type = "http"
+    #: The provider's connection type (its form in the UI); a connection of any type with the same fields
+    #: (``http``, or an ``AIRFLOW_CONN_*`` URI) works as well.
+    conn_type = CONNECTION_TYPE
     hook_name = "Ray (verl pipeline)"
 
     def __init__(self, cluster: dict[str, Any], conn_id: str | None = None) -> None:

@@ -56,9 +56,9 @@ MIN_SAMPLES_JUDGED = 3
 #: The under-used GPUs the flag's evidence names one by one (a 64-GPU run's evidence stays readable).
 GPUS_NAMED = 8
 #: A trainer whose peak allocated memory stayed under this share of the GPU's has room for larger micro
-#: batches: launch 2's 0.5B GRPO job peaked at 13.5 of 79.2 GB with budgets the rules then bound by memory;
-#: the budgets they give now, from the measured bytes per token, peaked at 22.5 (docs/benchmarks.md,
-#: 2026-12-05, eighth and ninth sessions).
+#: batches: the 0.5B GRPO job on one H100 peaked at 13.5 of 79.2 GB with budgets the rules then bound by
+#: memory; the budgets they give now, from the measured bytes per token, peaked at 22.5 (docs/benchmarks.md,
+#: "Token budgets", 2026-12-05).
 MEMORY_ROOM_SHARE = 0.5
 #: verl frees the rollout's KV cache and weights while the actor trains unless this is false.
 FREE_CACHE_KEY = "actor_rollout_ref.rollout.free_cache_engine"

@@ -1,6 +1,6 @@
 """The docker-compose stack built, started and used end to end, faults included, with the time of each step.
 
-Usage: .venv/bin/python bench/compose_stack.py [--gpu] [--wheels DIR] [--no-faults] [--reuse-images]
+Usage: .venv/bin/python tests/e2e/compose_stack.py [--gpu] [--wheels DIR] [--no-faults] [--reuse-images]
        (``make stack-e2e STACK_ARGS="..."``; needs a Docker engine, Compose v2 (``make compose-plugin``),
        the base images (python:3.11-slim, postgres:16; ``../shared/docker/standin-images.sh`` where no
        registry is reachable), and Debian's Chromium + the playwright package for the browser step)
@@ -49,8 +49,8 @@ from typing import Any
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "include"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "include"), str(REPO / "bench")]
 
 from verl_pipeline.airflow.dashboard_proxy import run_dir_from_xcom  # noqa: E402
 from verl_pipeline.airflow.links import job_link  # noqa: E402
@@ -380,7 +380,7 @@ def signed_in(stack: Stack) -> Iterator[Any]:
     import tempfile
 
     from playwright.sync_api import sync_playwright
-    from report_png import chromium as find_chromium  # bench/ is on the path of a script run from it
+    from report_png import chromium as find_chromium  # bench/ is on the path (above)
 
     chromium = find_chromium()
     base = f"http://127.0.0.1:{stack.env['AIRFLOW_API_PORT']}"

@@ -1,7 +1,7 @@
 """The restart budget on the CPU: a run that loses a node five times and finishes, and a run whose
 trainer dies before its first step three times and fails with one line.
 
-Usage: .venv/bin/python bench/restart_budget.py [--losses 5] [--delay 20s] [--scenario losses|crashes|both]
+Usage: .venv/bin/python tests/e2e/restart_budget.py [--losses 5] [--delay 20s] [--scenario losses|crashes|both]
        [--reprobe on_change|always|both]
 
 Each scenario is a real ``verl_ppo`` DAG run (``dag.test()``) on local Ray clusters started by the
@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import tests.conftest  # noqa: E402,F401  the tests' environment (throwaway Airflow home, Ray auth off), set at import

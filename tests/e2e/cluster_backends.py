@@ -1,8 +1,8 @@
 """Time the Slurm backend's lifecycle on a throwaway single-host Slurm, and KubeRay manifest validation.
 
-    PYTHONPATH=include:. .venv/bin/python bench/cluster_backends.py [--runs 3]
+    PYTHONPATH=include:. .venv/bin/python tests/e2e/cluster_backends.py [--runs 3]
 
-Prints a markdown table (median, min, max seconds) for docs/benchmarks.md.
+Prints a markdown table (median, min, max seconds): the rows of docs/benchmarks.md's table.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "include"))
 

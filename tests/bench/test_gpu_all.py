@@ -1,70 +1,27 @@
-"""A GPU launch's results come back with every poll (bench/gpu_poll.sh), and the launch marks its end
-(bench/gpu_all.sh): what a device session relies on when its machine may go back between two calls."""
+"""bench/gpu_all.sh on the CPU, with a stand-in Python that logs each call: which scenarios and helpers
+a launch runs, in which order, with which arguments, and what its progress file says."""
 
 from __future__ import annotations
 
 import os
 import re
 import subprocess
-import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _sh(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(REPO / "bench" / script), *args], env={**os.environ, **env},
+def _sh(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO / "bench" / "gpu_all.sh"), *args], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=60)
 
 
-def test_a_launch_marks_its_end_however_it_ends(tmp_path: Path) -> None:
+def test_a_launch_says_when_it_started_and_when_it_ended(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "done").write_text("a launch before\n")
-    # No scenario wanted: the launch is over at once, and its mark is its own, not the one before's.
-    done = _sh("gpu_all.sh", str(out), str(tmp_path / "work"), env={"ONLY": "none", "PRECOMPILE": "0"})
+    # No scenario wanted: the launch is over at once, and its progress says so however it ended.
+    done = _sh(str(out), str(tmp_path / "work"), env={"ONLY": "none"})
     assert done.returncode == 0, done.stderr
-    assert (out / "done").read_text() != "a launch before\n"
-    assert "start" in (out / "progress").read_text()
-
-
-def test_each_poll_packs_the_results_without_checkpoints_models_or_data(tmp_path: Path) -> None:
-    out, work, dest = tmp_path / "gout", tmp_path / "gw", tmp_path / "OUT"
-    run = work / "scenario" / "home" / "runs" / "r1"
-    for d in (out, run, work / "scenario" / "ckpt" / "global_step_3", work / "caches", dest):
-        d.mkdir(parents=True, exist_ok=True)
-    (out / "progress").write_text("04:17:20 start\n")
-    (out / "scenario.json").write_text("{}")
-    (run / "metrics-a1.jsonl").write_text("{}\n")
-    (run / "train.parquet").write_bytes(b"data")
-    (work / "scenario" / "ckpt" / "global_step_3" / "model.pt").write_bytes(b"weights")
-    (work / "caches" / "kernel.cubin").write_bytes(b"cache")
-    # The launch is still going: the poll waits its seconds, then packs what there is.
-    poll = _sh("gpu_poll.sh", str(out), str(work), "0", env={"OUT": str(dest)})
-    assert poll.returncode == 0, poll.stderr
-    assert "04:17:20 start" in poll.stdout and "launch over" not in poll.stdout
-    with tarfile.open(dest / "results.tgz") as tar:
-        names = {Path(n).name for n in tar.getnames()}
-    assert {"progress", "scenario.json", "metrics-a1.jsonl"} <= names
-    assert not names & {"train.parquet", "model.pt", "kernel.cubin", "global_step_3", "caches"}
-    # Once the launch is over the poll says so, and its files replace the earlier poll's.
-    (out / "done").write_text("04:30:00\n")
-    assert "launch over: 04:30:00" in _sh("gpu_poll.sh", str(out), str(work), "600", env={"OUT": str(dest)}).stdout
-    assert sorted(p.name for p in dest.iterdir()) == ["results.tgz"]
-
-
-def test_a_poll_shows_each_launch_of_a_folder_that_holds_several(tmp_path: Path) -> None:
-    """The plan starts its launches one after the other, each in a folder of its own under one OUTDIR: a poll
-    of that OUTDIR shows every launch's progress (on 2026-12-06 it showed none, and two polls went blind)."""
-    out, work, dest = tmp_path / "gout", tmp_path / "gw", tmp_path / "OUT"
-    for d in (out / "grpo3", out / "old", work, dest):
-        d.mkdir(parents=True)
-    (out / "grpo3" / "progress").write_text("04:07:21 start\n04:18:10 real-size rc=0, disk free 40G\n")
-    (out / "old" / "progress").write_text("04:18:12 start\n")
-    poll = _sh("gpu_poll.sh", str(out), str(work), "0", env={"OUT": str(dest)})
-    assert poll.returncode == 0, poll.stderr
-    assert f"{out}/grpo3:\n04:07:21 start\n04:18:10 real-size rc=0" in poll.stdout
-    assert f"{out}/old:\n04:18:12 start\n" in poll.stdout
+    assert re.fullmatch(r"\d\d:\d\d:\d\d start\n\d\d:\d\d:\d\d end\n", (out / "progress").read_text())
 
 
 def test_the_rollout_ceiling_runs_on_the_newest_0_5b_run(tmp_path: Path) -> None:
@@ -79,7 +36,7 @@ def test_the_rollout_ceiling_runs_on_the_newest_0_5b_run(tmp_path: Path) -> None
     for i, run in enumerate((older, newer)):
         run.mkdir(parents=True)
         os.utime(run, (1_000_000 + i, 1_000_000 + i))
-    done = _sh("gpu_all.sh", str(out), str(work), env={"ONLY": "real-size", "PRECOMPILE": "0", "NO_BARE": "1",
+    done = _sh(str(out), str(work), env={"ONLY": "real-size", "NO_BARE": "1",
                                                        "ROLLOUT_CEILING": "1", "PYTHON": str(python)})
     assert done.returncode == 0, done.stderr
     ceiling = [c for c in calls.read_text().splitlines() if "rollout_ceiling.py" in c]
@@ -95,8 +52,8 @@ def test_the_gpu_busy_recording_spans_the_0_5b_runs_and_is_analysed_after(tmp_pa
     out, work, calls, python = tmp_path / "out", tmp_path / "work", tmp_path / "calls", tmp_path / "python"
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     python.chmod(0o755)
-    env = {"ONLY": "real-size", "PRECOMPILE": "0", "PYTHON": str(python)}
-    assert _sh("gpu_all.sh", str(out), str(work), env=env).returncode == 0
+    env = {"ONLY": "real-size", "PYTHON": str(python)}
+    assert _sh(str(out), str(work), env=env).returncode == 0
     made = [c.split()[0].rsplit("/", 1)[-1] + " " + c.split()[1] for c in calls.read_text().splitlines()
             if "gpu_busy.py" in c or "gpu_acceptance.py --steps" in c]
     # The recorder goes to the background as the scenario starts (either may log first); the analysis
@@ -108,32 +65,32 @@ def test_the_gpu_busy_recording_spans_the_0_5b_runs_and_is_analysed_after(tmp_pa
     assert f"--metrics {work}/real-size/bare/metrics.jsonl --out {out}/gpu-busy.jsonl" in record
     assert "gpu-busy rc=0" in (out / "progress").read_text()
     calls.unlink()
-    assert _sh("gpu_all.sh", str(out), str(work), env={**env, "GPU_BUSY": "0"}).returncode == 0
+    assert _sh(str(out), str(work), env={**env, "GPU_BUSY": "0"}).returncode == 0
     assert "gpu_busy.py" not in calls.read_text()
 
 
 def test_the_gpu_stacks_shared_libraries_are_read_once_before_the_0_5b_runs(tmp_path: Path) -> None:
     """Both runs of the pair start on a warm page cache (the first one on a fresh machine would read the
-    libraries from disk alone): the stack's .so files, torch's site and the kit's, are read and counted."""
+    libraries from disk alone): the stack's .so files, torch's site and verl's, are read and counted."""
     import sys
 
     out, work, calls, python = tmp_path / "out", tmp_path / "work", tmp_path / "calls", tmp_path / "python"
-    site, kit = tmp_path / "image-site", tmp_path / "kit-site"
+    site, verl_site = tmp_path / "torch-site", tmp_path / "verl-site"
     for pkg, size in ((site / "torch" / "lib" / "libtorch_cuda.so", 2_000_000),
                       (site / "nvidia" / "cublas" / "lib" / "libcublas.so.13", 1_000_000),
-                      (kit / "verl" / "__init__.py", 10), (kit / "vllm" / "_C.abi3.so", 2_000_000)):
+                      (verl_site / "verl" / "__init__.py", 10), (verl_site / "vllm" / "_C.abi3.so", 2_000_000)):
         pkg.parent.mkdir(parents=True, exist_ok=True)
         pkg.write_bytes(b"x" * size)
     (site / "torch" / "__init__.py").write_text("")
     # The stand-in runs the launch's own look-ups (python -c … find_spec …) and logs every other call.
     python.write_text(f'#!/bin/sh\ncase "$2" in *find_spec*) exec {sys.executable} "$@";; esac\necho "$@" >> {calls}\n')
     python.chmod(0o755)
-    env = {"ONLY": "real-size", "PRECOMPILE": "0", "PYTHON": str(python), "NO_BARE": "1", "GPU_BUSY": "0",
-           "PYTHONPATH": f"{site}{os.pathsep}{kit}"}
-    assert _sh("gpu_all.sh", str(out), str(work), env=env).returncode == 0
+    env = {"ONLY": "real-size", "PYTHON": str(python), "NO_BARE": "1", "GPU_BUSY": "0",
+           "PYTHONPATH": f"{site}{os.pathsep}{verl_site}"}
+    assert _sh(str(out), str(work), env=env).returncode == 0
     assert re.search(r"\d\d:\d\d:\d\d read 5 MB of shared libraries in \d+ s\n", (out / "progress").read_text())
     (out / "progress").unlink()
-    assert _sh("gpu_all.sh", str(out), str(work), env={**env, "PAGE_CACHE": "0"}).returncode == 0
+    assert _sh(str(out), str(work), env={**env, "PAGE_CACHE": "0"}).returncode == 0
     assert "shared libraries" not in (out / "progress").read_text()
 
 
@@ -141,8 +98,8 @@ def test_tiny_twin_gives_the_ppo_and_resume_scenarios_their_bare_verl_twins_and_
     out, work, calls, python = tmp_path / "out", tmp_path / "work", tmp_path / "calls", tmp_path / "python"
     python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     python.chmod(0o755)
-    env = {"ONLY": "acceptance ppo resume-ppo", "PRECOMPILE": "0", "PYTHON": str(python), "TINY_TWIN": "1"}
-    assert _sh("gpu_all.sh", str(out), str(work), env=env).returncode == 0
+    env = {"ONLY": "acceptance ppo resume-ppo", "PYTHON": str(python), "TINY_TWIN": "1"}
+    assert _sh(str(out), str(work), env=env).returncode == 0
     runs = {c.split("--scenario ")[1].split()[0]: c for c in calls.read_text().splitlines() if "--scenario" in c}
     assert set(runs) == {"acceptance", "ppo", "resume-ppo"}
     assert runs["ppo"].endswith(" --twin") and runs["resume-ppo"].endswith(" --twin")

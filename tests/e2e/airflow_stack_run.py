@@ -1,7 +1,7 @@
 """Wall time of the production path: the real Airflow stack (PostgreSQL + scheduler, dag-processor,
 triggerer, api-server as separate processes) and one ``verl_ppo`` run triggered through the REST API.
 
-Usage: PYTHONPATH=include .venv/bin/python bench/airflow_stack.py [--runs N]
+Usage: PYTHONPATH=include .venv/bin/python tests/e2e/airflow_stack_run.py [--runs N]
 
 Prints: PostgreSQL start, ``airflow db migrate``, components until /api/v2/monitor/health is all
 healthy, DAG parsed, trigger → run success (and each task's duration, from the API), shutdown;
@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.integration.airflow_stack import AirflowStack  # noqa: E402
