@@ -66,6 +66,7 @@ def _spec(args: argparse.Namespace, *, refuse_changes: bool = True) -> RunSpec:
     A flag given with a value the frozen run does not have is refused, naming the difference (unless
     ``refuse_changes`` is off: then it is logged, as a changed profile file is)."""
     from verl_pipeline import steps
+    from verl_pipeline.models.prefetch import config_on_this_machine
 
     params = {
         "profile": args.profile,
@@ -81,7 +82,7 @@ def _spec(args: argparse.Namespace, *, refuse_changes: bool = True) -> RunSpec:
                                "overrides": _parse_sets(getattr(args, "overrides", None) or []),
                                "nccl_debug": getattr(args, "nccl_debug", None)}
     given = {k: v for k, v in params.items() if v is not None}
-    built = build_run_spec(given, run_name=args.run_name, **request)
+    built = build_run_spec(given, run_name=args.run_name, model_config=config_on_this_machine, **request)
     asked = Asked.of(given, **request) if refuse_changes else None
     starts = f"to `verl-pipeline cluster up --run-name {shlex.quote(args.run_name)}`"
     return steps.frozen_or(built, asked, starts=starts)
