@@ -8,10 +8,10 @@ published from the top level alone would be the base model.
 
 :func:`merge_lora_adapter` adds each adapter into its base weight the way PEFT's ``merge_and_unload`` does
 (``W += (B @ A) x lora_alpha / r``, in fp32 and rounded once to the weight's dtype, as PEFT does with the
-adapter in fp32, its default on loading; ``alpha / sqrt(r)`` with rsLoRA), shard by shard (one shard in memory at a time), keeps ``lora_adapter/`` beside the merged weights, and
-refuses an adapter that changes no weight (every ``lora_B`` zero, or ``lora_alpha`` 0): its export would be the
-base model. What PEFT's merge would do differently (DoRA, per-module rank or alpha patterns, embedding or
-bias adapters) is refused, naming what.
+adapter in fp32, its default on loading; ``alpha / sqrt(r)`` with rsLoRA), one shard in memory at a time, keeps
+``lora_adapter/`` beside the merged weights, and refuses an adapter that changes no weight (every ``lora_B``
+zero, or ``lora_alpha`` 0): its export would be the base model. What PEFT's merge would do differently (DoRA,
+per-module rank or alpha patterns, embedding or bias adapters) is refused, naming what.
 """
 
 from __future__ import annotations
