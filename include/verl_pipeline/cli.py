@@ -446,6 +446,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         text.append(f"# verl {verl_check['verl_version']}: composed ppo_trainer.yaml and passed validate_config + "
                     f"the actor/critic/rollout dataclass checks in {verl_check['seconds']}s "
                     f"(critic: {verl_check['use_critic']}, reference: {verl_check['use_reference_policy']})")
+        text += [f"# verl check not run here: {line}" for line in verl_check.get("unchecked") or []]
     if spec.admission is not None:
         text.append(f"# shared cluster: a verl_ppo run waits for {spec.admission.describe()} (verl-pipeline "
                     "submit does not queue)")
