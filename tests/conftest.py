@@ -132,6 +132,22 @@ def fsdp_checkpoint(tiny_model_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def lora_fsdp_checkpoint(tiny_model_path: Path) -> Path:
+    """:func:`fsdp_checkpoint` of a LoRA actor (rank 8, alpha 16, every linear layer, as verl's FSDP engine wraps
+    one with PEFT): ``checkpoints/global_step_2`` as verl's ``FSDPCheckpointManager`` saves it (with its
+    ``lora_train_meta.json``), and ``full_state.pt`` the trained PEFT state dict (~20 s, once per session)."""
+    from tests.fakes.fsdp_checkpoint import FsdpJob, write_checkpoint
+
+    root = _TMP / "lora-fsdp-checkpoint"
+    if not (root / "checkpoints" / "latest_checkpointed_iteration.txt").is_file():
+        write_checkpoint(FsdpJob(model_path=str(tiny_model_path), step_dir=str(root / "checkpoints" / "global_step_2"),
+                                 global_step=2, world_size=2, full_state_path=str(root / "full_state.pt"),
+                                 lora_rank=8, lora_alpha=16))
+        (root / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    return root
+
+
 @pytest.fixture
 def own_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the project's configs that the test may change ($VERL_PIPELINE_CONFIGS points at it)."""

@@ -24,15 +24,27 @@ def run(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProce
     return r
 
 
-def test_render_json_for_a_large_shape(tmp_path: Path) -> None:
-    r = run("render", "--model-profile", "qwen2.5-0.5b-ppo", "--nnodes", "32", "--n-gpus-per-node", "8",
-            "--model-source", "builtin:tiny-qwen2", "--json", home=tmp_path)
+def test_render_json_for_a_large_shape(tmp_path: Path, own_configs: Path) -> None:
+    import yaml
+
+    # The 0.5B PPO profile's rules on the built-in model (no download): its size facts left out, taken from the
+    # model's config.json (a profile that gives the 0.5B's would be refused: they contradict it).
+    prof = yaml.safe_load((own_configs / "models" / "qwen2.5-0.5b-ppo.yaml").read_text())
+    prof["model"] = {"source": "builtin:tiny-qwen2"}
+    (own_configs / "models" / "tiny-as-0.5b-ppo.yaml").write_text(yaml.safe_dump(prof))
+    # One batch of 32 x 256 prompts needs as many training rows (an epoch of fewer would have no step).
+    run_prof = yaml.safe_load((own_configs / "profiles" / "smoke.yaml").read_text())
+    run_prof["data"]["train_size"] = 256 * 33  # a few duplicates are dropped
+    (own_configs / "profiles" / "smoke.yaml").write_text(yaml.safe_dump(run_prof))
+    r = run("render", "--model-profile", "tiny-as-0.5b-ppo", "--nnodes", "32", "--n-gpus-per-node", "8",
+            "--json", home=tmp_path)
     out = json.loads(r.stdout)
     assert out["mode"] == "train"
     assert out["settings"]["data.train_batch_size"] == 256 * 32
     assert out["settings"]["trainer.nnodes"] == 32
     assert out["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
     assert "32 node(s)" in out["derived"]["data.train_batch_size"]
+    assert out["spec"]["model_facts"]["hidden_size"] == 128 and out["spec"]["model_facts"]["estimated"]
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -66,6 +66,7 @@ def _spec(args: argparse.Namespace, *, refuse_changes: bool = True) -> RunSpec:
     A flag given with a value the frozen run does not have is refused, naming the difference (unless
     ``refuse_changes`` is off: then it is logged, as a changed profile file is)."""
     from verl_pipeline import steps
+    from verl_pipeline.models.prefetch import config_on_this_machine
 
     params = {
         "profile": args.profile,
@@ -81,7 +82,7 @@ def _spec(args: argparse.Namespace, *, refuse_changes: bool = True) -> RunSpec:
                                "overrides": _parse_sets(getattr(args, "overrides", None) or []),
                                "nccl_debug": getattr(args, "nccl_debug", None)}
     given = {k: v for k, v in params.items() if v is not None}
-    built = build_run_spec(given, run_name=args.run_name, **request)
+    built = build_run_spec(given, run_name=args.run_name, model_config=config_on_this_machine, **request)
     asked = Asked.of(given, **request) if refuse_changes else None
     starts = f"to `verl-pipeline cluster up --run-name {shlex.quote(args.run_name)}`"
     return steps.frozen_or(built, asked, starts=starts)
@@ -445,6 +446,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         text.append(f"# verl {verl_check['verl_version']}: composed ppo_trainer.yaml and passed validate_config + "
                     f"the actor/critic/rollout dataclass checks in {verl_check['seconds']}s "
                     f"(critic: {verl_check['use_critic']}, reference: {verl_check['use_reference_policy']})")
+        text += [f"# verl check not run here: {line}" for line in verl_check.get("unchecked") or []]
     if spec.admission is not None:
         text.append(f"# shared cluster: a verl_ppo run waits for {spec.admission.describe()} (verl-pipeline "
                     "submit does not queue)")

@@ -54,6 +54,22 @@ class WorldSizeChange(str, Enum):
     MERGE = "merge"
 
 
+class SetBy(str, Enum):
+    """Which layer set one of a run's length settings (``total_training_steps``, ``trainer.total_epochs``):
+    when both are set, the one of the later layer wins (``trainer/length.py``)."""
+
+    #: Nobody: the pipeline's default (one step).
+    DEFAULT = "default"
+    #: A profile: the run profile's ``trainer.total_training_steps``, a profile's ``verl:`` section.
+    PROFILE = "profile"
+    #: The run asked for it: a param / CLI flag, ``--set`` or ``verl_overrides``.
+    ASKED = "asked"
+
+    @property
+    def rank(self) -> int:
+        return (SetBy.DEFAULT, SetBy.PROFILE, SetBy.ASKED).index(self)
+
+
 class BackendKind(str, Enum):
     """Where the Ray cluster comes from."""
 

@@ -23,7 +23,7 @@ import yaml
 
 from verl_pipeline.admission import admission_of
 from verl_pipeline.auth import check_job_env
-from verl_pipeline.constants import DEFAULT_RECIPE, DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
+from verl_pipeline.constants import DEFAULT_RECIPE, DEFAULT_TRAINER_COMMAND, Mode, Placement, SetBy, WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir, pipeline_home
 from verl_pipeline.restarts import SECTION as RESTARTS_SECTION
@@ -42,6 +42,7 @@ from verl_pipeline.spec import (
 from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
 from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
+from verl_pipeline.trainer.modelfacts import facts_for, read_config
 from verl_pipeline.trainer.overrides import flatten, parse_overrides, spellings
 from verl_pipeline.trainer.reward import ANSWER_FORM
 from verl_pipeline.trainer.owned import check_owned_keys
@@ -129,12 +130,15 @@ def build_run_spec(
     cluster_profile: str | None = None,
     overrides: dict[str, Any] | None = None,
     nccl_debug: bool | None = None,
+    model_config: ModelConfigReader | None = None,
 ) -> RunSpec:
     """Resolve and validate a run from its params (DAG params or CLI flags).
 
     ``model_profile``/``cluster_profile`` (CLI flags, or the params of the same names) replace the
     run profile's choices; ``overrides`` (flat verl keys, the CLI's ``--set``) and the
     ``verl_overrides`` param are the last layer and win over every profile and scaling rule.
+    ``model_config`` reads the actor's own config.json where it is on this machine (the model facts are checked
+    against it and completed from it: ``trainer/modelfacts.py``); by default a local directory's is read.
     """
     params = _known_params(params)
     profile_name = params.get("profile") or DEFAULT_PROFILE
@@ -151,7 +155,7 @@ def build_run_spec(
     steps = _int_param(params, "total_training_steps", trainer.get("total_training_steps", 1), 1, 10_000_000)
     mode = _choice(Mode, params.get("mode") or prof.get("mode") or Mode.AUTO.value, "mode",
                    "unknown mode", "auto, train or preflight")
-    models = _models(dict(mprof.get("model") or {}), params, model_profile)
+    models = _models(dict(mprof.get("model") or {}), params, model_profile, model_config or local_model_config)
     hardware = Hardware.from_profile(cprof, cluster_profile)
     data = _data(dict(prof.get("data") or {}), params)
     storage = _storage(dict(cprof.get("storage") or {}), cluster_profile)
@@ -175,6 +179,7 @@ def build_run_spec(
         run_name=run_name, profile=profile_name, model_profile=model_profile, cluster_profile=cluster_profile,
         **models, **data, **storage, cluster=cluster, runtime=runtime, hardware=hardware,
         nnodes=nnodes, n_gpus_per_node=n_gpus_per_node, total_training_steps=steps, mode=mode, placement=placement,
+        steps_set_by=_steps_set_by(params, trainer), epochs_set_by=_epochs_set_by(layers, overrides),
         pools=pools, verl=verl_settings, derived=derived, trainer_command=_trainer_command(prof),
         nccl_debug=bool(runtime.get("nccl_debug", False)) if nccl_debug is None else nccl_debug,
         watch=WatchSettings.from_profile(prof.get(WATCH_SECTION), profile_name),
@@ -210,19 +215,45 @@ def _choice(kind: type[E], text: Any, key: str, rule: str, fix: str) -> E:
         raise ConfigError(key, text, rule, fix) from None
 
 
-def _models(section: dict[str, Any], params: dict[str, Any], model_profile: str) -> dict[str, Any]:
+#: Reads a model's own config.json where the model is on this machine: ``(config, path)``, else None.
+ModelConfigReader = Callable[[ModelSource], "tuple[dict[str, Any], str] | None"]
+
+
+def local_model_config(source: ModelSource) -> tuple[dict[str, Any], str] | None:
+    """A local model directory's config.json, when this machine sees it (other sources: None)."""
+    return read_config(source.ref) if source.kind == "path" else None
+
+
+def _models(section: dict[str, Any], params: dict[str, Any], model_profile: str,
+            model_config: ModelConfigReader) -> dict[str, Any]:
     """The model profile's ``model:`` section (the ``model_source`` param wins for the actor): the run's
-    models and the size facts of the actor."""
+    models and the size facts of the actor (checked against its own config.json where ``model_config`` reads one)."""
     patterns = section.get("allow_patterns")
 
     def source(key: str) -> ModelSource | None:
         text = section.get(key)
         return ModelSource.parse(text, key=f"model.{key}", allow_patterns=patterns) if text else None
 
-    return {"model": ModelSource.parse(params.get("model_source") or section.get("source", ""),
-                                       allow_patterns=patterns),
-            "critic_model": source("critic_source"), "reward_model": source("reward_source"),
-            "model_facts": ModelFacts.from_profile(section, model_profile)}
+    actor = ModelSource.parse(params.get("model_source") or section.get("source", ""), allow_patterns=patterns)
+    return {"model": actor, "critic_model": source("critic_source"), "reward_model": source("reward_source"),
+            "model_facts": facts_for(section, model_profile, model_config(actor))}
+
+
+def _steps_set_by(params: dict[str, Any], trainer: dict[str, Any]) -> SetBy:
+    """Who set the run's total_training_steps: the param (CLI flag), the run profile, or nobody."""
+    if params.get("total_training_steps") not in (None, ""):
+        return SetBy.ASKED
+    return SetBy.PROFILE if trainer.get("total_training_steps") is not None else SetBy.DEFAULT
+
+
+def _epochs_set_by(layers: list[dict[str, Any]], overrides: dict[str, Any]) -> SetBy | None:
+    """Who set ``trainer.total_epochs``: an override (``--set``, ``verl_overrides``), a profile, or nobody (None)."""
+    key = "trainer.total_epochs"
+    if any(spelled in overrides for spelled in spellings(key)):
+        return SetBy.ASKED
+    if any(spelled in flatten(layer) for layer in layers for spelled in spellings(key)):
+        return SetBy.PROFILE
+    return None
 
 
 def _data(section: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -370,7 +401,8 @@ _NUMERIC_KEYS: dict[str, type] = {
     "critic.ppo_mini_batch_size": int, "critic.ppo_micro_batch_size_per_gpu": int,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": int,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": int,
-    "trainer.save_freq": int, "trainer.test_freq": int,
+    "trainer.save_freq": int, "trainer.test_freq": int, "trainer.total_epochs": int,
+    "actor_rollout_ref.model.lora_rank": int, "critic.model.lora_rank": int,
     "actor_rollout_ref.rollout.gpu_memory_utilization": float, "actor_rollout_ref.actor.optim.lr": float,
     "critic.optim.lr": float,
 }

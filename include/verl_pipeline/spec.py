@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.admission import Admission
-from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, WorldSizeChange
+from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, SetBy, WorldSizeChange
 from verl_pipeline.durations import duration_setting, format_duration
 from verl_pipeline.exceptions import ConfigError, section_of
 from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
@@ -154,7 +154,8 @@ ROLLOUT_BYTES_PER_PARAM = 2
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What the scaling rules need to know about a model (from its profile; weights are not read)."""
+    """What the scaling rules need to know about a model: its profile's facts, checked against and completed from
+    its own ``config.json`` where that is on this machine (``trainer/modelfacts.py``); weights are not read."""
 
     params_b: float
     hidden_size: int
@@ -169,22 +170,30 @@ class ModelFacts:
     #: config.json's ``num_key_value_heads`` (grouped-query attention): the KV cache's size per token, which
     #: sizes vLLM's ``max_num_seqs`` (``trainer/scaling.py``); None: as many as the attention heads.
     num_key_value_heads: int | None = None
+    #: config.json's ``intermediate_size`` (the MLP's width): sizes a LoRA adapter (``trainer/lora.py``); None:
+    #: 4 x hidden_size assumed.
+    intermediate_size: int | None = None
+    #: The model's own ``config.json`` the facts were checked against and completed from
+    #: (``trainer/modelfacts.py``); None: the profile's facts alone (the model was not on this machine).
+    config_file: str | None = None
 
     @classmethod
     def from_profile(cls, section: dict[str, Any], profile: str) -> ModelFacts:
         """Read the size facts; ``params_b`` may be left out and is then estimated from the shape, and
-        ``vocab_size`` may be left out (the token budgets then stay at verl's floor)."""
+        ``vocab_size``, ``num_key_value_heads`` and ``intermediate_size`` may be left out (the rules then say
+        what they assume)."""
         values: dict[str, Any] = {}
         for name, kind, example in (("hidden_size", int, "3584"), ("num_layers", int, "28"),
                                     ("num_attention_heads", int, "28"), ("params_b", float, "7.6"),
-                                    ("vocab_size", int, "152064"), ("num_key_value_heads", int, "4")):
+                                    ("vocab_size", int, "152064"), ("num_key_value_heads", int, "4"),
+                                    ("intermediate_size", int, "18944")):
             raw = section.get(name)
             key = f"models/{profile}.model.{name}"
             if raw is None:
-                if name in ("params_b", "vocab_size", "num_key_value_heads"):
+                if name in ("params_b", "vocab_size", "num_key_value_heads", "intermediate_size"):
                     continue
-                raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it",
-                                  f"{name}: {example}")
+                raise ConfigError(key, None, "is required: the scaling rules size parallelism and offload from it "
+                                  "(a model on this machine gives it in its config.json)", f"{name}: {example}")
             try:
                 value = kind(raw)
             except (TypeError, ValueError):
@@ -328,6 +337,10 @@ class RunSpec:
     n_gpus_per_node: int
     total_training_steps: int
     mode: Mode
+    #: Who set ``total_training_steps``, and who set ``trainer.total_epochs`` (in ``verl``; None: nobody): which
+    #: of the two wins, once the training rows are known (``trainer/length.py``).
+    steps_set_by: SetBy = SetBy.PROFILE
+    epochs_set_by: SetBy | None = None
     verl: dict[str, Any] = field(default_factory=dict)
     #: derived (or explicitly kept) verl key -> the rule behind its value
     derived: dict[str, str] = field(default_factory=dict)

@@ -80,13 +80,15 @@ def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, r
         log.info("verl %s accepted the configuration for %d x %d GPU(s) in %.1fs (critic: %s, reference: %s)",
                  record.verl_version, spec.nnodes, spec.n_gpus_per_node, v.seconds, v.use_critic,
                  v.use_reference_policy)
+    for line in record.unchecked:
+        log.warning("verl's validation here left unchecked: %s", line)
     if record_in is not None:
         record_in.save_validation(record.to_dict())
         log.info("verl's validation recorded in %s (key %s): the preflight job trusts it for the same overrides "
                  "and verl installation", record_in.validation_file, record.key)
     return {"n_gpus": record.n_gpus, "use_critic": record.use_critic,
             "use_reference_policy": record.use_reference_policy, "seconds": seconds, "verl_version": version("verl"),
-            "reused": str(kept) if reused else None}
+            "reused": str(kept) if reused else None, "unchecked": list(record.unchecked)}
 
 
 def frozen_or(spec: RunSpec, asked: Asked | None = None, *, starts: str = "where the run starts") -> RunSpec:
@@ -349,6 +351,7 @@ def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode:
         model_path=models["actor"]["path"], critic_path=critic.get("path"),
         reward_path=(models.get("reward") or {}).get("path"),
         length_filter=(data.get("counts") or {}).get("length_filter"), decision=decision,
+        train_rows=(data.get("counts") or {}).get("train_rows"),
     )
 
 

@@ -7,7 +7,8 @@ fp32 (verl's actor keeps fp32 parameters), optionally restores an earlier checkp
 ``load_checkpoint`` (model, optimizer, scheduler, RNG), runs a few real AdamW steps on a fixed
 batch, and saves with verl's ``save_checkpoint`` into ``<step_dir>/actor``:
 ``{model,optim,extra_state}_world_size_{W}_rank_{r}.pt`` (sharded DTensor state dicts),
-``fsdp_config.json`` and ``huggingface/`` (config + tokenizer), exactly what
+``fsdp_config.json`` and ``huggingface/`` (config + tokenizer; with ``lora_rank``, a PEFT LoRA actor and
+verl's ``lora_train_meta.json``), exactly what
 ``python -m verl.model_merger merge --backend fsdp`` reads. Rank 0 then writes the dataloader's
 ``data.pt`` beside ``actor/``, as verl's trainer does.
 
@@ -43,6 +44,9 @@ class FsdpJob:
     lr: float = 1e-3
     resume_dir: str | None = None
     full_state_path: str | None = None
+    #: Positive: train a LoRA adapter as verl's FSDP engine does (PEFT's get_peft_model over every linear layer).
+    lora_rank: int = 0
+    lora_alpha: int = 16
 
 
 def _free_port() -> int:
@@ -113,11 +117,18 @@ def _rank_main(job: FsdpJob, rank: int) -> None:
     torch.manual_seed(1234)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     tokenizer: Any = AutoTokenizer.from_pretrained(job.model_path)
-    model = AutoModelForCausalLM.from_pretrained(job.model_path, torch_dtype=torch.float32)
-    for layer in model.model.layers:
+    model: Any = AutoModelForCausalLM.from_pretrained(job.model_path, torch_dtype=torch.float32)
+    if job.lora_rank:
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        # As verl's FSDP engine builds a LoRA actor (workers/engine/fsdp/transformer_impl.py, _build_lora_module).
+        model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, r=job.lora_rank,
+                                                 lora_alpha=job.lora_alpha, target_modules="all-linear", bias="none"))
+    for layer in (model.get_base_model() if job.lora_rank else model).model.layers:
         fully_shard(layer, mesh=mesh)
     fsdp: Any = fully_shard(model, mesh=mesh)
-    optim = torch.optim.AdamW(fsdp.parameters(), lr=job.lr)
+    optim = torch.optim.AdamW([p for p in fsdp.parameters() if p.requires_grad], lr=job.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
     manager = FSDPCheckpointManager(model=fsdp, optimizer=optim, lr_scheduler=sched, processing_class=tokenizer,
                                     checkpoint_config=OmegaConf.create({"save_contents": ["model", "optimizer",

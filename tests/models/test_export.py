@@ -66,6 +66,46 @@ def test_export_merges_the_newest_complete_checkpoint_into_weights_equal_to_the_
     assert read_export(run_dir) == manifest
 
 
+def test_a_lora_runs_export_is_the_base_with_its_trained_adapter_merged(
+    lora_fsdp_checkpoint: Path, tiny_model_path: Path, tmp_path: Path,
+) -> None:
+    """verl's merger writes a LoRA actor's adapter to lora_adapter/ beside the untouched base weights; the export
+    publishes them merged (as PEFT merges them), keeps the adapter, and records what the merge changed."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(lora_fsdp_checkpoint / "checkpoints", ckpt)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    manifest = export_run(run_dir=run_dir, checkpoints=list_checkpoints(ckpt), run_key="rk", run_name="d/lora",
+                          profile="smoke", job_id="job-lora")
+    model_dir = run_dir / "model"
+    lora = manifest.files["lora"]
+    assert (lora["rank"], lora["alpha"], lora["scaling"]) == (8, 16.0, 2.0)
+    # Every linear of both decoder layers: q, k, v, o, gate, up and down.
+    assert lora["adapted"] == lora["changed"] == 14 and lora["max_abs_change"] > 0
+    assert lora["target_modules"] == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"])
+    # The kept adapter is the one the ranks trained.
+    trained = torch.load(lora_fsdp_checkpoint / "full_state.pt")
+    kept = load_file(str(model_dir / "lora_adapter" / "adapter_model.safetensors"))
+    assert len(kept) == 28
+    for key, tensor in kept.items():
+        assert torch.equal(tensor, trained[key.replace(".weight", ".default.weight")].to(tensor.dtype)), key
+    # The published weights: the base with that adapter merged, exactly as PEFT merges it; they differ from the base.
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16)
+    expected = PeftModel.from_pretrained(base, model_dir / "lora_adapter").merge_and_unload().state_dict()
+    published = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16).state_dict()
+    assert set(published) == set(expected)
+    assert all(torch.equal(published[k], expected[k]) for k in published)
+    changed = sorted(k for k in published if not torch.equal(published[k], initial[k]))
+    assert len(changed) == 14 and all(k.endswith("_proj.weight") for k in changed)
+
+
 def test_export_without_a_complete_checkpoint_names_the_run(tmp_path: Path) -> None:
     (tmp_path / "global_step_4" / "actor").mkdir(parents=True)
     with pytest.raises(ModelError, match=r"run rk has no complete checkpoint to export .*global_step_4"):

@@ -98,6 +98,8 @@ def test_verls_validation_reads_none_of_the_unvalidated_keys(provisioned: tuple[
         _job_overrides(spec, tmp_path, **{"data.filter_overlong_prompts": "false"}),
         _job_overrides(spec, tmp_path, **{"trainer.experiment_name": "other",
                                           "trainer.default_local_dir": "/nowhere/checkpoints"}),
+        # The length counted against the training rows at submit (trainer/length.py).
+        _job_overrides(spec, tmp_path, **{"trainer.total_training_steps": 500, "trainer.total_epochs": 7}),
     ):
         v = validate(overrides)
         assert (v.n_gpus, v.use_critic, v.use_reference_policy) == (base.n_gpus, base.use_critic,
@@ -141,3 +143,32 @@ def test_the_preflight_job_validates_itself_without_a_record_and_fails_on_a_bad_
         validate(bad)
     # No record at all: the same.
     assert preflight.run(bad, validation_record=tmp_path / "absent.json")["checks"]["verl_config"]["ok"] is False
+
+
+def test_a_lora_run_is_validated_without_vllm_and_the_record_says_what_the_cluster_checks(tmp_path: Path) -> None:
+    """verl's validate_config checks a LoRA rank against vLLM's, importing vLLM, which the Airflow side lacks: the
+    rest is checked here, the record names the one check left to the job's own validate_config on the cluster, and
+    the preflight job does not take the record for a full validation."""
+    import importlib.util
+
+    spec = build_run_spec({}, run_name="pytest/lora", overrides={"actor_rollout_ref.model.lora_rank": 8})
+    run_dir = RunDir(tmp_path / "run")
+    result = steps.validate_spec_with_verl(spec, record_in=run_dir)
+    record = run_dir.validation()
+    assert record is not None
+    if importlib.util.find_spec("vllm") is not None:  # a machine with vLLM checks everything
+        assert result["unchecked"] == record["unchecked"] == []
+        return
+    (line,) = result["unchecked"]
+    assert line.startswith("actor_rollout_ref.model.lora_rank=8 against the LoRA ranks vLLM serves")
+    assert "checks it on the cluster's nodes when the job starts" in line
+    assert record["unchecked"] == [line]
+    v, why = trusted(record, _job_overrides(spec, tmp_path))
+    assert v is None and why.startswith("the recorded validation left unchecked: actor_rollout_ref.model.lora_rank=8")
+    # The other checks still run: a bad value beside the rank is refused here.
+    bad = build_run_spec({}, run_name="pytest/lora-bad", overrides={"actor_rollout_ref.model.lora_rank": 8,
+                                                                     "actor_rollout_ref.actor.loss_agg_mode": "x"})
+    with pytest.raises(VerlConfigError, match="loss_agg_mode"):
+        steps.validate_spec_with_verl(bad)
+    # A full fine-tune leaves nothing unchecked.
+    assert validate(_job_overrides(build_run_spec({}, run_name="pytest/full"), tmp_path)).unchecked == ()

@@ -32,9 +32,10 @@ from verl_pipeline.models.manifest import (
     manifest_path,
     read_manifest,
 )
-from verl_pipeline.models.tiny import TINY_MODEL_VERSION, build_tiny_model
+from verl_pipeline.models.tiny import TINY_MODEL_VERSION, build_tiny_model, config_facts
 from verl_pipeline.paths import short_hash, slug
 from verl_pipeline.spec import ModelSource, RunSpec
+from verl_pipeline.trainer.modelfacts import check_prefetched, read_config
 from verl_pipeline.trainer.verify import TOKENIZER_FILES, verify_model_dir
 
 log = logging.getLogger(__name__)
@@ -253,7 +254,30 @@ def prefetch_roles(spec: RunSpec, roles: Iterable[str], *, token: str | None = N
     if len(distinct) != 1:
         raise ModelError(f"roles {roles} name different models: {sorted(str(s) for s in distinct)}")
     result = prefetch(sources[roles[0]], cache_root or spec.model_cache, token=token).to_dict()
+    if "actor" in roles:
+        check_actor_facts(spec, Path(result["path"]))
     return {role: {**result, "role": role} for role in roles}
+
+
+def check_actor_facts(spec: RunSpec, model_dir: Path) -> None:
+    """The run's model facts against the prefetched actor's own config.json (``trainer/modelfacts.py``): a
+    contradiction is a ConfigError naming both values, before anything is submitted; a fact the run's rules
+    had to assume is logged with the value the config gives."""
+    config = read_config(model_dir)
+    if spec.model_facts is None or config is None:
+        return
+    for note in check_prefetched(spec.model_facts, config, profile=spec.model_profile):
+        log.warning("Run %s: %s", spec.run_name, note)
+
+
+def config_on_this_machine(source: ModelSource) -> tuple[dict[str, Any], str] | None:
+    """The model's config.json where this machine has the model without a download (what ``build_run_spec``
+    checks the model profile against at provision): a local directory's, or the built-in model's (its
+    architecture as :func:`~verl_pipeline.models.tiny.build_tiny_model` writes it; nothing is built); None for
+    the other sources."""
+    if source.kind == "builtin":
+        return config_facts(), f"config.json of {source} ({TINY_MODEL_VERSION})"
+    return read_config(source.ref) if source.kind == "path" else None
 
 
 def prefetch_run(spec: RunSpec, *, token: str | None = None, cache_root: Path | None = None
@@ -281,5 +305,6 @@ def models_by_role(pulled: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-__all__ = ["PrefetchResult", "models_by_role", "plan_models", "prefetch", "prefetch_roles", "prefetch_run",
+__all__ = ["PrefetchResult", "check_actor_facts", "config_on_this_machine", "models_by_role",
+           "plan_models", "prefetch", "prefetch_roles", "prefetch_run",
            "verify_model_dir"]

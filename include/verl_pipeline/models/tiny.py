@@ -69,6 +69,12 @@ def _train_tokenizer(vocab_size: int = 1024) -> object:
     return tok
 
 
+def config_facts() -> dict[str, Any]:
+    """The architecture the built model's config.json has (its vocabulary is the tokenizer's, trained in a
+    fraction of a second), without building the weights: what the scaling rules read at provision."""
+    return {**_ARCH, "vocab_size": _train_tokenizer().get_vocab_size()}  # type: ignore[attr-defined]
+
+
 def build_tiny_model(dest: Path) -> Path:
     """Write the tiny model (config, tokenizer, safetensors weights) into ``dest``.
 
@@ -145,4 +151,4 @@ def describe(path: Path) -> dict[str, object]:
     }
 
 
-__all__ = ["TINY_MODEL_VERSION", "build_tiny_model", "describe"]
+__all__ = ["TINY_MODEL_VERSION", "build_tiny_model", "config_facts", "describe"]

@@ -122,12 +122,14 @@ class RunFacts:
         return self.nnodes * self.n_gpus_per_node
 
     @classmethod
-    def from_spec_dict(cls, run_key: str, spec: dict[str, Any], *, mode: str | None = None) -> RunFacts:
+    def from_spec_dict(cls, run_key: str, spec: dict[str, Any], *, mode: str | None = None,
+                       total_steps: int | None = None) -> RunFacts:
+        """``total_steps``: what the rendered job trains (its ``trainer.total_training_steps``), else the spec's."""
         hardware = spec.get("hardware") or {}
         return cls(run_key=run_key, run_name=str(spec.get("run_name", run_key)), profile=str(spec.get("profile", "")),
                    mode=mode or spec.get("mode"), nnodes=int(spec.get("nnodes") or 0),
                    n_gpus_per_node=int(spec.get("n_gpus_per_node") or 0),
-                   total_steps=int(spec.get("total_training_steps") or 0),
+                   total_steps=int(total_steps or spec.get("total_training_steps") or 0),
                    gpu_memory_gb=hardware.get("gpu_memory_gb"))
 
 

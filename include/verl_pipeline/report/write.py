@@ -128,7 +128,8 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     """(Re)build the report of the run in ``run_dir``; ``spec``: the run's spec (else its run_spec.json)."""
     spec = spec or _read_json(RunDir(run_dir).spec_file) or {}
     job = RunDir(run_dir).job() or {}
-    facts = RunFacts.from_spec_dict(run_dir.name, spec, mode=job.get("mode"))
+    facts = RunFacts.from_spec_dict(run_dir.name, spec, mode=job.get("mode"),
+                                    total_steps=(job.get("settings") or {}).get("trainer.total_training_steps"))
     rows = read_rows(run_dir)
     preflight = _read_json(RunDir(run_dir).preflight_file)
     status = status or infer_status(run_dir, facts, rows, preflight)

@@ -46,6 +46,7 @@ from verl_pipeline.trainer.scaling import (
     ROLLOUT_HEADROOM_SHARE,
     VERL_DEFAULT_PROMPT,
     VERL_DEFAULT_RESPONSE,
+    lora_adapters,
     train_state_gb,
     uses_critic,
     uses_reference,
@@ -215,7 +216,7 @@ def budget_inputs(settings: Mapping[str, Any], model: ModelFacts | None, gpu_mem
     critic, ref = uses_critic(dict(settings)), uses_reference(dict(settings))
     offload = spelled(settings, PARAM_OFFLOAD_KEY)
     resident = 0.0 if model is None or (offload is not None and offload.value is True) else \
-        train_state_gb(model, n_gpus, critic=critic, ref=ref)
+        train_state_gb(model, n_gpus, critic=critic, ref=ref, **lora_adapters(dict(settings), model, critic=critic))
     checkpointing = spelled(settings, "actor_rollout_ref.model.enable_gradient_checkpointing")
     return BudgetInputs(
         prompt=_int(settings, "data.max_prompt_length", VERL_DEFAULT_PROMPT),

@@ -1,5 +1,8 @@
 """verl's FSDP checkpoint merger: a ``global_step_N/actor`` folder into HuggingFace safetensors, verified.
 
+A LoRA run's adapter, which the merger writes beside the base weights, is merged into them
+(:mod:`verl_pipeline.trainer.lora_merge`) and kept in ``lora_adapter/``.
+
 Used to export a run's trained model and to start a new run segment from merged weights when a
 retry lands on a cluster of another world size.
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.exceptions import ModelError
+from verl_pipeline.trainer.lora_merge import ADAPTER_DIR, merge_lora_adapter
 from verl_pipeline.trainer.verify import verify_model_dir
 
 log = logging.getLogger(__name__)
@@ -101,12 +105,22 @@ def merge_checkpoint(actor_dir: Path, target_dir: Path, *, job_id: str, timeout_
         why = f"killed after {timeout_s:.0f}s" if time.monotonic() - started >= timeout_s else f"exit {code}"
         raise ModelError(f"verl's merger failed on {actor_dir} ({why}): " + " | ".join(tail[-5:]))
     try:
+        # A LoRA run: the merger put the trained adapter beside the base weights; the model is both, merged.
+        lora = merge_lora_adapter(tmp)
         facts = verify_model_dir(tmp)
     except ModelError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for p in tmp.iterdir():  # the merger writes weights 0600; every Ray node's user must read them
-        os.chmod(p, p.stat().st_mode | 0o644)
+    if lora is not None:
+        facts["lora"] = lora.to_dict()
+        log.info("%s: merged the LoRA adapter (rank %d, alpha %g) into %d of its %d weights (largest change %.3g); "
+                 "the adapter is kept in %s", job_id, lora.rank, lora.alpha, lora.changed, lora.adapted,
+                 lora.max_abs_change, ADAPTER_DIR)
+        if lora.changed < lora.adapted:
+            log.warning("%s: %d of the adapter's %d weights are unchanged (their lora_B is zero)", job_id,
+                        lora.adapted - lora.changed, lora.adapted)
+    for p in [*tmp.iterdir(), *(tmp / ADAPTER_DIR).glob("*")]:  # the merger writes 0600; every node's user reads
+        os.chmod(p, p.stat().st_mode | (0o755 if p.is_dir() else 0o644))
     if target_dir.exists():
         shutil.rmtree(target_dir)
     os.replace(tmp, target_dir)

@@ -94,7 +94,14 @@ OWNED_KEYS: tuple[OwnedKey, ...] = (
     OwnedKey("trainer.total_training_steps", Ownership.REFUSED,
              "the run's length, which progress, the hang watchdog, the last save and merged segments count against",
              "the total_training_steps param (CLI --total-training-steps), else the run profile's "
-             "trainer.total_training_steps"),
+             "trainer.total_training_steps; or trainer.total_epochs, which wins from a later layer"),
+    OwnedKey("trainer.total_epochs", Ownership.HONOURED,
+             "verl ends a run after its epochs even before its steps: the run's length is one rule of steps, epochs "
+             "and the training rows (trainer/length.py)",
+             "kept: from a later layer than the steps, the steps are epochs x the training rows' batches; else "
+             "raised to cover the steps",
+             condition=Condition(_positive_int, "a positive number of epochs",
+                                 "trainer.total_epochs=3, or unset: the steps set the run's length")),
     OwnedKey("trainer.default_local_dir", Ownership.REFUSED,
              "the run's checkpoints, absolute, on storage every node shares, one directory per run (retries "
              "resume from them)",

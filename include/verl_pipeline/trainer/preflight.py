@@ -170,6 +170,8 @@ def run(overrides: list[str], *, generate_prompts: int = 2, max_new_tokens: int 
         "ok": True, **origin, "seconds": _since(t0), "n_gpus": v.n_gpus, "use_critic": v.use_critic,
         "use_reference_policy": v.use_reference_policy, "train_batch_size": int(cfg.data.train_batch_size),
         "rollout_n": int(cfg.actor_rollout_ref.rollout.n),
+        # verl's checks that need what this node lacks (vLLM): the training job's own validate_config runs them.
+        "unchecked": list(v.unchecked),
     }
 
     import pyarrow.parquet as pq

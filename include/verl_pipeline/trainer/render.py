@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -12,6 +13,7 @@ from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 from verl_pipeline.trackers import LOGGER_KEY, logger_backends
 from verl_pipeline.trainer.decisions import Decision, decide_for_spec
+from verl_pipeline.trainer.length import EPOCHS_KEY, STEPS_KEY, length_of
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
 from verl_pipeline.trainer.owned import (
     ACTOR_KEEP_KEY,
@@ -22,6 +24,8 @@ from verl_pipeline.trainer.owned import (
     rule_text,
 )
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
+
+log = logging.getLogger(__name__)
 
 #: verl's recommended environment for every worker (see verl's runtime_env.yaml), plus tokenizers
 #: parallelism off: forked dataloader workers deadlock with it on; and vLLM's INFO lines, which verl
@@ -67,14 +71,16 @@ class RenderedJob:
 
 def job_settings(
     spec: RunSpec, *, train_files: str, val_files: str, model_path: str, critic_path: str | None = None,
-    reward_path: str | None = None,
+    reward_path: str | None = None, train_rows: int | None = None,
 ) -> dict[str, Any]:
     """Every verl setting of the run: the user's, then the keys the pipeline owns (paths, shape, logging).
 
     Every key set here is in :data:`~verl_pipeline.trainer.owned.OWNED_KEYS`; ``build_run_spec`` has
-    refused a user's value for each of them that is not honoured here.
+    refused a user's value for each of them that is not honoured here. ``train_rows``: the training rows
+    preprocessing wrote (its counts), which the run's steps or epochs are counted against (``trainer/length.py``).
     """
     settings = dict(spec.verl)
+    length = length_of(spec, settings, train_rows)
     project, experiment = tracker_names(spec)
     backends = logger_backends(settings.get(LOGGER_KEY))
     settings.update(
@@ -85,7 +91,8 @@ def job_settings(
             # The training pool: the whole cluster, or what rollout's own pool leaves (placement: separate).
             "trainer.nnodes": spec.train_nnodes,
             "trainer.n_gpus_per_node": spec.train_gpus_per_node,
-            "trainer.total_training_steps": spec.total_training_steps,
+            STEPS_KEY: length.steps,
+            EPOCHS_KEY: length.epochs,
             "trainer.project_name": project,
             "trainer.experiment_name": experiment,
             # Absolute and on shared storage so resume_mode=auto finds the latest checkpoint.
@@ -97,7 +104,7 @@ def job_settings(
     )
     if settings.get("trainer.save_freq") is None:
         # Retries resume from checkpoints, so a run must write some: at least one at the end.
-        settings["trainer.save_freq"] = max(1, spec.total_training_steps)
+        settings["trainer.save_freq"] = max(1, length.steps)
     for key in (ACTOR_KEEP_KEY, *([CRITIC_KEEP_KEY] if uses_critic(settings) else [])):
         # verl keeps every checkpoint unless told: a week-long run would fill its storage.
         if settings.get(key) is None:
@@ -123,9 +130,12 @@ def _pool_note(spec: RunSpec) -> str:
     return f"; the training pool of a {spec.nnodes} x {spec.n_gpus_per_node} cluster: {spec.pools.reason}"
 
 
-def pipeline_rules(spec: RunSpec, settings: dict[str, Any]) -> dict[str, str]:
-    """The rule behind every key the pipeline owns that ``settings`` has (added to the scaling rules in ``render``)."""
-    return {owned.key: rule_text(owned, settings[owned.key], _pool_note(spec) if owned.pool_sized else "")
+def pipeline_rules(spec: RunSpec, settings: dict[str, Any], notes: dict[str, str] | None = None) -> dict[str, str]:
+    """The rule behind every key the pipeline owns that ``settings`` has (added to the scaling rules in ``render``);
+    ``notes`` adds to a key's rule (the run's length: why its steps and epochs are what they are)."""
+    notes = notes or {}
+    return {owned.key: rule_text(owned, settings[owned.key],
+                                 (_pool_note(spec) if owned.pool_sized else "") + notes.get(owned.key, ""))
             for owned in OWNED_KEYS if owned.key in settings}
 
 
@@ -140,18 +150,23 @@ def render_job(
     reward_path: str | None = None,
     length_filter: dict[str, Any] | None = None,
     decision: Decision | None = None,
+    train_rows: int | None = None,
 ) -> RenderedJob:
     """The exact entrypoint and runtime_env that will be submitted for ``spec`` in ``mode``.
 
     ``length_filter`` is what preprocessing recorded of its prompt-length filter (``stats.json``):
     when it matches the run, verl's own filter is turned off (:mod:`verl_pipeline.trainer.prefilter`).
     ``decision`` is what was decided for the nodes the job goes to (:mod:`verl_pipeline.trainer.decisions`);
-    without one, what can be decided without a probe (nodes not probed) is.
+    without one, what can be decided without a probe (nodes not probed) is. ``train_rows``: the training rows
+    preprocessing wrote, which the run's length is counted against (:mod:`verl_pipeline.trainer.length`).
     """
     if mode is Mode.AUTO:
         raise ValueError("resolve Mode.AUTO against the cluster before rendering")
     settings = job_settings(spec, train_files=train_files, val_files=val_files, model_path=model_path,
-                            critic_path=critic_path, reward_path=reward_path)
+                            critic_path=critic_path, reward_path=reward_path, train_rows=train_rows)
+    length = length_of(spec, spec.verl, train_rows)  # what job_settings rendered, with its reason
+    if length.disagrees:
+        log.warning("Run %s: %s", spec.run_name, length.rule)
     if decision is None:
         decision = decide_for_spec(spec, settings)
     settings.update(decision.settings)
@@ -163,6 +178,7 @@ def render_job(
         if filter_rule:
             settings[FILTER_KEY] = False
     overrides = render_overrides(settings)
+    length_notes = {key: f"; {length.rule}" for key in (STEPS_KEY, EPOCHS_KEY)}
     if mode is Mode.TRAIN:
         command: tuple[str, ...] = spec.trainer_command
     else:
@@ -185,7 +201,7 @@ def render_job(
         overrides=overrides,
         runtime_env=runtime_env,
         settings=settings,
-        derived={**spec.derived, **pipeline_rules(spec, settings),
+        derived={**spec.derived, **pipeline_rules(spec, settings, length_notes),
                  **({"data.filter_overlong_prompts": filter_rule} if filter_rule else {}), **decision.derived()},
         on_world_size_change=spec.on_world_size_change,
         decision=decision.to_dict(),

@@ -21,6 +21,7 @@ from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.spec import Hardware, ModelFacts, PoolSplit
+from verl_pipeline.trainer.lora import CRITIC_PREFIX, Adapter, adapter
 from verl_pipeline.trainer.overrides import spellings
 
 #: Share of a GPU's memory the rollout weights may take; the rest is KV cache and the actor.
@@ -31,6 +32,9 @@ ROLLOUT_WEIGHT_LIMIT = 0.5
 LARGE_MODEL_B = 20.0
 #: FSDP training state per parameter with fp32 master weights: 4 (weights) + 4 (grads) + 8 (Adam).
 TRAIN_BYTES_PER_PARAM = 16
+#: A LoRA run's frozen base weights per parameter: fp32 (verl loads a trained model in ``fsdp_config.model_dtype``
+#: fp32), without gradients or Adam's moments, which only the adapter has (``trainer/lora.py``).
+FROZEN_BYTES_PER_PARAM = 4
 #: What a checkpoint saves of that per parameter: the weights and Adam's moments, not the gradients (verl's
 #: default ``save_contents``; the extra state is small).
 SAVE_BYTES_PER_PARAM = TRAIN_BYTES_PER_PARAM - 4
@@ -243,13 +247,48 @@ def rollout_memory_utilization(gpu_memory_gb: float, resident_gb: float) -> tupl
                            "vLLM's share")
 
 
-def train_state_gb(model: ModelFacts, n_gpus: int, *, critic: bool, ref: bool) -> float:
-    """Estimated sharded FSDP state per GPU: actor (+ critic) Adam state, (+ bf16 reference weights)."""
-    per_model = model.params_b * TRAIN_BYTES_PER_PARAM / n_gpus
-    total = per_model * (2 if critic else 1)
+def _model_state_gb(model: ModelFacts, lora: Adapter | None) -> float:
+    """One trained model's FSDP state, unsharded: every weight trained, or frozen fp32 weights and an adapter."""
+    if lora is None:
+        return model.params_b * TRAIN_BYTES_PER_PARAM
+    return model.params_b * FROZEN_BYTES_PER_PARAM + lora.params_b * TRAIN_BYTES_PER_PARAM
+
+
+def train_state_gb(model: ModelFacts, n_gpus: int, *, critic: bool, ref: bool, actor_lora: Adapter | None = None,
+                   critic_lora: Adapter | None = None) -> float:
+    """Estimated sharded FSDP state per GPU: actor (+ critic) Adam state, (+ bf16 reference weights). A LoRA model
+    (``actor_lora``/``critic_lora``: :func:`verl_pipeline.trainer.lora.adapter`) counts gradients and Adam for its
+    adapter only; a LoRA actor's reference is itself without the adapter (no reference weights)."""
+    total = _model_state_gb(model, actor_lora) + (_model_state_gb(model, critic_lora) if critic else 0.0)
+    if ref and actor_lora is None:
+        total += model.params_b * 2
+    return total / n_gpus
+
+
+def lora_adapters(settings: dict[str, Any], model: ModelFacts, *, critic: bool) -> dict[str, Adapter | None]:
+    """The adapters :func:`train_state_gb` counts (None: a model that trains every weight)."""
+    return {"actor_lora": adapter(settings, model), "critic_lora": adapter(settings, model, CRITIC_PREFIX) if critic
+            else None}
+
+
+def _state_terms(model: ModelFacts, *, critic: bool, ref: bool, actor_lora: Adapter | None,
+                 critic_lora: Adapter | None) -> str:
+    """What :func:`train_state_gb` counted, in words."""
+    full = f"{model.params_b:g}B x {TRAIN_BYTES_PER_PARAM} B/param"
+    if actor_lora is None and critic_lora is None:
+        return f"{full}{' x 2 (critic)' if critic else ''}{' + bf16 reference' if ref else ''}"
+
+    def one(lora: Adapter | None) -> str:
+        if lora is None:
+            return full
+        return (f"{model.params_b:g}B frozen x {FROZEN_BYTES_PER_PARAM} B (fp32 weights, no gradients or Adam) + "
+                f"{lora.describe()} x {TRAIN_BYTES_PER_PARAM} B/param")
+
+    terms = f"actor: {one(actor_lora)}" + (f"; critic: {one(critic_lora)}" if critic else "")
     if ref:
-        total += model.params_b * 2 / n_gpus
-    return total
+        terms += ("; the reference is the actor without its adapter (no copy)" if actor_lora is not None
+                  else " + bf16 reference")
+    return terms
 
 
 def _pick_mini(base: int, step: int, per_node_batch: int) -> int:
@@ -321,16 +360,16 @@ def derive(
                           f"the model does not fit: {why}",
                           f"n_gpus_per_node >= {min_gpus_per_node(model, hw)} or GPUs with more memory")
     d.set(ROLLOUT_TP_KEY, tp, why, explicit)
-    state = train_state_gb(model, n_gpus, critic=critic, ref=ref)
+    loras = lora_adapters(settings, model, critic=critic)
+    state = train_state_gb(model, n_gpus, critic=critic, ref=ref, **loras)
     budget = TRAIN_STATE_SHARE * hw.gpu_memory_gb
     offload = state > budget
     util, why = rollout_memory_utilization(hw.gpu_memory_gb, 0.0 if offload else state)
     d.set("actor_rollout_ref.rollout.gpu_memory_utilization", util,
           why + " (verl frees the KV cache while the actor trains)", explicit)
 
-    why = (f"estimated FSDP state {state:.1f} GB per GPU ({model.params_b:g}B x {TRAIN_BYTES_PER_PARAM} B/param"
-           f"{' x 2 (critic)' if critic else ''}{' + bf16 reference' if ref else ''} / {n_gpus} GPU(s)) "
-           f"{'>' if offload else '<='} {TRAIN_STATE_SHARE:.0%} of {hw.gpu_memory_gb:g} GB")
+    why = (f"estimated FSDP state {state:.1f} GB per GPU ({_state_terms(model, critic=critic, ref=ref, **loras)} / "
+           f"{n_gpus} GPU(s)) {'>' if offload else '<='} {TRAIN_STATE_SHARE:.0%} of {hw.gpu_memory_gb:g} GB")
     d.set(PARAM_OFFLOAD_KEY, offload, why, explicit)
     d.set("actor_rollout_ref.actor.fsdp_config.optimizer_offload", offload, why, explicit)
     if ref:

@@ -87,6 +87,48 @@ class Validated:
     use_reference_policy: bool
     n_gpus: int
     seconds: float
+    #: verl's checks that could not run here, each with who runs them instead (:func:`_needs_vllm_here`).
+    unchecked: tuple[str, ...] = ()
+
+
+def _vllm_lora_rank(cfg: Any) -> int:
+    """The LoRA rank verl's ``validate_config`` checks against vLLM's supported ranks (0: it checks none):
+    ``actor_rollout_ref.model.lora.rank``, else ``lora_rank``, unless the adapter is merged, for a vLLM rollout."""
+    model = cfg.actor_rollout_ref.model
+    lora = model.get("lora", {}) or {}
+    rank = int(lora.get("rank", 0) or 0)
+    if rank <= 0:
+        rank = int(model.get("lora_rank", 0) or 0)
+    if lora.get("merge", False) or cfg.actor_rollout_ref.rollout.name != "vllm":
+        return 0
+    return max(rank, 0)
+
+
+def _needs_vllm_here(cfg: Any) -> tuple[Any, tuple[str, ...]]:
+    """The config verl's checks run on here, and what they leave unchecked.
+
+    verl 0.9.1's ``validate_config`` ends by checking a LoRA run's rank against the ranks vLLM serves
+    (``get_vllm_max_lora_rank``), which imports vLLM; the Airflow side does not install it. Without vLLM here
+    that one check runs on a copy without the rank (every other check is the same: it is the last one and the
+    only one reading the rank); the training job's own ``validate_config`` runs it on the cluster, and the
+    preflight job does not trust a record that left it out."""
+    import importlib.util
+
+    rank = _vllm_lora_rank(cfg)
+    if rank == 0 or importlib.util.find_spec("vllm") is not None:
+        return cfg, ()
+    import copy
+
+    from omegaconf import open_dict
+
+    checked = copy.deepcopy(cfg)
+    with open_dict(checked):
+        checked.actor_rollout_ref.model.lora_rank = 0
+        if checked.actor_rollout_ref.model.get("lora") is not None:
+            checked.actor_rollout_ref.model.lora.rank = 0
+    return checked, (f"actor_rollout_ref.model.lora_rank={rank} against the LoRA ranks vLLM serves: verl's check "
+                     "imports vLLM, which is not installed here; verl's validate_config checks it on the cluster's "
+                     "nodes when the job starts",)
 
 
 def verl_config_dir() -> Path:
@@ -201,24 +243,26 @@ def validate(overrides: Sequence[str]) -> Validated:
             warnings.simplefilter("ignore", UserWarning)
             use_critic = bool(need_critic(cfg))
             use_ref = bool(need_reference_policy(cfg))
-            validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
+            checked, unchecked = _needs_vllm_here(cfg)
+            validate_config(checked, use_reference_policy=use_ref, use_critic=use_critic)
             omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     except (AssertionError, ValueError, TypeError, KeyError, RuntimeError, HydraException,
             OmegaConfBaseException) as e:
         raise _reject("rejected the configuration", str(e), overrides) from None
     n_gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-    return Validated(cfg, use_critic, use_ref, n_gpus, round(time.monotonic() - t0, 2))
+    return Validated(cfg, use_critic, use_ref, n_gpus, round(time.monotonic() - t0, 2), unchecked)
 
 
 #: The overrides whose values verl's validation never reads, and that differ between the runs of one
 #: configuration or between a run's provision and its job: the run's names (its experiment and
 #: checkpoint directory), and what the pipeline fills in after provision from the data it prepared
-#: (where the parquet files are, whether preprocessing already dropped the overlong prompts). verl's
+#: (where the parquet files are, whether preprocessing already dropped the overlong prompts, the steps
+#: and epochs counted against its training rows: ``trainer/length.py``). verl's
 #: composition takes them as given values; ``validate_config``, the actor/critic checks and the
 #: rollout dataclass look at batch sizes, parallelism, model and engine settings (a test keeps that
 #: true for the installed verl). A validation of the other overrides holds for any values of these.
 UNVALIDATED_KEYS = ("trainer.experiment_name", "trainer.default_local_dir", "data.train_files", "data.val_files",
-                    "data.filter_overlong_prompts")
+                    "data.filter_overlong_prompts", "trainer.total_training_steps", "trainer.total_epochs")
 #: Where this machine keeps the validations verl passed, one file per :func:`validation_key`, under
 #: the pipeline's home: a run of a configuration validated before reuses its record.
 RECORDS_DIR = "verl-validations"
@@ -295,9 +339,13 @@ class ValidationRecord:
     seconds: float
     validated_at: float
     config_yaml: str
+    #: verl's checks that did not run where this validation ran, and who runs them (:attr:`Validated.unchecked`).
+    unchecked: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["unchecked"] = list(self.unchecked)
+        return out
 
     @classmethod
     def of(cls, v: Validated, overrides: Sequence[str], key: str) -> ValidationRecord:
@@ -305,11 +353,13 @@ class ValidationRecord:
 
         return cls(key=key, verl_version=_verl_version(), overrides=list(overrides), n_gpus=v.n_gpus,
                    use_critic=v.use_critic, use_reference_policy=v.use_reference_policy, seconds=v.seconds,
-                   validated_at=round(time.time(), 3), config_yaml=OmegaConf.to_yaml(v.config))
+                   validated_at=round(time.time(), 3), config_yaml=OmegaConf.to_yaml(v.config),
+                   unchecked=tuple(v.unchecked))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ValidationRecord:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k != "unchecked"}
+        return cls(**values, unchecked=tuple(data.get("unchecked") or ()))
 
 
 def _record_path(key: str) -> Path:
@@ -348,6 +398,8 @@ def trusted(record: Mapping[str, Any] | None, overrides: Sequence[str]) -> tuple
     if record.get("key") != key:
         return None, (f"the recorded validation (key {record.get('key')}) was made for other overrides or another "
                       f"verl installation than this job's (key {key})")
+    if record.get("unchecked"):
+        return None, f"the recorded validation left unchecked: {'; '.join(record['unchecked'])}"
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf

@@ -44,7 +44,9 @@ def run_name(context: Any) -> str:
 def spec_from_params(context: Any) -> RunSpec:
     """The run's spec built from the DAG run's params and the profiles under ``configs/`` as they are now:
     only provision does this (it freezes the result); every later task reads :func:`spec_from_context`."""
-    return build_run_spec(dict(context["params"]), run_name=run_name(context))
+    from verl_pipeline.models.prefetch import config_on_this_machine
+
+    return build_run_spec(dict(context["params"]), run_name=run_name(context), model_config=config_on_this_machine)
 
 
 def provisioned_spec(context: Any) -> RunSpec:

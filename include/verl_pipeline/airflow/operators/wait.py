@@ -49,6 +49,7 @@ from verl_pipeline.jobs.outcome import Action, Decision, Observation, WaitEvent
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
+from verl_pipeline.trainer.length import planned_steps
 
 
 def _skipped(spec: RunSpec) -> list[str]:
@@ -306,7 +307,7 @@ class WaitForVerlJobOperator(PipelineOperator):
                 log_offset_bytes=cursor.log_offset_bytes,
                 metrics_offset_bytes=cursor.metrics_offset_bytes, progress=cursor.progress,
                 metrics_path=metrics_path,
-                total_steps=spec.total_training_steps if metrics_path else 0,
+                total_steps=planned_steps(spec) if metrics_path else 0,
                 progress_interval=self.progress_interval,
                 max_lines_per_poll=self.max_lines_per_poll,
                 watch=spec.watch.to_dict() if training else None,

@@ -27,12 +27,13 @@ def run_mode(sub: dict[str, Any]) -> Mode | None:
 def training_record(spec: RunSpec, job_id: str) -> TrainingRecord:
     """The steps the attempt that ran ``job_id`` logged, against the run's total (for the decision)."""
     from verl_pipeline.jobs.attempts import run_steps
+    from verl_pipeline.trainer.length import planned_steps
 
     mine = RunDir(spec.run_dir).attempt_of(job_id)
     if mine is None or not mine.metrics_path:
         raise AirflowException(f"no attempt record for {job_id} in {spec.run_dir}: cannot check its progress")
     # Run steps: a segment trained from merged weights (another world size) counts verl's from 1.
-    return TrainingRecord(spec.total_training_steps, run_steps(mine), mine.resume_from_step, mine.metrics_path)
+    return TrainingRecord(planned_steps(spec), run_steps(mine), mine.resume_from_step, mine.metrics_path)
 
 
 def succeeded(waited: Any) -> bool:
