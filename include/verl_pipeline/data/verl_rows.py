@@ -215,7 +215,11 @@ def _tools_error(info: dict[str, Any]) -> RowError | None:
 
 class ChatTemplateLengths:
     """Prompt tokens after the model's chat template, as verl's ``RLHFDataset`` filter counts them: the
-    messages rendered with ``add_generation_prompt=True``, tokenized without special tokens."""
+    messages rendered with ``add_generation_prompt=True``, tokenized without special tokens.
+
+    With a byte-level BPE tokenizer every token covers at least one byte, so a rendered prompt of at
+    most ``max_len`` UTF-8 bytes has at most ``max_len`` tokens and is not tokenized (except the
+    longest of each batch, for the longest-prompt report)."""
 
     def __init__(self, path: str) -> None:
         from transformers import AutoTokenizer
@@ -225,6 +229,10 @@ class ChatTemplateLengths:
         except Exception as e:
             raise ConfigError("data.tokenizer", path, f"cannot load a tokenizer ({type(e).__name__}: {e})",
                               "the model directory (prefetched) or a directory with tokenizer files") from None
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        desc = json.loads(backend.to_str()) if backend is not None else {}
+        self.byte_level = (desc.get("model") or {}).get("type") == "BPE" and '"ByteLevel"' in json.dumps(
+            desc.get("pre_tokenizer"))
 
     def render(self, messages: list[dict[str, Any]]) -> str | RowError:
         try:
@@ -235,9 +243,18 @@ class ChatTemplateLengths:
                             "messages the template accepts (its roles, in its order); verl's filter would drop "
                             "the row without a word")
 
-    def count(self, texts: list[str]) -> np.ndarray:
-        ids = self.tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        return np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(texts))
+    def count(self, texts: list[str], max_len: int, sample: int = 16) -> np.ndarray:
+        """Token counts of ``texts`` (rendered prompts); -1 where a prompt provably fits ``max_len``."""
+        out = np.full(len(texts), -1, dtype=np.int64)
+        if self.byte_level:
+            nbytes = np.fromiter((len(t.encode()) for t in texts), dtype=np.int64, count=len(texts))
+            todo = np.union1d(np.flatnonzero(nbytes > max_len), np.argsort(nbytes, kind="stable")[-sample:])
+        else:
+            todo = np.arange(len(texts))
+        if len(todo):
+            ids = self.tok([texts[i] for i in todo], add_special_tokens=False, return_attention_mask=False)["input_ids"]
+            out[todo] = [len(i) for i in ids]
+        return out
 
 
 class _Rewards:
@@ -427,8 +444,8 @@ class VerlRows:
     def _short_enough(self, keep: list[int], texts: list[str], tokens: np.ndarray, rows: np.ndarray, part: Part,
                       split: str) -> list[int]:
         assert self.lengths is not None and self.max_len is not None
-        counts = self.lengths.count([texts[i] for i in keep])
-        self.measured += len(keep)
+        counts = self.lengths.count([texts[i] for i in keep], self.max_len)
+        self.measured += int((counts >= 0).sum())
         tokens[keep] = counts
         j = int(counts.argmax())
         if counts[j] > self.longest["tokens"]:
@@ -439,7 +456,8 @@ class VerlRows:
                 self._filter("prompt_too_long", part, split, int(rows[i]))
             else:
                 out.append(i)
-                self.longest_kept = max(self.longest_kept, int(n))
+        kept = counts[counts <= self.max_len]
+        self.longest_kept = max(self.longest_kept, int(kept.max()) if len(kept) else 0)
         return out
 
     def _write(self, split: str, t: pa.Table, sel: np.ndarray, rows: np.ndarray, tokens: np.ndarray,
@@ -467,19 +485,24 @@ class VerlRows:
                      sources: list[Any], agents: list[Any], part: Part) -> None:
         """The first rows, the first of each (data_source, agent_name) and the longest prompts of a split."""
         s = self.samples[split]
+        # take, not slice: a slice would keep the whole batch's buffers alive.
+        taken = set()
         for i in sel:
             group = (sources[i], agents[i])
-            # take, not slice: a slice would keep the whole batch's buffers alive.
             if len(s.origin) < _FIRST_ROWS or group not in s.groups:
                 s.groups.add(group)
                 s.tables.append(t.take([int(i)]))
                 s.origin.append((part.label, int(rows[i]), int(tokens[i])))
-            elif tokens[i] >= 0:
-                entry = (int(tokens[i]), next(self.order), t.take([int(i)]), part.label, int(rows[i]))
-                if len(s.longest) < _LONGEST_ROWS:
-                    heapq.heappush(s.longest, entry)
-                elif entry[0] > s.longest[0][0]:
-                    heapq.heapreplace(s.longest, entry)
+                taken.add(int(i))
+        measured = sel[tokens[sel] >= 0]
+        for i in measured[np.argsort(tokens[measured], kind="stable")[-_LONGEST_ROWS:]]:
+            if int(i) in taken or (len(s.longest) == _LONGEST_ROWS and tokens[i] <= s.longest[0][0]):
+                continue
+            entry = (int(tokens[i]), next(self.order), t.take([int(i)]), part.label, int(rows[i]))
+            if len(s.longest) < _LONGEST_ROWS:
+                heapq.heappush(s.longest, entry)
+            else:
+                heapq.heapreplace(s.longest, entry)
 
     # -- after the last batch --------------------------------------------------------------------
 
@@ -563,7 +586,7 @@ class VerlRows:
             "length_filter": ({"tokenizer": self.tokenizer, "tokenizer_digest": tokenizer_digest,
                                "max_prompt_length": self.max_len, "longest_prompt": self.longest,
                                "longest_kept_tokens": self.longest_kept, "tokenized_rows": self.measured,
-                               "byte_bound": False}
+                               "byte_bound": bool(self.lengths and self.lengths.byte_level)}
                               if measured else "off (no tokenizer or max_prompt_length)"),
             "data_source": sorted(self.data_sources)[0] if len(self.data_sources) == 1 else "(per row)",
             "data_sources": dict(self.data_sources), "agent_names": dict(self.agent_names),
