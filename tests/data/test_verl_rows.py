@@ -288,3 +288,26 @@ def test_multi_turn_and_tool_rows_pass_the_preflight(tmp_path: Path, tiny_model_
     train = summary["checks"]["data"]["train"]
     assert train["rlhf_dataset_len"] == 48 and train["first_raw_prompt_messages"] == 4
     assert summary["checks"]["reward"]["train"]["not_one"] == 0
+
+
+def test_the_example_in_docs_data_md(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/data.md's example as a user runs it: its Python writes the parquet, its command preprocesses it."""
+    import shlex
+
+    from verl_pipeline.cli import main
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+    section = page.split("## Rows already in verl's schema", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    command = section.split("```bash\n", 1)[1].split("```", 1)[0].strip()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/data.md", "exec"), {})
+    args = [a.replace("$PWD", str(tmp_path)).replace("/tmp/out", str(tmp_path / "out")) for a in shlex.split(command)]
+    assert args[0] == "verl-pipeline"
+    assert main(args[1:]) == 0
+    out = json.loads(capsys.readouterr().out)
+    c = out["counts"]
+    assert (c["train_rows"], c["val_rows"], c["rejected"], c["agent_names"]) == (64, 8, {}, {"tool_agent": 72})
+    assert c["rlhf_dataset"]["train"]["tools_kwargs_rows"] == c["rlhf_dataset"]["train"]["kept"] > 0
+    assert pq.read_table(out["train_path"]).equals(pq.read_table(tmp_path / "my-task" / "train.parquet"))

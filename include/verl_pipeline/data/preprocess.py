@@ -2,6 +2,8 @@
 
 verl's row schema: ``data_source`` (selects the reward function), ``prompt`` (chat messages),
 ``ability``, ``reward_model`` ``{"style": "rule", "ground_truth": …}`` and ``extra_info``.
+Rows already in that schema (recipe ``verl``) are checked and kept as they are, every column
+(:mod:`verl_pipeline.data.verl_rows`); what follows is how the other recipes make them.
 
 What is checked, and how often:
 
