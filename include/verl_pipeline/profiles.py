@@ -44,7 +44,6 @@ from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
 from verl_pipeline.trainer.modelfacts import facts_for, read_config
 from verl_pipeline.trainer.overrides import flatten, parse_overrides, spellings
-from verl_pipeline.trainer.reward import ANSWER_FORM
 from verl_pipeline.trainer.owned import check_owned_keys
 from verl_pipeline.trainer.shape import check_shape
 
@@ -275,12 +274,14 @@ def _reward_function(settings: dict[str, Any], options: dict[str, Any],
     signature checked here, before any cluster; written into both the verl settings (the job scores with
     it) and the data options (preprocessing checks the rows with it), with the recipe's answer form
     (``check_solution``)."""
+    from verl_pipeline.data.recipes import answer_forms, load_recipe
     from verl_pipeline.trainer import reward
 
-    recipe = load_yaml_profile("recipes", str(options.get("recipe") or DEFAULT_RECIPE))
-    # How a correct answer is written: preprocessing checks rows with it and the preflight scores with it.
-    options = {**options, "check_solution": options.get("check_solution") or recipe.get("check_solution")
-               or ANSWER_FORM}
+    name = str(options.get("recipe") or DEFAULT_RECIPE)
+    recipe = load_yaml_profile("recipes", name)
+    # How a correct answer is written (per data_source for rows in verl's schema): preprocessing checks
+    # rows with it and the preflight scores with it.
+    options = {**options, "check_solution": answer_forms(load_recipe(name, options))}
     fn = reward.resolve(settings, options, recipe, base=configs_dir())
     if fn is None:
         return settings, options

@@ -396,7 +396,7 @@ def test_operator_outlet_asset_and_recipe_param(tmp_path: Path, monkeypatch: pyt
     from verl_pipeline.airflow.params import build_params
     from verl_pipeline.profiles import build_run_spec
 
-    assert build_params()["recipe"].schema["enum"] == [None, "generic", "gsm8k", "math"]
+    assert build_params()["recipe"].schema["enum"] == [None, "generic", "gsm8k", "math", "verl"]
     with pytest.raises(ConfigError, match="recipe='nope'"):
         build_run_spec({"recipe": "nope"}, run_name="r")
     assert build_run_spec({"recipe": "math"}, run_name="r").data_options["recipe"] == "math"

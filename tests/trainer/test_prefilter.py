@@ -35,6 +35,10 @@ def test_a_matching_record_turns_verl_filter_off() -> None:
     ("off (no tokenizer or max_prompt_length)", SETTINGS, "abc"),
     (RECORD, {**SETTINGS, "data.apply_chat_template_kwargs": {"enable_thinking": True}}, "abc"),
     (RECORD, {**SETTINGS, "data.tool_config_path": "/t.yaml"}, "abc"),
+    # verl's data.tool_config_path and function_tool_path default to the rollout's multi_turn keys.
+    (RECORD, {**SETTINGS, "actor_rollout_ref.rollout.multi_turn.tool_config_path": "/t.yaml"}, "abc"),
+    (RECORD, {**SETTINGS, "actor_rollout_ref.rollout.multi_turn.function_tool_path": "/tools.py"}, "abc"),
+    (RECORD, {**SETTINGS, "data.custom_cls.path": "/my_dataset.py"}, "abc"),
     (RECORD, {**SETTINGS, "data.prompt_key": "question"}, "abc"),
     (RECORD, {**SETTINGS, "data.filter_overlong_prompts": False}, "abc"),  # already off: nothing to change
 ])
@@ -42,8 +46,8 @@ def test_verl_filter_stays_as_configured_otherwise(record: Any, settings: dict[s
     assert filter_already_done(record, settings, digest) is None
 
 
-def _render(model: Path, length_filter: dict[str, Any]) -> list[str]:
-    spec = build_run_spec({}, run_name="verl_ppo/filter_once")
+def _render(model: Path, length_filter: dict[str, Any], overrides: dict[str, Any] | None = None) -> list[str]:
+    spec = build_run_spec({}, run_name="verl_ppo/filter_once", overrides=overrides)
     job = render_job(spec, mode=Mode.TRAIN, train_files="/d/train.parquet", val_files="/d/val.parquet",
                      model_path=str(model), length_filter=length_filter)
     return shlex.split(job.entrypoint)
@@ -65,3 +69,19 @@ def test_preprocessed_with_the_run_tokenizer_renders_filter_off(tmp_path: Path, 
     cfg["chat_template"] = "SYSTEM: be brief\n" + str(cfg.get("chat_template", ""))
     config.write_text(json.dumps(cfg))
     assert "data.filter_overlong_prompts=true" in _render(other, record)
+
+
+def test_a_tool_config_on_the_rollout_keeps_verl_filter_on(tmp_path: Path, tiny_model_path: Path) -> None:
+    """verl renders the tool schemas into the prompts it measures: a record made without them cannot
+    stand in, whichever of verl's keys names the tools."""
+    spec = build_run_spec({}, run_name="verl_ppo/filter_once")
+    limit = int(spec.verl["data.max_prompt_length"])
+    r = preprocess(DataSource("builtin", "arithmetic"), {"train_size": 40, "val_size": 8}, tmp_path / "data",
+                   tokenizer=str(tiny_model_path), max_prompt_length=limit)
+    record = json.loads((Path(r.output_dir) / "stats.json").read_text())["length_filter"]
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools: []\n")
+    for key in ("actor_rollout_ref.rollout.multi_turn.tool_config_path", "data.tool_config_path"):
+        words = _render(tiny_model_path, record, {key: str(tools)})
+        assert "data.filter_overlong_prompts=true" in words, key
+        assert f"{key}={tools}" in words

@@ -90,8 +90,8 @@ def build_params() -> dict[str, Any]:
                                          "hf://name?config=...&revision=.... Empty: the profile's."),
         "recipe": optional_choice(
             list_profiles("recipes"), default_label="(the profile's, else gsm8k)",
-            description="Preprocessing recipe from configs/recipes, e.g. gsm8k, math or generic. "
-                        "Empty: the profile's (gsm8k)."),
+            description="Preprocessing recipe from configs/recipes, e.g. gsm8k, math, generic, or verl for "
+                        "Parquet already in verl's schema. Empty: the profile's (gsm8k)."),
         "model_source": Param(None, type=["null", "string"],
                               description="builtin:tiny-qwen2, hf://org/name@revision or an absolute model "
                                           "directory. Empty: the model profile's."),

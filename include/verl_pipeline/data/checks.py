@@ -40,7 +40,7 @@ class RewardCheck:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.samples = 0
-        self.queued: list[tuple[str, dict[str, Any], str, int]] = []
+        self.queued: list[tuple[Any, dict[str, Any], str, int]] = []
         self.fn: Callable[..., Any] | None = None
         self.error: BaseException | None = None
         if recipe.custom_reward_path:
@@ -101,7 +101,7 @@ class RewardCheck:
             for args in queued:
                 self._score(*args)
 
-    def sample(self, ground_truth: str, extra_info: dict[str, Any], label: str, line: int) -> None:
+    def sample(self, ground_truth: Any, extra_info: dict[str, Any], label: str, line: int) -> None:
         """Check one ground truth with the ``extra_info`` its row will carry in the parquet: now when the
         scorer is loaded, else as soon as it is (``poll``/``wait``).
 
@@ -111,7 +111,7 @@ class RewardCheck:
         self.queued.append((ground_truth, extra_info, label, line))
         self.poll()
 
-    def _score(self, ground_truth: str, extra_info: dict[str, Any], label: str, line: int) -> None:
+    def _score(self, ground_truth: Any, extra_info: dict[str, Any], label: str, line: int) -> None:
         assert self.fn is not None
         solution = self.recipe.check_solution.format(ground_truth=ground_truth)
         value = call_reward(self.fn, self.function, data_source=self.recipe.data_source, solution=solution,

@@ -2,6 +2,8 @@
 
 verl's row schema: ``data_source`` (selects the reward function), ``prompt`` (chat messages),
 ``ability``, ``reward_model`` ``{"style": "rule", "ground_truth": …}`` and ``extra_info``.
+Rows already in that schema (recipe ``verl``) are checked and kept as they are, every column
+(:mod:`verl_pipeline.data.verl_rows`); what follows is how the other recipes make them.
 
 What is checked, and how often:
 
@@ -33,7 +35,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,8 +46,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from verl_pipeline.constants import DEFAULT_RECIPE
-from verl_pipeline.data.recipes import GSM8K_PATTERN, RECIPE_KEYS, Recipe, extract_gsm8k, last_boxed, load_recipe
+from verl_pipeline.data.recipes import (
+    GSM8K_PATTERN,
+    RECIPE_KEYS,
+    Recipe,
+    VerlRecipe,
+    extract_gsm8k,
+    last_boxed,
+    load_recipe,
+)
 from verl_pipeline.data.sources import Batch, Columns, Part, fingerprint, read_part, resolve_parts
+from verl_pipeline.data.verl_rows import VerlRows
 from verl_pipeline.exceptions import ConfigError, DataError
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.spec import DataSource
@@ -170,6 +181,9 @@ class _Run:
         self.rej = open(tmp_dir / "rejects.jsonl", "w", encoding="utf-8")
         self.filt = open(tmp_dir / "filtered.jsonl", "w", encoding="utf-8")
         self.columns = Columns(recipe.template_fields, recipe.answer_column, list(recipe.extra_columns))
+
+    def read_part(self, part: Part, batch_rows: int) -> Iterator[Batch]:
+        return read_part(part, self.columns, batch_rows)
 
     def close(self) -> None:
         try:
@@ -441,7 +455,8 @@ def preprocess(
     tmp_dir.mkdir(parents=True)
     source_text = ", ".join(str(s) for s in srcs)
     try:
-        run = _Run(recipe, options, tmp_dir, str(tokenizer) if tokenizer else None, int(max_len) if max_len else None)
+        run = _make_run(recipe, options, tmp_dir, str(tokenizer) if tokenizer else None,
+                        int(max_len) if max_len else None)
         try:
             _read_all(run, parts, int(options.get("batch_rows", 65536)), t0)
         finally:
@@ -449,6 +464,8 @@ def preprocess(
         run.reward.wait()
         max_frac = float(options.get("max_reject_fraction", 0.0))
         _check_kept(run, max_frac, source_text, kept_rejects=out_root / f"rejects-{key}.jsonl")
+        if isinstance(run, VerlRows):
+            run.check_with_verl()
         counts = run.stats(source_text=source_text, max_frac=max_frac, tokenizer_digest=tok_hash, t0=t0)
         write_json_atomic(tmp_dir / STATS_FILE, counts)
         try:
@@ -466,7 +483,15 @@ def preprocess(
     return _result(out_dir, key, False, counts, t0)
 
 
-def _output_key(out_root: Path, parts: dict[str, list[Part]], recipe: Recipe, options: dict[str, Any],
+def _make_run(recipe: Recipe | VerlRecipe, options: dict[str, Any], tmp_dir: Path, tokenizer: str | None,
+              max_len: int | None) -> _Run | VerlRows:
+    """The run for ``recipe``: raw columns made into verl's rows, or rows already in verl's schema."""
+    if isinstance(recipe, VerlRecipe):
+        return VerlRows(recipe, options, tmp_dir, tokenizer, max_len, split_path=split_file)
+    return _Run(recipe, options, tmp_dir, tokenizer, max_len)
+
+
+def _output_key(out_root: Path, parts: dict[str, list[Part]], recipe: Recipe | VerlRecipe, options: dict[str, Any],
                 tokenizer: Any, max_len: Any) -> tuple[str, str]:
     """The output's content key (code, recipe, options, the data's fingerprints, the tokenizer when the
     length filter is on) and the tokenizer's digest (empty without the filter). The data's fingerprints
@@ -492,13 +517,13 @@ def _output_key(out_root: Path, parts: dict[str, list[Part]], recipe: Recipe, op
     return h.hexdigest()[:16], tok_hash
 
 
-def _read_all(run: _Run, parts: dict[str, list[Part]], batch_rows: int, t0: float) -> None:
+def _read_all(run: _Run | VerlRows, parts: dict[str, list[Part]], batch_rows: int, t0: float) -> None:
     """Every part through ``run`` batch by batch (train, val, then the parts split here), progress every 10 s."""
     last_log = time.monotonic()
     for split in ("train", "val", "all"):
         for part in parts.get(split, []):
             log.info("Reading %s (%s) for split %s", part.label, part.kind, split)
-            for b in read_part(part, run.columns, batch_rows):
+            for b in run.read_part(part, batch_rows):
                 run.batch(b, part, split)
                 if time.monotonic() - last_log > 10:
                     last_log = time.monotonic()
@@ -507,7 +532,7 @@ def _read_all(run: _Run, parts: dict[str, list[Part]], batch_rows: int, t0: floa
                              sum(run.filtered.values()), run.read / (last_log - t0))
 
 
-def _check_kept(run: _Run, max_frac: float, source_text: str, *, kept_rejects: Path) -> None:
+def _check_kept(run: _Run | VerlRows, max_frac: float, source_text: str, *, kept_rejects: Path) -> None:
     """DataError when the source had no records, more were rejected than ``max_frac`` allows (the rejects
     kept in ``kept_rejects``), or a split is left empty."""
     n_rej = sum(run.rejected.values())
@@ -515,9 +540,10 @@ def _check_kept(run: _Run, max_frac: float, source_text: str, *, kept_rejects: P
         raise DataError(f"data source {source_text} has no records")
     if n_rej / run.read > max_frac:
         shutil.copyfile(run.tmp_dir / "rejects.jsonl", kept_rejects)
+        first = run.first_error if isinstance(run, VerlRows) else None
         raise DataError(
             f"{n_rej} of {run.read} records rejected ({dict(run.rejected)}), more than max_reject_fraction="
-            f"{max_frac}; see {kept_rejects}")
+            f"{max_frac}{f'; first: {first}' if first else ''}; see {kept_rejects}")
     if not run.rows["train"] or not run.rows["val"]:
         raise DataError(f"data source {source_text} gave {run.rows['train']} train / {run.rows['val']} val rows "
                         f"after checks ({dict(run.rejected)} rejected, {dict(run.filtered)} filtered); "

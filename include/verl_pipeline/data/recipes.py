@@ -3,6 +3,9 @@
 A recipe is a YAML file (``gsm8k``, ``math``, ``generic``) whose keys any data option of the same
 name replaces, so a user's own data needs no code: a prompt column or template, an answer column
 and an extraction rule, the ``data_source`` verl scores, optional system prompt and instruction.
+A recipe file with ``rows: verl`` (``verl``) reads rows already in verl's schema and keeps them as
+they are (:class:`VerlRecipe`): only how a correct answer reads per data_source and the reward
+function apply to it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ EXTRACTIONS = ("gsm8k", "boxed", "regex", "column")
 RECIPE_KEYS = ("data_source", "ability", "prompt_column", "prompt_template", "answer_column", "answer_extraction",
                "answer_regex", "instruction", "system_prompt", "extra_columns", "check_solution",
                "custom_reward_path", "custom_reward_name", "custom_reward_kwargs")
+#: The keys a ``rows: verl`` recipe has (data options may replace them); the other recipe keys map raw
+#: columns, which rows already in verl's schema do not need.
+VERL_RECIPE_KEYS = ("check_solution", "custom_reward_path", "custom_reward_name", "custom_reward_kwargs")
+#: The value of a recipe file's ``rows`` key for rows already in verl's schema.
+VERL_ROWS = "verl"
+#: ``check_solution``'s entry for the data_sources it does not name.
+ANY_DATA_SOURCE = "*"
 GSM8K_PATTERN = r"####\s*(?P<answer>-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$"
 _GSM8K = re.compile(GSM8K_PATTERN)
 
@@ -61,7 +71,95 @@ class Recipe:
         return [str(self.prompt_column)]
 
 
-def load_recipe(name: str, options: dict[str, Any]) -> Recipe:
+@dataclass(frozen=True)
+class VerlRecipe:
+    """Rows already in verl's schema, kept as they are: how a correct answer reads for each data_source
+    (``check_solution``: ``(data_source or "*", form)`` pairs) and the reward function that scores them."""
+
+    name: str
+    check_solution: tuple[tuple[str, str], ...]
+    custom_reward_path: str | None = None
+    custom_reward_name: str = "compute_score"
+    custom_reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rows": VERL_ROWS, "check_solution": dict(self.check_solution),
+                "custom_reward_path": self.custom_reward_path, "custom_reward_name": self.custom_reward_name,
+                "custom_reward_kwargs": dict(self.custom_reward_kwargs)}
+
+    def answer_form(self, data_source: str) -> str:
+        """How a correct answer to a row of ``data_source`` reads (``{ground_truth}`` in it)."""
+        forms = dict(self.check_solution)
+        return forms.get(data_source, forms.get(ANY_DATA_SOURCE, "{ground_truth}"))
+
+    def scoring_recipe(self, data_source: str) -> Recipe:
+        """The facts the reward check reads (data_source, answer form, reward function) as a :class:`Recipe`."""
+        return Recipe(name=self.name, data_source=data_source, ability="", prompt_column="prompt",
+                      prompt_template=None, answer_column="reward_model", answer_extraction="column",
+                      check_solution=self.answer_form(data_source), custom_reward_path=self.custom_reward_path,
+                      custom_reward_name=self.custom_reward_name, custom_reward_kwargs=dict(self.custom_reward_kwargs))
+
+
+def _answer_forms(value: Any, key: str) -> dict[str, str]:
+    """``check_solution`` of a ``rows: verl`` recipe: a string (every data_source) or a mapping
+    ``{data_source: form}`` (``"*"``: the others), each form with ``{ground_truth}``."""
+    forms = {ANY_DATA_SOURCE: value} if isinstance(value, str) else value
+    if not isinstance(forms, dict) or not forms:
+        raise ConfigError(key, value, "must be a string or a mapping of data_source to answer form",
+                          "check_solution: {openai/gsm8k: '#### {ground_truth}', '*': '{ground_truth}'}")
+    for source, form in forms.items():
+        if not isinstance(source, str) or not isinstance(form, str) or "{ground_truth}" not in form:
+            raise ConfigError(f"{key}.{source}", form, "must be a string containing {ground_truth}",
+                              "'#### {ground_truth}'")
+        try:
+            form.format(ground_truth="1")
+        except (IndexError, KeyError, ValueError) as e:
+            raise ConfigError(f"{key}.{source}", form, f"is not a valid format string ({e})",
+                              "{{ and }} for literal braces: 'The answer is \\boxed{{{ground_truth}}}.'") from None
+    return dict(forms)
+
+
+def _reward_kwargs(merged: dict[str, Any]) -> dict[str, Any]:
+    kwargs = merged.get("custom_reward_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError("data.custom_reward_kwargs", kwargs, "must be a mapping", "custom_reward_kwargs: {scale: 2}")
+    return dict(kwargs)
+
+
+def _verl_recipe(name: str, raw: dict[str, Any], options: dict[str, Any], path: Any) -> VerlRecipe:
+    unknown = sorted(set(raw) - set(VERL_RECIPE_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}:{unknown[0]}", raw[unknown[0]], "is not a key of a rows: verl recipe",
+                          f"one of {VERL_RECIPE_KEYS}")
+    mapping = sorted(k for k in options if k in RECIPE_KEYS and k not in VERL_RECIPE_KEYS)
+    if mapping:
+        raise ConfigError(f"data.{mapping[0]}", options[mapping[0]],
+                          f"does not apply to recipe {name}: its rows are already in verl's schema and kept as "
+                          "they are", "leave it out (a system message or instruction goes into each row's "
+                          "prompt), or use recipe generic for raw columns")
+    forms = _answer_forms(raw.get("check_solution") or "{ground_truth}", f"{path}:check_solution")
+    given = options.get("check_solution")
+    if isinstance(given, str):
+        forms = _answer_forms(given, "data.check_solution")
+    elif given is not None:
+        forms = {**forms, **_answer_forms(given, "data.check_solution")}
+    merged = {**raw, **{k: v for k, v in options.items() if k in VERL_RECIPE_KEYS}}
+    for key in ("custom_reward_path", "custom_reward_name"):
+        if merged.get(key) is not None and not isinstance(merged[key], str):
+            raise ConfigError(f"data.{key}", merged[key], "must be a string or null")
+    return VerlRecipe(name=name, check_solution=tuple(sorted(forms.items())),
+                      custom_reward_path=merged.get("custom_reward_path") or None,
+                      custom_reward_name=str(merged.get("custom_reward_name") or "compute_score"),
+                      custom_reward_kwargs=_reward_kwargs(merged))
+
+
+def answer_forms(recipe: Recipe | VerlRecipe) -> str | dict[str, str]:
+    """How a correct answer reads: one form for a recipe of raw columns, a form per data_source
+    (``"*"``: the others) for rows already in verl's schema; ``{ground_truth}`` in each."""
+    return dict(recipe.check_solution) if isinstance(recipe, VerlRecipe) else recipe.check_solution
+
+
+def load_recipe(name: str, options: dict[str, Any]) -> Recipe | VerlRecipe:
     """The recipe ``name`` from ``configs/recipes`` with ``options`` (same keys) applied, validated."""
     import yaml
 
@@ -74,6 +172,12 @@ def load_recipe(name: str, options: dict[str, Any]) -> Recipe:
     if not isinstance(raw, dict):
         raise ConfigError(str(path), type(raw).__name__, "a recipe must be a YAML mapping")
     raw.pop("description", None)
+    rows = raw.pop("rows", None)
+    if rows is not None:
+        if rows != VERL_ROWS:
+            raise ConfigError(f"{path}:rows", rows, "unknown row schema",
+                              f"rows: {VERL_ROWS} (rows already in verl's schema), or leave it out")
+        return _verl_recipe(name, raw, options, path)
     unknown = sorted(set(raw) - set(RECIPE_KEYS))
     if unknown:
         raise ConfigError(f"{path}:{unknown[0]}", raw[unknown[0]], "unknown recipe key", f"one of {RECIPE_KEYS}")
@@ -123,16 +227,14 @@ def load_recipe(name: str, options: dict[str, Any]) -> Recipe:
     for key in ("instruction", "system_prompt", "custom_reward_path"):
         if merged.get(key) is not None and not isinstance(merged[key], str):
             raise ConfigError(f"data.{key}", merged[key], "must be a string or null")
-    kwargs = merged.get("custom_reward_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise ConfigError("data.custom_reward_kwargs", kwargs, "must be a mapping", "custom_reward_kwargs: {scale: 2}")
     return Recipe(
         name=name, data_source=merged["data_source"].strip(), ability=merged["ability"].strip(),
         prompt_column=column, prompt_template=template, answer_column=merged["answer_column"],
         answer_extraction=extraction, answer_regex=regex, instruction=merged.get("instruction") or None,
         system_prompt=merged.get("system_prompt") or None, extra_columns=tuple(extras), check_solution=check,
         custom_reward_path=merged.get("custom_reward_path") or None,
-        custom_reward_name=str(merged.get("custom_reward_name") or "compute_score"), custom_reward_kwargs=dict(kwargs),
+        custom_reward_name=str(merged.get("custom_reward_name") or "compute_score"),
+        custom_reward_kwargs=_reward_kwargs(merged),
     )
 
 

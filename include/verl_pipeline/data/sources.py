@@ -265,6 +265,32 @@ def read_part(part: Part, columns: Columns, batch_rows: int) -> Iterator[Batch]:
         yield from _json(part.ref, columns, batch_rows, part.kind)
 
 
+def read_whole_rows(part: Part, batch_rows: int) -> Iterator[Batch]:
+    """Every column of a Parquet file or a dataset, as stored (rows already in verl's schema), numbered
+    from 1. Other formats are refused: their nested values have no types to keep."""
+    if part.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        with _open(part.ref) as f:
+            pf = pq.ParquetFile(f)
+            yield from _numbered(pa.Table.from_batches([b], schema=pf.schema_arrow)
+                                 for b in pf.iter_batches(batch_size=batch_rows))
+    elif part.kind == "dataset":
+        yield from _numbered(_dataset_batches(part.ref, batch_rows))
+    else:
+        raise ConfigError("data.recipe", "verl", f"reads Parquet files and saved datasets; {part.label} is {part.kind}",
+                          "write the rows with pandas/pyarrow/datasets to .parquet, or use recipe generic for "
+                          "raw columns")
+
+
+def _numbered(tables: Iterator[pa.Table]) -> Iterator[Batch]:
+    start = 1
+    for table in tables:
+        if table.num_rows:
+            yield Batch(table, np.arange(start, start + table.num_rows, dtype=np.int64))
+            start += table.num_rows
+
+
 def _open(ref: str) -> Any:
     import fsspec
 
@@ -331,7 +357,8 @@ def _arrow_batches(tables: Iterator[pa.Table], names: list[str], label: str, col
     missing = [c for c in columns.all if c not in names]
     if missing:
         raise DataError(f"{label}: column(s) {missing} not found (columns: {names}); map yours with the "
-                        "recipe options prompt_column/prompt_template/answer_column/extra_columns")
+                        "recipe options prompt_column/prompt_template/answer_column/extra_columns"
+                        + (_VERL_HINT if {"prompt", "reward_model"} <= set(names) else ""))
     start = 1
     for table in tables:
         if table.num_rows == 0:
@@ -339,6 +366,10 @@ def _arrow_batches(tables: Iterator[pa.Table], names: list[str], label: str, col
         yield Batch(_select(table, columns, label, typed_source=True),
                     np.arange(start, start + table.num_rows, dtype=np.int64))
         start += table.num_rows
+
+
+_VERL_HINT = ("; rows already in verl's schema (chat messages, reward_model, extra_info) take recipe verl, kept as "
+              "they are")
 
 
 def _ok_type(t: pa.DataType, role: str) -> bool:
@@ -367,8 +398,10 @@ def _select(table: pa.Table, columns: Columns, label: str, *, typed_source: bool
                                       for v in col.to_pylist()], pa.string())
                 continue
             if typed_source:
+                verl_rows = role == "text" and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type))
                 raise DataError(f"{label}: column {name!r} has type {col.type}; "
-                                f"{'the prompt needs text' if role == 'text' else 'the answer needs text or a number'}")
+                                f"{'the prompt needs text' if role == 'text' else 'the answer needs text or a number'}"
+                                + (_VERL_HINT if verl_rows else ""))
             raise _WrongType(name)
         out[name] = col.cast(pa.string()).combine_chunks() if col.num_chunks != 1 or col.type != pa.string() \
             else col.chunk(0)

@@ -5,7 +5,7 @@ attempt of a run) to drop those longer than ``data.max_prompt_length``. Preproce
 dropped them with the model's tokenizer and records how (``length_filter`` in the data's
 ``stats.json``: the tokenizer's digest and the limit). When that record matches the run — same
 tokenizer files, a limit no larger than the run's, nothing that changes what verl's template renders
-(template kwargs, tools, another prompt column, a custom chat template) — verl would drop nothing,
+(template kwargs, tools, another prompt column, a custom chat template or dataset class) — verl would drop nothing,
 so the pipeline renders ``data.filter_overlong_prompts=false``.
 """
 
@@ -19,7 +19,13 @@ from verl_pipeline.exceptions import ConfigError
 
 FILTER_KEY = "data.filter_overlong_prompts"
 #: verl settings that change the text verl's filter measures, so a preprocessing record cannot stand in.
+#: Tools: verl's filter renders the tool schemas into every prompt; ``data.tool_config_path`` and
+#: ``data.function_tool_path`` default to the rollout's ``multi_turn`` keys (verl 0.9.1,
+#: ``trainer/config/data/legacy_data.yaml``), which is where a tool-calling run sets them. A custom
+#: dataset class (``data.custom_cls.path``) may filter otherwise.
 TEMPLATE_KEYS = ("data.apply_chat_template_kwargs", "data.tool_config_path", "data.function_tool_path",
+                 "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+                 "actor_rollout_ref.rollout.multi_turn.function_tool_path", "data.custom_cls.path",
                  "actor_rollout_ref.model.custom_chat_template")
 
 

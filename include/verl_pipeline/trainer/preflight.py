@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from verl_pipeline.constants import PREFLIGHT_SUMMARY_MARKER
+from verl_pipeline.data.recipes import ANY_DATA_SOURCE
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.trainer.render import split_entrypoint_overrides
 from verl_pipeline.trainer.reward import ANSWER_FORM
@@ -33,7 +34,20 @@ from verl_pipeline.trainer.validate import Validated, VerlConfigError, trusted, 
 log = logging.getLogger("verl_pipeline.preflight")
 
 
-def _score_splits(cfg: Any, splits: dict[str, list[dict[str, Any]]], answer_form: str) -> dict[str, dict[str, Any]]:
+def answer_for(forms: str | dict[str, str], data_source: str) -> str:
+    """The answer form of a row of ``data_source``: the one form, or its data_source's (``"*"``: the others)."""
+    if isinstance(forms, str):
+        return forms
+    return forms.get(data_source, forms.get(ANY_DATA_SOURCE, ANSWER_FORM))
+
+
+def parse_answer_forms(text: str) -> str | dict[str, str]:
+    """``--answer-form``: a form, or a JSON mapping of data_source to form."""
+    return dict(json.loads(text)) if text.lstrip().startswith("{") else text
+
+
+def _score_splits(cfg: Any, splits: dict[str, list[dict[str, Any]]],
+                  answer_form: str | dict[str, str]) -> dict[str, dict[str, Any]]:
     """Score each split's ground truths, written in the recipe's answer form, as the training job will:
     verl's reward manager of the run's config (``reward.reward_manager``) with the run's reward function
     (``reward.custom_reward_function``, else verl's ``default_compute_score``), each answer tokenized and
@@ -54,7 +68,8 @@ def _score_splits(cfg: Any, splits: dict[str, list[dict[str, Any]]], answer_form
     prompt = torch.tensor([[tokenizer.eos_token_id or 0]])
 
     def item(row: dict[str, Any]) -> Any:
-        answer = answer_form.format(ground_truth=row["reward_model"]["ground_truth"])
+        form = answer_for(answer_form, str(row.get("data_source")))
+        answer = form.format(ground_truth=row["reward_model"]["ground_truth"])
         ids = tokenizer(answer, add_special_tokens=False, return_tensors="pt")["input_ids"]
         mask = torch.ones(1, prompt.shape[1] + ids.shape[1], dtype=torch.long)
         non_tensors = {k: np.array([row.get(k) if k != "extra_info" else dict(row.get(k) or {})], dtype=object)
@@ -156,7 +171,7 @@ def _verl_config(overrides: list[str], record_path: Path | None) -> tuple[Valida
 
 
 def run(overrides: list[str], *, generate_prompts: int = 2, max_new_tokens: int = 8,
-        validation_record: Path | None = None, answer_form: str = ANSWER_FORM) -> dict[str, Any]:
+        validation_record: Path | None = None, answer_form: str | dict[str, str] = ANSWER_FORM) -> dict[str, Any]:
     summary: dict[str, Any] = {"ok": False, "checks": {}}
     checks = summary["checks"]
     t0 = time.monotonic()
@@ -246,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate-prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--answer-form", default=ANSWER_FORM,
-                        help="a correct answer, with {ground_truth}: the recipe's check_solution")
+                        help="a correct answer, with {ground_truth}: the recipe's check_solution (a JSON "
+                        "mapping of data_source to form for rows in verl's schema)")
     args = parser.parse_args(opts)
     summary = run(overrides, generate_prompts=args.generate_prompts, max_new_tokens=args.max_new_tokens,
-                  validation_record=args.validation_record, answer_form=args.answer_form)
+                  validation_record=args.validation_record, answer_form=parse_answer_forms(args.answer_form))
     if args.summary_path:
         write_json_atomic(args.summary_path, summary)
     print(PREFLIGHT_SUMMARY_MARKER + json.dumps(summary, sort_keys=True, default=str), flush=True)

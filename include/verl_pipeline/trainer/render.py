@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 from dataclasses import asdict, dataclass, field, replace
@@ -23,6 +24,7 @@ from verl_pipeline.trainer.owned import (
     OWNED_KEYS,
     rule_text,
 )
+from verl_pipeline.trainer.reward import ANSWER_FORM
 from verl_pipeline.trainer.scaling import nccl_env, uses_critic
 
 log = logging.getLogger(__name__)
@@ -183,8 +185,10 @@ def render_job(
         command: tuple[str, ...] = spec.trainer_command
     else:
         run_dir = RunDir(spec.run_dir)
+        forms = spec.data_options.get("check_solution") or ANSWER_FORM
         command = (*PREFLIGHT_COMMAND, "--summary-path", str(run_dir.preflight_file),
-                   "--validation-record", str(run_dir.validation_file), "--")
+                   "--validation-record", str(run_dir.validation_file),
+                   "--answer-form", forms if isinstance(forms, str) else json.dumps(forms, sort_keys=True), "--")
     env = dict(BASE_ENV)
     if spec.hardware is not None:
         env.update(nccl_env(spec.hardware, debug=spec.nccl_debug))

@@ -199,5 +199,5 @@ def check_manager(settings: Mapping[str, Any]) -> None:
                           "reward.reward_manager.module.path naming your class's file")
 
 
-__all__ = ["ANSWER_FORM", "DEFAULT_NAME", "KWARGS_KEY", "MANAGER_KEY", "NAME_KEY", "PATH_KEY", "RewardFunction", "apply", "call",
-           "check_manager", "load", "resolve", "score_value"]
+__all__ = ["ANSWER_FORM", "DEFAULT_NAME", "KWARGS_KEY", "MANAGER_KEY", "NAME_KEY", "PATH_KEY", "RewardFunction",
+           "apply", "call", "check_manager", "load", "resolve", "score_value"]
