@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import itertools
 import os
 import re
 import sys
@@ -34,10 +35,22 @@ SECRETS = {
 }
 #: Characters that survive a connection URL (POSTGRES_PASSWORD) and a JSON string (RAY_AUTH_TOKEN) unquoted.
 URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")
-MIN_TOKEN_CHARS = 32
+#: The fewest characters of a secret (the JWT secret and the Fernet key have rules of their own); what
+#: SECRETS' commands make is longer: 48, 24, 64 and 64.
+MIN_CHARS = {
+    "POSTGRES_PASSWORD": 16,
+    "AIRFLOW_ADMIN_PASSWORD": 12,
+    "AIRFLOW_API_SECRET_KEY": 32,
+    "RAY_AUTH_TOKEN": 32,
+}
 #: Airflow signs its task tokens with HS512 when the JWT secret is set; RFC 7518 (3.2) asks an HMAC key
 #: of at least the hash's size, 64 bytes, and PyJWT warns below it.
 MIN_JWT_SECRET_BYTES = 64
+#: A random secret of the sizes above has far more different characters (or bytes) than this.
+MIN_DISTINCT = 8
+#: Words a guesser tries first (the defaults of Airflow's own compose file among them); five letters or
+#: more, so that a random value holds one by chance about once in a million.
+GUESSED_WORDS = ("airflow", "admin", "password", "postgres", "secret", "changeme", "letmein", "qwerty")
 EXECUTORS = ("LocalExecutor", "CeleryExecutor")
 
 
@@ -71,12 +84,39 @@ def _url_safe(name: str, value: str) -> str | None:
                     "letters, digits, . _ ~ -)", f"set it in .env: {SECRETS[name]}")
 
 
-def _token(name: str, value: str) -> str | None:
-    problem = _url_safe(name, value)
-    if problem is None and len(value) < MIN_TOKEN_CHARS:
-        problem = _problem(name, value, f"is {len(value)} characters; a token needs at least {MIN_TOKEN_CHARS}",
-                           f"set it in .env: {SECRETS[name]}")
-    return problem
+def _long_enough(name: str, value: str) -> str | None:
+    low = MIN_CHARS[name]
+    if len(value) >= low:
+        return None
+    return _problem(name, value, f"is {len(value)} long; it needs at least {low} characters",
+                    f"set it in .env: {SECRETS[name]}")
+
+
+def weakness(value: str | bytes) -> str | None:
+    """Why a secret of enough characters is still easy to guess, None when nothing shows: a pattern
+    repeated (``aaaa``, ``abab``), a run in sequence (``abcd``), few different characters, a guessed word."""
+    unit = "byte" if isinstance(value, bytes) else "character"
+    for period in range(1, len(value) // 2 + 1):
+        if value[period:] == value[:-period]:
+            return f"repeats one {unit}" if period == 1 else f"repeats a pattern of {period} {unit}s"
+    codes = list(value) if isinstance(value, bytes) else [ord(c) for c in value]
+    if len({b - a for a, b in itertools.pairwise(codes)}) == 1:
+        return f"is a run of {unit}s in sequence"
+    if len(set(codes)) < MIN_DISTINCT:
+        return f"has only {len(set(codes))} different {unit}s (a random one has far more)"
+    if isinstance(value, str):
+        word = next((w for w in GUESSED_WORDS if w in value.lower()), None)
+        if word:
+            return f"contains the word {word!r}, one of the first a guesser tries"
+    return None
+
+
+def _strong(name: str, value: str) -> str | None:
+    # The Fernet key's strength is that of the 32 bytes it decodes to (all-zero bytes make a valid key).
+    reason = weakness(base64.urlsafe_b64decode(value.encode()) if name == "AIRFLOW_FERNET_KEY" else value)
+    if reason is None:
+        return None
+    return _problem(name, value, f"{reason}: it is easy to guess", f"set it in .env: {SECRETS[name]}")
 
 
 def _jwt_secret(name: str, value: str) -> str | None:
@@ -109,12 +149,15 @@ def _executor(name: str, value: str) -> str | None:
     return _problem(name, value, f"must be one of {', '.join(EXECUTORS)}", f"{name}=LocalExecutor")
 
 
-#: Secrets with a rule beyond being set and not the placeholder.
-SECRET_RULES: dict[str, Callable[[str, str], str | None]] = {
-    "AIRFLOW_FERNET_KEY": _fernet,
-    "POSTGRES_PASSWORD": _url_safe,
-    "RAY_AUTH_TOKEN": _token,
-    "AIRFLOW_JWT_SECRET": _jwt_secret,
+#: The rules of each secret beyond being set and not the placeholder, in order: its form, its size, then
+#: its strength (the first problem is the one shown).
+SECRET_RULES: dict[str, tuple[Callable[[str, str], str | None], ...]] = {
+    "POSTGRES_PASSWORD": (_url_safe, _long_enough, _strong),
+    "AIRFLOW_ADMIN_PASSWORD": (_long_enough, _strong),
+    "AIRFLOW_FERNET_KEY": (_fernet, _strong),
+    "AIRFLOW_JWT_SECRET": (_jwt_secret, _strong),
+    "AIRFLOW_API_SECRET_KEY": (_long_enough, _strong),
+    "RAY_AUTH_TOKEN": (_url_safe, _long_enough, _strong),
 }
 #: Non-secret values: the check of each (only when set; compose gives the defaults).
 RULES: dict[str, Callable[[str, str], str | None]] = {
@@ -134,10 +177,18 @@ def problems(env: Mapping[str, str]) -> list[str]:
     for name in SECRETS:
         value = env.get(name, "")
         problem = _secret(name, value)
-        if problem is None and name in SECRET_RULES:
-            problem = SECRET_RULES[name](name, value)
+        for rule in SECRET_RULES[name]:
+            problem = problem or rule(name, value)
         if problem:
             out.append(problem)
+    # One value in two places: whoever learns one of them (the DB password from a URL, say) has both.
+    seen: dict[str, str] = {}
+    for name in SECRETS:
+        value = env.get(name, "")
+        if value and value in seen:
+            out.append(_problem(name, value, f"is the value of {seen[value]} too: each secret needs its own",
+                                f"set it in .env: {SECRETS[name]}"))
+        seen.setdefault(value, name)
     for name, check in RULES.items():
         value = env.get(name, "")
         if value:

@@ -253,6 +253,104 @@ def test_ray_head_and_worker_commands(services: dict[str, dict[str, Any]]) -> No
     assert any(p.endswith(":8265") for p in head_ports), f"dashboard not published: {head_ports}"
 
 
+# -- restart policies and health checks ------------------------------------------------------------
+ONE_SHOT_SERVICES = ("env-check", "airflow-init")
+
+
+def test_every_long_running_service_comes_back_after_a_crash(services: dict[str, dict[str, Any]]) -> None:
+    """Docker restarts a long-running container whose process dies (a crash, an OOM kill: PostgreSQL and Redis
+    too); the one-shot services run once. (`docker kill` and `docker compose stop` are manual stops, which no
+    policy undoes: `docker compose up -d` starts them again.)"""
+    policies = {name: str(svc.get("restart")) for name, svc in services.items()}
+    assert {n: policies[n] for n in ONE_SHOT_SERVICES} == dict.fromkeys(ONE_SHOT_SERVICES, "no"), policies
+    long_running = {n: p for n, p in policies.items() if n not in ONE_SHOT_SERVICES}
+    assert {"postgres", "redis", "airflow-worker", "ray-head", "ray-worker"} <= set(long_running)
+    assert set(long_running.values()) == {"unless-stopped"}, long_running
+
+
+def test_every_long_running_service_has_a_health_check(services: dict[str, dict[str, Any]]) -> None:
+    """Health is what `depends_on: service_healthy` and the stack's own checks wait for: every long-running
+    service says how it is healthy, with a bounded timeout and retries."""
+    for name, svc in services.items():
+        if name in ONE_SHOT_SERVICES:
+            continue
+        check = svc.get("healthcheck") or {}
+        assert check.get("test") and check.get("timeout") and check.get("retries"), f"{name}: {check}"
+        assert check["test"][0] in ("CMD", "CMD-SHELL"), f"{name}: {check['test']}"
+
+
+def _api_server_check(services: dict[str, dict[str, Any]], base: str) -> subprocess.CompletedProcess[str]:
+    """The API server's health check as the compose file writes it, pointed at ``base`` instead of the server."""
+    test = services["airflow-api-server"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"], test
+    code = test[3]
+    assert "http://127.0.0.1:8080/" in code, code
+    return subprocess.run([sys.executable, "-c", code.replace("http://127.0.0.1:8080/", f"{base}/")],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("database", "healthy"), [("healthy", True), ("unhealthy", False)])
+def test_the_api_servers_health_check_fails_without_the_database(
+    services: dict[str, dict[str, Any]], database: str, healthy: bool
+) -> None:
+    """Airflow's /api/v2/monitor/health answers 200 when the metadata DB is gone too, naming it unhealthy:
+    the check reads that answer (here from a local server answering as the API server does)."""
+    import http.server
+    import threading
+
+    body = json.dumps({"metadatabase": {"status": database}, "scheduler": {"status": "unhealthy"}}).encode()
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = 200 if self.path == "/api/v2/monitor/health" else 404
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = _api_server_check(services, f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (r.returncode == 0) is healthy, (r.returncode, r.stderr)
+
+
+def test_the_api_servers_health_check_fails_when_nothing_answers(services: dict[str, dict[str, Any]]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: the connection is refused
+        r = _api_server_check(services, f"http://127.0.0.1:{port}")
+    assert r.returncode != 0 and "Connection refused" in r.stderr, r.stderr
+
+
+def test_the_celery_result_backend_uses_the_metadata_dbs_driver(services: dict[str, dict[str, Any]]) -> None:
+    """The result backend is the metadata DB with its driver named: SQLAlchemy 2.1 reads a bare postgresql:// as
+    psycopg (v3), which neither requirements.txt nor the lock holds; psycopg2 is in both. create_engine
+    imports the driver (it connects to nothing), as the Celery worker and the scheduler do at start."""
+    from sqlalchemy import create_engine
+
+    for name in AIRFLOW_RUNTIME_SERVICES:
+        env = _env(services[name])
+        backend, conn = env["AIRFLOW__CELERY__RESULT_BACKEND"], env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert backend == f"db+{conn}", (name, backend)
+    url = _INTERPOLATION.sub("pw", conn)
+    assert url.startswith("postgresql+psycopg2://"), url
+    create_engine(url).dispose()
+    pins = {re.split(r"[=<>\[ ]", ln, maxsplit=1)[0] for ln in (ROOT / "requirements" / "constraints.txt").read_text()
+            .splitlines() if ln and not ln.startswith(" ")}
+    wanted = {ln.strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()}
+    assert "psycopg2-binary" in pins and "psycopg2-binary" in wanted, "the driver the URLs name is not installed"
+    assert "psycopg" not in pins, "psycopg (v3) is locked: the URLs could name it"
+
+
 # -- mounts, ports, GPUs, auth -------------------------------------------------------------------
 def test_shared_mounts_identical_everywhere(
     airflow_services: dict[str, dict[str, Any]], ray_services: dict[str, dict[str, Any]]
@@ -586,10 +684,15 @@ def _check_env() -> Any:
     return module
 
 
+#: Values as .env.example's commands make them (openssl rand, os.urandom), written down once.
 GOOD_ENV = {
-    "POSTGRES_PASSWORD": "a" * 48, "AIRFLOW_ADMIN_PASSWORD": "s3cret-admin", "AIRFLOW_JWT_SECRET": "b" * 64,
-    "AIRFLOW_FERNET_KEY": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", "AIRFLOW_API_SECRET_KEY": "c" * 64,
-    "RAY_AUTH_TOKEN": "d" * 64, "AIRFLOW_EXECUTOR": "LocalExecutor", "AIRFLOW_API_PORT": "8080",
+    "POSTGRES_PASSWORD": "2e448496365391befa3abc7b6daa72e8d0f9b2d4a918dd3e",
+    "AIRFLOW_ADMIN_PASSWORD": "oTGhqm6epRNSiNGuM6amBLKN",
+    "AIRFLOW_JWT_SECRET": "59376270b956da0ea19d0e5d954d69c04c92f47606eb2ff6474157dbf20727a8",
+    "AIRFLOW_FERNET_KEY": "GAcY2Cti9EB88XwJy4ITVG083I0h7wId5M9qZl0eXKM=",
+    "AIRFLOW_API_SECRET_KEY": "1915c8ca4dc0b4d44d18b508e23606f5a15a31106b9c05937ed3a68aeb62851d",
+    "RAY_AUTH_TOKEN": "7f46eb5ef23843a73452d63230754a5ce459ae1b65891e9d27fbca81080a5511",
+    "AIRFLOW_EXECUTOR": "LocalExecutor", "AIRFLOW_API_PORT": "8080",
     "RAY_DASHBOARD_PORT": "8265", "APP_UID": "50000", "RAY_WORKER_REPLICAS": "1", "COMPOSE_PROFILES": "",
 }
 
@@ -604,7 +707,7 @@ def test_check_env_accepts_good_values_and_env_examples_defaults() -> None:
 
 @pytest.mark.parametrize(("name", "value", "words"), [
     ("RAY_AUTH_TOKEN", "CHANGE_ME_ray_auth_token", "placeholder"),
-    ("RAY_AUTH_TOKEN", "short", "at least 32"),
+    ("RAY_AUTH_TOKEN", "short", "at least 32 characters"),
     ("RAY_AUTH_TOKEN", "x" * 40 + '"', "cannot carry"),
     ("POSTGRES_PASSWORD", "pa ss@word", "cannot carry"),
     ("AIRFLOW_FERNET_KEY", "not-a-key", "Fernet"),
@@ -620,6 +723,46 @@ def test_check_env_refuses_a_wrong_value_in_one_line(name: str, value: str, word
     assert len(found) == 1 and found[0].startswith(f"{name}=") and words in found[0] and "(fix: " in found[0], found
     if name in _check_env().SECRETS and value:
         assert value not in found[0], found
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    # Defaults a newcomer copies from other stacks, and values of the right size made by hand.
+    ("POSTGRES_PASSWORD", "airflow", "is 7 long; it needs at least 16 characters"),
+    ("AIRFLOW_ADMIN_PASSWORD", "admin", "is 5 long; it needs at least 12 characters"),
+    ("AIRFLOW_FERNET_KEY", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", "repeats one byte"),
+    ("AIRFLOW_JWT_SECRET", "a" * 64, "repeats one character"),
+    ("AIRFLOW_API_SECRET_KEY", "x", "is 1 long; it needs at least 32 characters"),
+    ("RAY_AUTH_TOKEN", "a" * 32, "repeats one character"),
+    ("RAY_AUTH_TOKEN", "ab12" * 10, "repeats a pattern of 4 characters"),
+    ("AIRFLOW_ADMIN_PASSWORD", "abcdefghijklmnop", "a run of characters in sequence"),
+    ("POSTGRES_PASSWORD", "1122334455667711223344", "has only 7 different characters"),
+    ("AIRFLOW_ADMIN_PASSWORD", "MyAirflow-2026!", "contains the word 'airflow'"),
+    ("AIRFLOW_FERNET_KEY", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=", "a run of bytes in sequence"),
+])
+def test_check_env_refuses_a_weak_secret_in_one_line(name: str, value: str, words: str) -> None:
+    """A secret of a guessable kind is refused like a wrong one: one line, the value masked, the fix."""
+    found = _check_env().problems({**GOOD_ENV, name: value})
+    assert len(found) == 1 and found[0].startswith(f"{name}='***'") and words in found[0], found
+    assert "(fix: set it in .env: " in found[0] and (len(value) < 5 or value not in found[0]), found
+
+
+def test_check_env_weakness_passes_what_the_fixes_make() -> None:
+    """The commands of the fixes (what .env.example says to run) never make a value refused as weak."""
+    import base64
+    import secrets as random
+
+    weakness = _check_env().weakness
+    for _ in range(500):
+        made = (random.token_hex(24), random.token_urlsafe(18), random.token_hex(32), os.urandom(32))
+        assert [weakness(v) for v in made] == [None] * 4, made
+    fernet = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    assert _check_env().problems({**GOOD_ENV, "AIRFLOW_FERNET_KEY": fernet}) == []
+
+
+def test_check_env_refuses_one_value_for_two_secrets() -> None:
+    found = _check_env().problems({**GOOD_ENV, "AIRFLOW_API_SECRET_KEY": GOOD_ENV["AIRFLOW_JWT_SECRET"]})
+    assert found == ["AIRFLOW_API_SECRET_KEY='***': is the value of AIRFLOW_JWT_SECRET too: each secret needs its "
+                     "own (fix: set it in .env: openssl rand -hex 32)"], found
 
 
 def test_check_env_refuses_every_placeholder_of_env_example(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
 """The docker-compose stack built, started and used end to end, faults included, with the time of each step.
 
-Usage: .venv/bin/python tests/e2e/compose_stack.py [--gpu] [--wheels DIR] [--no-faults] [--reuse-images]
+Usage: .venv/bin/python tests/e2e/compose_stack.py [--gpu] [--wheels DIR] [--no-faults] [--no-celery]
+                                                    [--reuse-images] [--screenshots DIR]
        (``make stack-e2e STACK_ARGS="..."``; needs a Docker engine, Compose v2 (``make compose-plugin``),
-       the base images (python:3.11-slim, postgres:16; ``../shared/docker/standin-images.sh`` where no
-       registry is reachable), and Debian's Chromium + the playwright package for the browser step)
+       the base images (python:3.11-slim, postgres:16, redis:7.4; ``../shared/docker/standin-images.sh`` where
+       no registry is reachable), and Debian's Chromium + the playwright package for the browser step)
 
-In order, from a clean state (this script's own compose project, env file and configs directory under
+In order, from a clean state (this script's own compose project, env files and configs directory under
 ``.work/stack/``; the user's ``.env`` and stack are never touched):
  1. a missing ``.env`` value: compose refuses it in one line, nothing is created;
  2. cold build (the project's images removed first), then a warm build (nothing changed);
@@ -16,14 +17,20 @@ In order, from a clean state (this script's own compose project, env file and co
  5. ``verl_ppo`` triggered through the stack's Airflow REST API with its auth, profile ``compose``:
     the run reaches success on the stack's Ray head + worker (CPU way: preflight);
  6. the run's report and its proxied Ray dashboard opened through the Airflow UI in headless Chromium
-    (screenshots: docs/images/compose-run-report.png, docs/images/compose-ray-dashboard.png);
+    (screenshots compose-run-report.png, compose-ray-dashboard.png in --screenshots, by default
+    .work/stack/screenshots; ``--screenshots docs/images`` replaces the published ones);
  7. faults (a training-like job from the stand-in trainer tests/fakes/fake_verl_trainer.py, which the
     Ray images carry, held at a step by a gate file on the shared volume): the Ray worker container
     killed mid-run (its init process SIGKILLed, as an OOM kill or a crash does; Docker restarts it) ->
     the run resumes from its checkpoint; the scheduler and the triggerer restarted mid-wait -> the
-    deferred wait survives (one attempt); ``down`` then ``up`` without ``-v`` -> run history,
-    checkpoints and reports kept;
- 8. ``down -v``: no container, volume or network of the project left.
+    deferred wait survives (one attempt); PostgreSQL stopped -> the API server's health check fails
+    until it is back; PostgreSQL killed mid-run -> Docker restarts it, the run succeeds (one attempt);
+    ``down`` then ``up`` without ``-v`` -> run history, checkpoints and reports kept;
+ 8. the Celery way (second pass, on the same volumes): ``.env`` switched to CeleryExecutor + the celery
+    profile, ``up -d`` -> redis and airflow-worker healthy; a run whose every task runs on the worker;
+    Redis killed mid-run -> Docker restarts it, the run succeeds through it; ``.env`` switched back,
+    ``up -d`` + ``rm -sf redis airflow-worker`` -> neither left, the scheduler runs tasks again;
+ 9. ``down -v``: no container, volume or network of the project left.
 The timings are printed as a table and written to .work/stack/timings.json.
 """
 
@@ -42,7 +49,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +77,8 @@ FAULT_PROFILE = "compose-faults"
 FAKE_TRAINER = "/opt/verl-pipeline/tests/fakes/fake_verl_trainer.py"
 GATE = "/shared/runs/.compose-e2e-gate"
 FAULT_STEPS, SAVE_FREQ, GATE_AFTER_STEP = 6, 2, 3
-IMAGES = ("docs/images/compose-run-report.png", "docs/images/compose-ray-dashboard.png")
+#: The screenshots, written to --screenshots (default .work/stack/screenshots; docs/images holds the published ones).
+IMAGES = ("compose-run-report.png", "compose-ray-dashboard.png")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
@@ -151,6 +159,7 @@ class Stack:
     env_file: Path
     files: tuple[str, ...]
     env: dict[str, str]
+    screenshots: Path
     timings: dict[str, float] = field(default_factory=dict)
 
     def compose(self, *args: str, env_file: Path | None = None, check: bool = True,
@@ -320,9 +329,12 @@ def check_security(stack: Stack) -> list[str]:
     for svc in stack.services():
         if svc["State"] != "running":
             continue
-        top = subprocess.run(["docker", "top", svc["Name"], "-eo", "pid,uid,comm"], capture_output=True, text=True)
+        top = subprocess.run(["docker", "top", svc["Name"], "-eo", "pid,uid,args"], capture_output=True, text=True)
         rows = [ln.split(None, 2)[1:] for ln in top.stdout.splitlines()[1:] if ln.strip()]
-        root = [comm for uid, comm in rows if uid == "0"]
+        # Docker runs a health check as the image's user: root in postgres and redis, whose entrypoints drop
+        # to their own user for the server itself. Such a check caught running is not the service.
+        check = " ".join((json.loads(inspect(svc["Name"], "{{json .Config.Healthcheck.Test}}")) or [])[1:])
+        root = [args for uid, args in rows if uid == "0" and not (check and args.removeprefix("/bin/sh -c ") in check)]
         assert rows and not root, f"{svc['Service']} runs as root: {root or top.stderr}"
         notes.append(f"{svc['Service']}: {len(rows)} processes, uids {sorted({uid for uid, _ in rows})}")
     dashboard = f"http://127.0.0.1:{stack.env['RAY_DASHBOARD_PORT']}/api/jobs/"
@@ -404,7 +416,7 @@ def signed_in(stack: Stack) -> Iterator[Any]:
 
 
 def report_in_browser(stack: Stack, run_id: str) -> None:
-    """The run's "Run report" tab in the Airflow UI; screenshot IMAGES[0]."""
+    """The run's "Run report" tab in the Airflow UI; screenshot IMAGES[0] in ``stack.screenshots``."""
     from urllib.parse import quote
 
     with signed_in(stack) as page:
@@ -414,13 +426,13 @@ def report_in_browser(stack: Stack, run_id: str) -> None:
         frame.get_by_role("heading", name=re.compile(r"^Run report")).wait_for()
         src = page.locator("iframe[title='Run report']").get_attribute("src")
         assert src == report_path(DAG, run_id).lstrip("/"), src
-        page.screenshot(path=str(REPO / IMAGES[0]), full_page=True)
+        page.screenshot(path=str(stack.screenshots / IMAGES[0]), full_page=True)
 
 
 def dashboard_in_browser(stack: Stack, run_id: str, job_id: str) -> None:
     """The run's job page of the stack's Ray dashboard, proxied by the Airflow API server (the "Ray job"
     button's address; the server adds the token): the job RUNNING with its step lines, no token prompt,
-    every request of the page answered through the proxy; screenshot IMAGES[1]."""
+    every request of the page answered through the proxy; screenshot IMAGES[1] in ``stack.screenshots``."""
     base = f"http://127.0.0.1:{stack.env['AIRFLOW_API_PORT']}"
     url = job_link(DAG, run_id, job_id, base_url=base)
     answers: list[Any] = []
@@ -432,7 +444,7 @@ def dashboard_in_browser(stack: Stack, run_id: str, job_id: str) -> None:
         page.get_by_text("RUNNING", exact=True).first.wait_for()
         page.get_by_text("training/global_step:1", exact=False).first.wait_for()
         assert page.get_by_text("Authentication Token Required").count() == 0
-        page.screenshot(path=str(REPO / IMAGES[1]))
+        page.screenshot(path=str(stack.screenshots / IMAGES[1]))
         stored = json.dumps(page.context.storage_state()) + page.evaluate("document.cookie")
     dashboard = url.split("#", 1)[0]
     proxied = [a for a in answers if a.url.startswith(dashboard)]
@@ -464,15 +476,53 @@ def held_fault_run(stack: Stack, api: httpx.Client) -> str:
     return run_id
 
 
+def inspect(container: str, template: str) -> str:
+    return subprocess.run(["docker", "inspect", "-f", template, container], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def restart_counts(stack: Stack) -> dict[str, int]:
+    """How often Docker has restarted each running service's container."""
+    return {s["Service"]: int(inspect(s["Name"], "{{.RestartCount}}")) for s in stack.services()
+            if s["State"] in ("running", "restarting")}
+
+
+def kill_init(stack: Stack, service: str) -> str:
+    """SIGKILL of ``service``'s init process from the host, as an OOM kill or a crash does (``docker kill``
+    would count as a manual stop, which no restart policy undoes); returns its container."""
+    container = stack.container(service)
+    os.kill(int(inspect(container, "{{.State.Pid}}")), 9)  # a container of this script's own project
+    return container
+
+
+def health_check(container: str) -> subprocess.CompletedProcess[str]:
+    """The container's own health check (its configured test), run once in it now."""
+    test = json.loads(inspect(container, "{{json .Config.Healthcheck.Test}}"))
+    cmd = ["sh", "-c", test[1]] if test[0] == "CMD-SHELL" else test[1:]
+    return subprocess.run(["docker", "exec", container, *cmd], capture_output=True, text=True, timeout=120)
+
+
+def back_healthy(stack: Stack, service: str, container: str, restarts_before: int, timeout_s: float = 300) -> None:
+    """Wait until Docker has restarted ``container`` and its health check passes again."""
+    wait_until(f"{service} restarted by Docker and healthy", lambda: int(inspect(container, "{{.RestartCount}}"))
+               > restarts_before and inspect(container, "{{.State.Health.Status}}") == "healthy", timeout_s, 0.5)
+
+
+def answering(api: httpx.Client, path: str) -> Any:
+    """The API's JSON answer to GET ``path``, None while it cannot answer (its database down, a restart)."""
+    try:
+        r = api.get(path)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
+
+
 def fault_worker_killed(stack: Stack, api: httpx.Client, run_id: str) -> dict[str, Any]:
     """The ray-worker container killed while ``run_id`` is held at the gate: its init process SIGKILLed from
     the host (an OOM kill or a crash); Docker's restart policy brings it back, the wait task resubmits,
     the run resumes from its checkpoint."""
-    container = stack.container("ray-worker")
-    pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", container], capture_output=True,
-                         text=True, check=True).stdout.strip()
     t0 = time.monotonic()
-    os.kill(int(pid), 9)  # the container this script started; Docker restarts it (restart: unless-stopped)
+    container = kill_init(stack, "ray-worker")  # Docker restarts it (restart: unless-stopped)
     stack.exec("ray-head", "touch", GATE)
     wait_until("attempt 2 logs a step", lambda: fault_lines(stack, api, run_id, 2) >= 1, 900, 1)
     resumed = time.monotonic() - t0
@@ -503,6 +553,58 @@ def fault_restart_mid_wait(stack: Stack, api: httpx.Client) -> dict[str, Any]:
             "restart_to_success_s": round(time.monotonic() - t0, 1), "attempts": len(tried)}
 
 
+def database_stopped(stack: Stack) -> dict[str, Any]:
+    """PostgreSQL stopped (`docker compose stop postgres`): the API server's health check fails while it is
+    gone (its health endpoint still answers 200, naming the database unhealthy), and passes once it is back."""
+    api_server = stack.container("airflow-api-server")
+    assert health_check(api_server).returncode == 0, "the API server is unhealthy before the database stops"
+    before = restart_counts(stack)
+    t0 = time.monotonic()
+    stack.compose("stop", "postgres")
+    failed = wait_until("the API server's health check fails", lambda: (r := health_check(api_server)).returncode
+                        and r, 120, 1)
+    detected = time.monotonic() - t0
+    body = stack.exec("airflow-api-server", "python", "-c", "import urllib.request; print(urllib.request.urlopen("
+                      "'http://127.0.0.1:8080/api/v2/monitor/health', timeout=10).read().decode())")
+    metadatabase = json.loads(body)["metadatabase"]["status"]
+    assert metadatabase == "unhealthy", body
+    stack.compose("start", "postgres")
+    wait_until("the API server's health check passes", lambda: health_check(api_server).returncode == 0, 300, 1)
+    passes = time.monotonic() - t0
+    stack.wait_healthy()
+    after = restart_counts(stack)
+    return {"stop_to_check_failing_s": round(detected, 1), "check_rc": failed.returncode,
+            "health_endpoint_metadatabase": metadatabase, "stop_to_check_passing_s": round(passes, 1),
+            "stop_to_every_service_healthy_s": round(time.monotonic() - t0, 1),
+            "restarts_meanwhile": {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}}
+
+
+def fault_killed_mid_run(stack: Stack, api: httpx.Client, service: str) -> dict[str, Any]:
+    """``service`` (postgres or redis) killed while a fault run is held at the gate, the gate opened at once:
+    Docker's restart policy brings it back, the run ends in success without a second attempt."""
+    run_id = held_fault_run(stack, api)
+    before = restart_counts(stack)
+    t0 = time.monotonic()
+    container = kill_init(stack, service)
+    stack.exec("ray-head", "touch", GATE)
+    wait_until(f"{service} restarted by Docker", lambda: int(inspect(container, "{{.RestartCount}}")) > before[service]
+               and inspect(container, "{{.State.Running}}") == "true", 120, 0.2)
+    restarted = time.monotonic() - t0
+    back_healthy(stack, service, container, before[service])
+    back = time.monotonic() - t0
+    wait_until("the API answers", lambda: answering(api, f"/api/v2/dags/{DAG}/dagRuns/{run_id}"), 600, 1)
+    wait_run(api, run_id)
+    total = time.monotonic() - t0
+    stack.wait_healthy()
+    tried = attempts(stack, api, run_id)
+    assert len(tried) == 1, tried  # the job itself never noticed
+    after = restart_counts(stack)
+    return {"run_id": run_id, f"kill_to_{service}_restarted_s": round(restarted, 1),
+            f"kill_to_{service}_healthy_s": round(back, 1), "kill_to_success_s": round(total, 1),
+            "attempts": len(tried),
+            "restarts": {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}}
+
+
 def fault_down_up(stack: Stack, api_runs: list[str], fault_run: str) -> dict[str, Any]:
     """`down` then `up` without -v: run history, checkpoints and reports are still there."""
     t0 = time.monotonic()
@@ -522,6 +624,56 @@ def fault_down_up(stack: Stack, api_runs: list[str], fault_run: str) -> dict[str
     assert kept == [str(step), str(report)], kept
     return {"down_s": round(down, 1), "up_to_healthy_s": round(up, 1), "runs_kept": len(runs),
             "kept": f"{step}, {report}"}
+
+
+def with_executor(stack: Stack, executor: str, profiles: str, env_name: str) -> Stack:
+    """The same stack with .env's two Celery lines set (AIRFLOW_EXECUTOR, COMPOSE_PROFILES), as a user switches."""
+    env = {**stack.env, "AIRFLOW_EXECUTOR": executor, "COMPOSE_PROFILES": profiles}
+    write_env(WORK / env_name, env)
+    return replace(stack, env_file=WORK / env_name, env=env)
+
+
+def executor_of(stack: Stack, service: str) -> str:
+    environ = json.loads(inspect(stack.container(service), "{{json .Config.Env}}"))
+    return next(e.split("=", 1)[1] for e in environ if e.startswith("AIRFLOW__CORE__EXECUTOR="))
+
+
+def worker_ran_every_task(stack: Stack, api: httpx.Client, run_id: str) -> dict[str, str]:
+    """Every task instance of ``run_id`` that ran did so on the Celery worker's host (not the scheduler's)."""
+    worker = inspect(stack.container("airflow-worker"), "{{.Config.Hostname}}")
+    tis = api.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+    hosts = {t["task_id"]: t["hostname"] for t in tis if t["state"] == "success"}
+    assert hosts and set(hosts.values()) == {worker}, (worker, hosts)
+    tries = {t["task_id"]: t["try_number"] for t in tis if t["try_number"] != 1 and t["state"] == "success"}
+    assert not tries, f"tasks that needed another try: {tries}"
+    return hosts
+
+
+def switched_to_celery(stack: Stack) -> dict[str, str]:
+    """.env switched to the Celery way, then `up -d`: redis and airflow-worker join, every service healthy."""
+    stack.compose("up", "-d", "--no-build")
+    stack.wait_healthy()
+    running = {s["Service"] for s in stack.services() if s["State"] == "running"}
+    assert {"redis", "airflow-worker"} <= running, running
+    executors = {svc: executor_of(stack, svc) for svc in ("airflow-scheduler", "airflow-worker")}
+    assert set(executors.values()) == {"CeleryExecutor"}, executors
+    return executors
+
+
+def switched_back(celery: Stack) -> tuple[Stack, str]:
+    """.env switched back to LocalExecutor, then `up -d` and `rm -sf redis airflow-worker` (compose stops no
+    service of a profile switched off): neither is left, every service healthy, the scheduler runs tasks."""
+    local = with_executor(celery, "LocalExecutor", "", "local-again.env")
+    local.compose("up", "-d", "--no-build")
+    local.compose("rm", "-sf", "redis", "airflow-worker")
+    local.wait_healthy()
+    label = f"label=com.docker.compose.project={PROJECT}"
+    service = '{{.Label "com.docker.compose.service"}}'
+    left = subprocess.run(["docker", "ps", "-a", "--filter", label, "--format", service], capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert not {"redis", "airflow-worker"} & set(left), left
+    assert executor_of(local, "airflow-scheduler") == "LocalExecutor"
+    return local, f"services left: {', '.join(sorted(left))}; the scheduler's executor: LocalExecutor"
 
 
 def build(stack: Stack, log_name: str) -> None:
@@ -545,7 +697,9 @@ def prepare(args: argparse.Namespace) -> Stack:
     from_file = {m.group(1): m.group(2) for m in re.finditer(r"^([A-Z_][A-Z0-9_]*)=(.*)$",
                                                               (WORK / ".env").read_text(), re.M)}
     files = ("docker-compose.yaml",) if args.gpu else ("docker-compose.yaml", "docker-compose.cpu.yaml")
-    return Stack(env_file=WORK / ".env", files=files, env=from_file)
+    screenshots = Path(args.screenshots).resolve()
+    screenshots.mkdir(parents=True, exist_ok=True)
+    return Stack(env_file=WORK / ".env", files=files, env=from_file, screenshots=screenshots)
 
 
 def summary(stack: Stack, results: dict[str, Any]) -> None:
@@ -567,8 +721,12 @@ def main() -> None:
     ap.add_argument("--wheels", help="copy the torch wheels of this directory into docker/wheels/ first")
     ap.add_argument("--no-faults", action="store_true", help="skip the fault cases")
     ap.add_argument("--reuse-images", action="store_true", help="keep the project's images (no cold build)")
+    ap.add_argument("--no-celery", action="store_true", help="skip the Celery way (the second pass)")
+    ap.add_argument("--screenshots", default=str(WORK / "screenshots"),
+                    help="where the browser steps' screenshots go (docs/images: the published ones)")
     args = ap.parse_args()
     stack = prepare(args)
+    last = stack  # the stack as .env last said (the Celery way's services are only down with its profile on)
     results: dict[str, Any] = {}
     try:
         clean_state(stack, remove_images=not args.reuse_images)
@@ -600,14 +758,35 @@ def main() -> None:
             with stack.timed("fault: scheduler + triggerer restarted mid-wait -> success"):
                 results["restart mid-wait"] = fault_restart_mid_wait(stack, api)
             runs.append(results["restart mid-wait"]["run_id"])
+            with stack.timed("fault: postgres stopped -> API server's health check fails, passes once it is back"):
+                results["postgres stopped"] = database_stopped(stack)
+            with stack.timed("fault: postgres killed mid-run -> restarted by Docker, run success"):
+                results["postgres killed"] = fault_killed_mid_run(stack, api, "postgres")
+            runs.append(results["postgres killed"]["run_id"])
             with stack.timed("fault: down, up without -v -> healthy, history kept"):
                 results["down/up"] = fault_down_up(stack, runs, held)
-        leaks = token_in_logs(stack)
+        if not args.no_celery:
+            last = celery = with_executor(stack, "CeleryExecutor", "celery", "celery.env")
+            with stack.timed("celery: .env switched, up -d -> every service healthy (redis, airflow-worker)"):
+                results["celery switch"] = switched_to_celery(celery)
+            api = api_client(celery)
+            with stack.timed("celery: DAG run (trigger -> success), every task on the worker"):
+                celery_run = preflight_run(celery, api)
+                worker_ran_every_task(celery, api, celery_run)
+            if not args.no_faults:
+                with stack.timed("celery: redis killed mid-run -> restarted by Docker, run success"):
+                    results["redis killed"] = fault_killed_mid_run(celery, api, "redis")
+                    worker_ran_every_task(celery, api, results["redis killed"]["run_id"])
+        leaks = token_in_logs(last)
         assert not leaks, f"the Ray token is in: {leaks}"
         results["token in logs"] = "none (compose logs of every service, Airflow task logs, Ray logs)"
+        if not args.no_celery:
+            with stack.timed("celery: .env switched back, up -d + rm -sf redis airflow-worker -> healthy"):
+                last, results["switched back"] = switched_back(last)
     finally:
         with stack.timed("down -v"):
-            stack.compose("down", "-v", "--remove-orphans", check=False)
+            with_executor(last, "CeleryExecutor", "celery", "down.env").compose("down", "-v", "--remove-orphans",
+                                                                                check=False)
         left = stack.project_leftovers()
         results["left behind"] = left
         summary(stack, results)
