@@ -438,6 +438,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from verl_pipeline.trainer.environment import installed_verl_pins, needs_for, render_notes
 
     needs = render_notes(needs_for(job.settings, installed_verl_pins()), n_gpus=spec.n_gpus, settings=job.settings)
+    needs += job.files.notes()
     text = [
         f"# mode: {mode.value}; target: {spec.nnodes} node(s) x {spec.n_gpus_per_node} GPU(s) = {spec.n_gpus}; "
         f"profiles: run {spec.profile}, model {spec.model_profile}, cluster {spec.cluster_profile}",

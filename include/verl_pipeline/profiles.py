@@ -42,6 +42,7 @@ from verl_pipeline.spec import (
 from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
 from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
 from verl_pipeline.trainer import scaling
+from verl_pipeline.trainer.jobfiles import EXTRA_KEY as EXTRA_FILES_KEY
 from verl_pipeline.trainer.modelfacts import facts_for, read_config
 from verl_pipeline.trainer.overrides import flatten, parse_overrides, spellings
 from verl_pipeline.trainer.owned import check_owned_keys
@@ -174,6 +175,7 @@ def build_run_spec(
         n_gpus_per_node=n_gpus_per_node, overrides=overrides, placement=placement,
     )
     verl_settings, data["data_options"] = _reward_function(verl_settings, data["data_options"], derived)
+    verl_settings, job_files = _job_files(verl_settings, prof.get(EXTRA_FILES_KEY), profile_name)
     spec = RunSpec(
         run_name=run_name, profile=profile_name, model_profile=model_profile, cluster_profile=cluster_profile,
         **models, **data, **storage, cluster=cluster, runtime=runtime, hardware=hardware,
@@ -189,7 +191,7 @@ def build_run_spec(
         validate_on_resume=_flag(prof.get("validate_on_resume", False), f"profiles/{profile_name}.validate_on_resume",
                                  "validate_on_resume: false (only the attempt that starts at step 0 validates "
                                  "before training) or true"),
-        admission=admission_of(cluster, cluster_profile, nnodes * n_gpus_per_node),
+        admission=admission_of(cluster, cluster_profile, nnodes * n_gpus_per_node), job_files=job_files,
     )
     logger_backends(verl_settings.get(LOGGER_KEY))  # an unknown tracker fails here, before any cluster
     check_shape(spec)
@@ -289,6 +291,18 @@ def _reward_function(settings: dict[str, Any], options: dict[str, Any],
     derived[reward.PATH_KEY] = f"the run's reward function, named by {fn.named_by} ({fn.label})"
     return reward.apply(settings, fn), {**options, "custom_reward_path": fn.path, "custom_reward_name": fn.name,
                                         "custom_reward_kwargs": dict(fn.kwargs)}
+
+
+def _job_files(settings: dict[str, Any], extra: Any, profile_name: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The run's own files (``trainer/jobfiles.py``): every path a verl setting names made absolute and found
+    here, and the run profile's ``job_files`` list."""
+    from verl_pipeline.trainer import jobfiles
+
+    if extra is not None and not isinstance(extra, list):
+        raise ConfigError(f"profiles/{profile_name}.{EXTRA_FILES_KEY}", extra, "must be a list of files",
+                          f"{EXTRA_FILES_KEY}: [my_task/tools.py]")
+    updates, files = jobfiles.absolute(settings, extra or [], base=configs_dir())
+    return {**settings, **updates}, files
 
 
 def _storage(section: dict[str, Any], cluster_profile: str) -> dict[str, Any]:

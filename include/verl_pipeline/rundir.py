@@ -24,6 +24,8 @@ from typing import Any
 
 from verl_pipeline.paths import write_json_atomic
 
+#: The folder of the run's own files shipped with its job (the job's ``runtime_env`` working_dir).
+JOB_FILES_DIR = "job_files"
 #: verl's checkpoint tracker in ``trainer.default_local_dir``: the step ``resume_mode=auto`` resumes from.
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 #: verl's file logger output of attempt N is ``metrics-a<N>.jsonl``: one file per attempt, because
@@ -156,6 +158,11 @@ class RunDir:
     @property
     def manifest_file(self) -> Path:
         return self.path / "manifest.json"
+
+    @property
+    def job_files_dir(self) -> Path:
+        """The run's own files shipped with its job: the job's ``runtime_env`` working_dir (``trainer/jobfiles.py``)."""
+        return self.path / JOB_FILES_DIR
 
     @property
     def preflight_file(self) -> Path:

@@ -368,6 +368,9 @@ class RunSpec:
     export_model: bool = True
     #: A shared cluster's Airflow pool and the slots this run takes (the cluster profile's ``pool``).
     admission: Admission | None = None
+    #: More files shipped with the job beside those its verl settings name (the run profile's ``job_files``:
+    #: a tool's module, say), absolute (``trainer/jobfiles.py``).
+    job_files: tuple[str, ...] = ()
     #: Validate before training on a resume attempt too (the run profile's ``validate_on_resume``); by
     #: default only the attempt that starts at step 0 does (``trainer/warmstart.py``).
     validate_on_resume: bool = False

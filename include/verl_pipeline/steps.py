@@ -21,6 +21,7 @@ from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import RunDir, now
 from verl_pipeline.spec import DataSource, ModelSource, RunSpec
 from verl_pipeline.trainer.decisions import Decision, decide_for_spec
+from verl_pipeline.trainer.jobfiles import stage
 from verl_pipeline.trainer.render import RenderedJob, render_job
 
 if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
@@ -53,6 +54,7 @@ def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, r
     from verl_pipeline.models.prefetch import prefetch
     from verl_pipeline.paths import pipeline_home
     from verl_pipeline.spec import ModelSource
+    from verl_pipeline.trainer import reward
     from verl_pipeline.trainer.overrides import render_overrides
     from verl_pipeline.trainer.render import job_settings
     from verl_pipeline.trainer.validate import ValidationRecord, earlier_record, keep, validate, validation_key
@@ -63,6 +65,7 @@ def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, r
     settings = job_settings(spec, train_files="/placeholder/train.parquet", val_files="/placeholder/val.parquet",
                             model_path=stand_in)
     settings.update((decision or decide_for_spec(spec, settings)).settings)
+    reward.check_manager(settings)  # verl's config accepts any name; its reward loop fails at the first step
     overrides = render_overrides(settings)
     key = validation_key(overrides)
     record, kept = earlier_record(key) if reuse else (None, None)
@@ -362,6 +365,8 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
         rule = job.derived.get(key)
         log.info("verl %s = %s", key, rule if rule else repr(job.settings[key]))
     merged = {"spec": spec.to_dict(), "job": job.to_dict()}
+    if job.files.shipped:
+        stage(job.files, RunDir(spec.run_dir).job_files_dir)
     RunDir(spec.run_dir).save_job(job.to_dict())
     write_json_atomic(spec.checkpoint_dir / "run_config.json", merged)
     return spec.run_dir

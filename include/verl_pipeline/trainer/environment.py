@@ -21,6 +21,7 @@ from verl_pipeline.trainer.attention import (
     SDPA_OVERRIDE,
     explicit_attn_implementation,
 )
+from verl_pipeline.trainer.jobfiles import DIR_KEYS, FILE_KEYS
 from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, MIN_RAY_VERSION, required_cpus, uses_critic
 
 #: What the probe always looks for on the GPU nodes, whatever the job needs: flash-attn decides the
@@ -44,7 +45,7 @@ _ROLLOUT_ENGINES = {
 }
 #: Settings naming files and directories the job reads on the nodes.
 PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
-             "reward.reward_model.model_path")
+             "reward.reward_model.model_path", *FILE_KEYS, *DIR_KEYS)
 
 
 @dataclass(frozen=True)

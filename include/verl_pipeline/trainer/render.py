@@ -14,6 +14,7 @@ from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 from verl_pipeline.trackers import LOGGER_KEY, logger_backends
 from verl_pipeline.trainer.decisions import Decision, decide_for_spec
+from verl_pipeline.trainer.jobfiles import JobFiles, plan
 from verl_pipeline.trainer.length import EPOCHS_KEY, STEPS_KEY, length_of
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
 from verl_pipeline.trainer.owned import (
@@ -56,6 +57,8 @@ class RenderedJob:
     on_world_size_change: WorldSizeChange = WorldSizeChange.FAIL
     #: What was decided for the nodes the job runs on (``trainer.decisions.Decision.to_dict``).
     decision: dict[str, Any] = field(default_factory=dict)
+    #: The run's own files shipped in the job's working_dir and checked on the nodes (``trainer/jobfiles.py``).
+    files: JobFiles = field(default_factory=JobFiles)
 
     def undecided_settings(self) -> dict[str, Any]:
         """The job's settings without the keys its decision set: the run's own and the pipeline's, what a
@@ -179,6 +182,8 @@ def render_job(
         filter_rule = filter_already_done(length_filter, settings, model_tokenizer_digest(model_path))
         if filter_rule:
             settings[FILTER_KEY] = False
+    files = plan(settings, spec.job_files, shared_roots=spec.shared_roots, local=spec.cluster.get("backend") == "local")
+    settings.update(files.settings())  # each shipped file by its name in the working_dir
     overrides = render_overrides(settings)
     length_notes = {key: f"; {length.rule}" for key in (STEPS_KEY, EPOCHS_KEY)}
     if mode is Mode.TRAIN:
@@ -199,6 +204,8 @@ def render_job(
     runtime_env: dict[str, Any] = {"env_vars": env}
     if spec.runtime.get("ship_package", True):
         runtime_env["py_modules"] = [str(package_dir())]
+    if files.shipped:
+        runtime_env["working_dir"] = str(RunDir(spec.run_dir).job_files_dir)
     return RenderedJob(
         mode=mode,
         entrypoint=entrypoint(command, overrides),
@@ -209,6 +216,7 @@ def render_job(
                  **({"data.filter_overlong_prompts": filter_rule} if filter_rule else {}), **decision.derived()},
         on_world_size_change=spec.on_world_size_change,
         decision=decision.to_dict(),
+        files=files,
     )
 
 

@@ -94,6 +94,11 @@ def resolve(settings: Mapping[str, Any], data_options: Mapping[str, Any], recipe
     if not isinstance(kwargs, Mapping):
         raise ConfigError(KWARGS_KEY, kwargs, "must be a mapping of keyword arguments",
                           f"+{KWARGS_KEY}.scale=2 (or a reward_kwargs: section in the profile's verl:)")
+    data_kwargs = data_options.get("custom_reward_kwargs") or recipe_defaults.get("custom_reward_kwargs") or {}
+    if kwargs and data_kwargs and dict(kwargs) != dict(data_kwargs):
+        raise ConfigError("data.custom_reward_kwargs", data_kwargs, f"differs from {KWARGS_KEY} ({dict(kwargs)})",
+                          "name the keyword arguments once")
+    kwargs = kwargs or data_kwargs
     if not verl_path and not data_path:
         return None
     verl_fn = data_fn = None
