@@ -336,9 +336,10 @@ def _inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
 def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Data and model paths for ``render``.
 
-    Built for real when the run's storage is on this machine (local backend, or the shared mount is
-    present); otherwise planned (data: the content-keyed directory preprocess would write) so that
-    rendering for a remote cluster writes nothing here.
+    Built for real when the run's storage is this machine's (the local backend); for any other cluster
+    planned (data: the content-keyed directory preprocess would write; a model directory read, not
+    recorded), so that rendering for a cluster writes nothing under its storage, whether or not its
+    mounts exist here.
     """
     from verl_pipeline import steps
     from verl_pipeline.data import preprocess as pre
@@ -346,7 +347,7 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
     from verl_pipeline.models.prefetch import prefetch
 
     notes = []
-    local = spec.cluster.get("backend") == "local" or all(Path(r).is_dir() for r in spec.shared_roots)
+    local = spec.cluster.get("backend") == "local"
     if local:
         data = steps.preprocess(spec).to_dict()
     else:
@@ -355,18 +356,23 @@ def _render_inputs(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any], list[
         recipe = str(spec.data_options.get("recipe") or DEFAULT_RECIPE)
         out_dir = pre.output_dir(spec.data_root, recipe, "<content-key>")
         data = {"train_path": str(pre.split_file(out_dir, "train")), "val_path": str(pre.split_file(out_dir, "val"))}
-        notes.append(f"shared storage {list(spec.shared_roots)} is not mounted here: data paths are where "
-                     "the preprocess task will write (<content-key> is computed there)")
+        notes.append(f"data paths on the cluster's storage {list(spec.shared_roots)} are where the preprocess "
+                     "task will write (<content-key> is computed there)")
     models: dict[str, Any] = {}
     for role, source in spec.model_sources().items():  # every model of the run, the reward model too
         if role == "critic" and source == spec.model:
             continue
-        if local or source.kind == "path":
+        if local:
             try:
                 models[role] = prefetch(source, spec.model_cache).to_dict()
                 continue
             except ModelError as e:
                 notes.append(f"{role} model path is a placeholder until prefetch runs ({e})")
+        elif source.kind == "path":  # prefetch would record its verification in the cluster's model cache
+            models[role] = {"path": source.ref}
+            notes.append(f"{role} model {source.ref}: the prefetch task verifies it and records that on the "
+                         "cluster's storage")
+            continue
         else:
             notes.append(f"{role} model path is a placeholder until the prefetch task resolves {source}")
         ref = f"{source.ref}@{source.revision}" if source.revision else source.ref

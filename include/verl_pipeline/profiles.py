@@ -276,14 +276,13 @@ def _reward_function(settings: dict[str, Any], options: dict[str, Any],
     signature checked here, before any cluster; written into both the verl settings (the job scores with
     it) and the data options (preprocessing checks the rows with it), with the recipe's answer form
     (``check_solution``)."""
-    from verl_pipeline.data.recipes import answer_forms, load_recipe
     from verl_pipeline.trainer import reward
 
-    name = str(options.get("recipe") or DEFAULT_RECIPE)
-    recipe = load_yaml_profile("recipes", name)
+    recipe = load_yaml_profile("recipes", str(options.get("recipe") or DEFAULT_RECIPE))
     # How a correct answer is written (per data_source for rows in verl's schema): preprocessing checks
     # rows with it and the preflight scores with it.
-    options = {**options, "check_solution": answer_forms(load_recipe(name, options))}
+    options = {**options, "check_solution": reward.answer_forms(recipe.get("check_solution"),
+                                                                options.get("check_solution"))}
     fn = reward.resolve(settings, options, recipe, base=configs_dir())
     if fn is None:
         return settings, options

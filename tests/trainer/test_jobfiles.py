@@ -60,7 +60,8 @@ def _own_profile(configs: Path, **extra: Any) -> str:
 def test_a_missing_file_is_refused_when_the_run_is_built(own_configs: Path) -> None:
     from verl_pipeline.profiles import build_run_spec
 
-    with pytest.raises(ConfigError, match=rf"{TOOLS}='task/tools.yaml': no such file \({own_configs}/task/tools.yaml\)"):
+    missing = rf"{TOOLS}='task/tools.yaml': no such file \({own_configs}/task/tools.yaml\)"
+    with pytest.raises(ConfigError, match=missing):
         build_run_spec({"profile": "smoke"}, run_name="pytest/files", overrides={TOOLS: "task/tools.yaml"})
     with pytest.raises(ConfigError, match=r"job_files\[0\]='gone.py': no such file"):
         build_run_spec({"profile": _own_profile(own_configs, job_files=["gone.py"])}, run_name="pytest/files")

@@ -17,6 +17,7 @@ from typing import Any
 
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir
+from verl_pipeline.trainer.reward import ANSWER_FORM, ANY_DATA_SOURCE, answer_forms
 
 EXTRACTIONS = ("gsm8k", "boxed", "regex", "column")
 #: Keys of a recipe that data options may replace.
@@ -28,8 +29,6 @@ RECIPE_KEYS = ("data_source", "ability", "prompt_column", "prompt_template", "an
 VERL_RECIPE_KEYS = ("check_solution", "custom_reward_path", "custom_reward_name", "custom_reward_kwargs")
 #: The value of a recipe file's ``rows`` key for rows already in verl's schema.
 VERL_ROWS = "verl"
-#: ``check_solution``'s entry for the data_sources it does not name.
-ANY_DATA_SOURCE = "*"
 GSM8K_PATTERN = r"####\s*(?P<answer>-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$"
 _GSM8K = re.compile(GSM8K_PATTERN)
 
@@ -137,12 +136,11 @@ def _verl_recipe(name: str, raw: dict[str, Any], options: dict[str, Any], path: 
                           f"does not apply to recipe {name}: its rows are already in verl's schema and kept as "
                           "they are", "leave it out (a system message or instruction goes into each row's "
                           "prompt), or use recipe generic for raw columns")
-    forms = _answer_forms(raw.get("check_solution") or "{ground_truth}", f"{path}:check_solution")
+    _answer_forms(raw.get("check_solution") or ANSWER_FORM, f"{path}:check_solution")
     given = options.get("check_solution")
-    if isinstance(given, str):
-        forms = _answer_forms(given, "data.check_solution")
-    elif given is not None:
-        forms = {**forms, **_answer_forms(given, "data.check_solution")}
+    if given is not None:
+        _answer_forms(given, "data.check_solution")
+    forms = _answer_forms(answer_forms(raw.get("check_solution"), given), "data.check_solution")
     merged = {**raw, **{k: v for k, v in options.items() if k in VERL_RECIPE_KEYS}}
     for key in ("custom_reward_path", "custom_reward_name"):
         if merged.get(key) is not None and not isinstance(merged[key], str):
@@ -151,12 +149,6 @@ def _verl_recipe(name: str, raw: dict[str, Any], options: dict[str, Any], path: 
                       custom_reward_path=merged.get("custom_reward_path") or None,
                       custom_reward_name=str(merged.get("custom_reward_name") or "compute_score"),
                       custom_reward_kwargs=_reward_kwargs(merged))
-
-
-def answer_forms(recipe: Recipe | VerlRecipe) -> str | dict[str, str]:
-    """How a correct answer reads: one form for a recipe of raw columns, a form per data_source
-    (``"*"``: the others) for rows already in verl's schema; ``{ground_truth}`` in each."""
-    return dict(recipe.check_solution) if isinstance(recipe, VerlRecipe) else recipe.check_solution
 
 
 def load_recipe(name: str, options: dict[str, Any]) -> Recipe | VerlRecipe:

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from verl_pipeline.constants import PREFLIGHT_SUMMARY_MARKER
-from verl_pipeline.data.recipes import ANY_DATA_SOURCE
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.trainer.render import split_entrypoint_overrides
-from verl_pipeline.trainer.reward import ANSWER_FORM
+from verl_pipeline.trainer.reward import ANSWER_FORM, ANY_DATA_SOURCE
 from verl_pipeline.trainer.validate import Validated, VerlConfigError, trusted, validate
 
 log = logging.getLogger("verl_pipeline.preflight")

@@ -36,9 +36,11 @@ DEFAULT_NAME = "compute_score"
 MANAGER_KEY = "reward.reward_manager.name"
 MANAGER_SOURCE_KEY = "reward.reward_manager.source"
 #: What verl adds to each row's ``extra_info`` before it calls the function (the naive manager).
-VERL_EXTRA_INFO = {"num_turns": None, "rollout_reward_scores": {}}
+VERL_EXTRA_INFO: dict[str, Any] = {"num_turns": None, "rollout_reward_scores": {}}
 #: How a correct answer is written when the recipe does not say (a recipe's ``check_solution``).
 ANSWER_FORM = "{ground_truth}"
+#: A per-data_source ``check_solution``'s entry for the data_sources it does not name.
+ANY_DATA_SOURCE = "*"
 SIGNATURE = "compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)"
 
 
@@ -62,6 +64,16 @@ class RewardFunction:
         if self.kwargs:
             out[f"+{KWARGS_KEY}"] = dict(self.kwargs)
         return out
+
+
+def answer_forms(recipe_value: Any, option_value: Any) -> Any:
+    """How a correct answer reads: the data option ``check_solution`` over the recipe's. A string replaces
+    all; a mapping of data_source to form (rows in verl's schema) replaces the forms it names."""
+    if option_value is None:
+        return recipe_value if recipe_value is not None else ANSWER_FORM
+    if isinstance(option_value, Mapping) and isinstance(recipe_value, Mapping):
+        return {**recipe_value, **option_value}
+    return option_value
 
 
 def _lookup(settings: Mapping[str, Any], key: str) -> Any:
@@ -204,5 +216,20 @@ def check_manager(settings: Mapping[str, Any]) -> None:
                           "reward.reward_manager.module.path naming your class's file")
 
 
-__all__ = ["ANSWER_FORM", "DEFAULT_NAME", "KWARGS_KEY", "MANAGER_KEY", "NAME_KEY", "PATH_KEY", "RewardFunction",
-           "apply", "call", "check_manager", "load", "resolve", "score_value"]
+__all__ = [
+    "ANSWER_FORM",
+    "ANY_DATA_SOURCE",
+    "DEFAULT_NAME",
+    "KWARGS_KEY",
+    "MANAGER_KEY",
+    "NAME_KEY",
+    "PATH_KEY",
+    "RewardFunction",
+    "answer_forms",
+    "apply",
+    "call",
+    "check_manager",
+    "load",
+    "resolve",
+    "score_value",
+]
