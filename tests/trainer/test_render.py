@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,29 @@ def test_a_prefetched_reward_model_reaches_verl() -> None:
     assert "reward.reward_model.model_path=/m/reward" in job.overrides
     without = steps.render(spec, data=data, models={"actor": {"path": "/m/actor"}}, mode=Mode.TRAIN)
     assert "reward.reward_model.model_path" not in without.settings
+
+
+def test_render_for_a_cluster_writes_nothing_under_its_storage_even_where_it_is_mounted(
+        own_configs: Path, tmp_path: Path, tiny_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dry run for a cluster of its own nodes plans its data and model paths: with the cluster's shared
+    mount present on this machine (and the model directory on it) nothing is preprocessed, prefetched
+    or recorded there."""
+    import shutil
+
+    import yaml
+
+    from verl_pipeline.cli import main
+
+    storage = tmp_path / "mnt-shared"
+    model = storage / "models" / "mine"
+    shutil.copytree(tiny_model_path, model)
+    prof = yaml.safe_load((own_configs / "clusters" / "h100-ib.yaml").read_text())
+    prof["storage"] = {"root": str(storage), "shared": [str(storage)]}
+    (own_configs / "clusters" / "mounted.yaml").write_text(yaml.safe_dump(prof))
+    before = sorted(p for p in storage.rglob("*"))
+    rc = main(["render", "--model-profile", "tiny-grpo", "--cluster-profile", "mounted", "--model-source", str(model),
+               "--no-verl-check"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert sorted(p for p in storage.rglob("*")) == before
+    assert f"actor_rollout_ref.model.path={model}" in out and "<content-key>" in out
