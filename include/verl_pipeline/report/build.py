@@ -19,6 +19,7 @@ from verl_pipeline.jobs.startup import PhaseTime, StartupPhases
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.critic import CriticSummary
 from verl_pipeline.report.critic import summarise as summarise_critic
+from verl_pipeline.report.learning import LearningVerdict, judge
 from verl_pipeline.report.restarts import RestartSummary
 from verl_pipeline.trainer import metrics as m
 from verl_pipeline.trainer.startup_markers import Phase
@@ -173,6 +174,8 @@ class Report:
     #: The actor's gradient norm (``actor/grad_norm``), median and highest over the steps.
     grad_norm_median: float | None = None
     grad_norm_max: float | None = None
+    #: Whether the run learned (train and validation reward, KL, entropy), in numbers and in words.
+    learning: LearningVerdict | None = None
     #: The critic's learning and cost (PPO with GAE); None: the run had no critic (GRPO).
     critic: CriticSummary | None = None
     #: Each physical GPU's utilisation and memory (the run's gpu-usage file); empty: no GPU readings.
@@ -210,6 +213,8 @@ class Report:
             attempt["startup"] = [{"phase": t.phase.value, "ended_after_s": t.ended_after_s,
                                    "duration_s": t.duration_s, "skipped": t.skipped} for t in a.startup]
         out["flags"] = [f.to_dict() for f in self.flags]
+        if self.learning is not None:
+            out["learning"]["reasons"] = [r.value for r in self.learning.reasons]
         out["restarts"] = self.restarts.to_dict() if self.restarts else None
         for row, g in zip(out["gpus"], self.gpus, strict=True):
             row.update(label=g.label, peak_memory_pct=g.peak_memory_pct)
@@ -388,6 +393,7 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     report.peak_memory_reserved_gb = max_of(steps, m.MAX_MEMORY_RESERVED)
     report.grad_norm_median = median_of(steps, m.GRAD_NORM)
     report.grad_norm_max = max_of(steps, (m.GRAD_NORM,))
+    report.learning = judge(merged)
     report.critic = summarise_critic(steps)
     report.gpus = gpu.summarise(gpu_series or [], training_windows(attempts))
     if attempts and ended_at is not None:

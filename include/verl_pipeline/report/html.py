@@ -258,6 +258,15 @@ def _flags(r: Report) -> str:
     return "".join(parts)
 
 
+def _learning(r: Report) -> str:
+    """The learning verdict's sentence, first thing under the notes."""
+    v = r.learning
+    if v is None:
+        return ""
+    css = "" if v.learned is None else ' class="ok"' if v.learned else ' class="bad"'
+    return f"<p{css}><b>{escape(v.words)}</b></p>"
+
+
 def render_html(r: Report) -> str:
     """The whole page; plots are ``<img src="<file>">`` of the files in ``r.plots``."""
     title = f"Run report — {r.run.run_name}"
@@ -265,7 +274,8 @@ def render_html(r: Report) -> str:
     # Each PNG carries its own title.
     plots = "".join(f"<img src=\"{escape(name)}\" alt=\"{escape(t)}\">" for name, t in r.plots.items())
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
-            f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_summary(r)}"
+            f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>{notes}{_learning(r)}"
+            f"{_summary(r)}"
             f"<h2>Attempts</h2>{_attempts(r)}{_startup(r)}{_actor_starts(r)}{restarts_html(r.restarts)}{_checks(r)}{_critic(r)}"
             f"{_timing(r)}{_gpus(r)}{_scaling(r)}{_flags(r)}"
             + (f"<h2>Plots</h2>{plots}" if plots else "") + "</body></html>\n")

@@ -52,7 +52,9 @@ class ReportFiles:
         return {"report_dir": str(self.report_dir), "html": str(self.html), "json": str(self.json),
                 "status": r.status.value, "mode": r.run.mode, "steps_done": r.steps_done,
                 "total_steps": r.run.total_steps, "flags": [f.kind.value for f in r.flags],
-                "plots": sorted([*r.plots, *r.gpu_plots.values()])}
+                "plots": sorted([*r.plots, *r.gpu_plots.values()]),
+                "learned": r.learning.learned if r.learning else None,
+                "learning": r.learning.words if r.learning else None}
 
 
 def report_dir(run_dir: Path) -> Path:
@@ -166,6 +168,7 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     with atomic_path(out / REPORT_HTML) as tmp:
         tmp.write_text(render_html(report), encoding="utf-8")
     write_json_atomic(out / REPORT_JSON, report.to_dict())
-    log.info("Run report of %s (%s %s run, %d/%d steps, flags %s): %s", facts.run_key, status.value, facts.mode,
-             report.steps_done, facts.total_steps, [f.kind.value for f in report.flags] or "none", out / REPORT_HTML)
+    log.info("Run report of %s (%s %s run, %d/%d steps, flags %s): %s %s", facts.run_key, status.value, facts.mode,
+             report.steps_done, facts.total_steps, [f.kind.value for f in report.flags] or "none",
+             report.learning.words if report.learning else "", out / REPORT_HTML)
     return ReportFiles(out, out / REPORT_JSON, out / REPORT_HTML, report)
