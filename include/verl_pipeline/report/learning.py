@@ -29,14 +29,11 @@ from typing import Protocol
 from verl_pipeline.trainer import metrics as m
 
 #: The train reward: the reward function's score, else the reward the advantages were computed from.
-REWARDS = "critic/rewards/mean"
-TRAIN_REWARD_NAMES = (m.SCORE, REWARDS)
-ENTROPY = "actor/entropy"
-KL_LOSS = "actor/kl_loss"
-REWARD_KL_PENALTY = "actor/reward_kl_penalty"
-PPO_KL = "actor/ppo_kl"
+TRAIN_REWARD_NAMES = (m.SCORE, m.REWARDS)
+ENTROPY = m.ENTROPY
+PPO_KL = m.PPO_KL
 #: The KL to the reference policy (a loss term, or a penalty in the reward), else the update's own KL.
-KL_NAMES = (KL_LOSS, REWARD_KL_PENALTY, PPO_KL)
+KL_NAMES = (m.KL_LOSS, m.REWARD_KL_PENALTY, m.PPO_KL)
 #: ``val-core/<data_source>/<reward|acc>/mean@<n>``: verl's core validation score of each data source
 #: (``_val_metrics_update``: ``acc`` where the reward function returns one, else ``reward``).
 VALIDATION_MEAN = re.compile(rf"^{re.escape(m.VAL_CORE_PREFIX)}.+/(reward|acc)/mean@\d+$")

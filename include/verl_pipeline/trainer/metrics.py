@@ -66,6 +66,14 @@ def is_validation_only(metrics: Mapping[str, float]) -> bool:
 #: trainers), how much of the returns' variance its values explain and their mean (``compute_data_metrics``),
 #: and the two phases of a step it costs: computing values for the batch and its own update.
 CRITIC_VF_LOSS = "critic/vf_loss"
+#: The reward the advantages were computed from (the score less a KL penalty where it is in the reward).
+REWARDS = "critic/rewards/mean"
+#: The actor's entropy over the batch's response tokens, and the KL terms verl logs: to the reference
+#: as a loss (``use_kl_loss``) or as a penalty in the reward (``use_kl_in_reward``), and each update's own.
+ENTROPY = "actor/entropy"
+KL_LOSS = "actor/kl_loss"
+REWARD_KL_PENALTY = "actor/reward_kl_penalty"
+PPO_KL = "actor/ppo_kl"
 CRITIC_EXPLAINED_VAR = "critic/vf_explained_var"
 CRITIC_VALUES_MEAN = "critic/values/mean"
 CRITIC_SERIES = (CRITIC_VF_LOSS, CRITIC_EXPLAINED_VAR, CRITIC_VALUES_MEAN)
