@@ -82,8 +82,13 @@ def test_the_builtin_models_config_is_read_without_building_it(tiny_model_path: 
     assert config_on_this_machine(ModelSource("hf", "Qwen/Qwen2.5-0.5B-Instruct", "main")) is None
 
 
-def test_any_model_is_checked_after_the_prefetch(tiny_model_path: Path, tmp_path: Path,
+def test_any_model_is_checked_after_the_prefetch(tiny_model_path: Path, tmp_path: Path, own_configs: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
+    # A model profile that leaves num_key_value_heads out.
+    profile = own_configs / "models" / "tiny-grpo.yaml"
+    doc = yaml.safe_load(profile.read_text())
+    del doc["model"]["num_key_value_heads"]
+    profile.write_text(yaml.safe_dump(doc))
     # A spec built where the model was not readable (a hub model, a path on storage this machine lacks).
     model = _model(tiny_model_path, tmp_path / "mm", num_hidden_layers=2)
     spec = build_run_spec({"model_source": str(model)}, run_name="facts/after", model_profile="tiny-grpo",

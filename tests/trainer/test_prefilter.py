@@ -84,4 +84,5 @@ def test_a_tool_config_on_the_rollout_keeps_verl_filter_on(tmp_path: Path, tiny_
     for key in ("actor_rollout_ref.rollout.multi_turn.tool_config_path", "data.tool_config_path"):
         words = _render(tiny_model_path, record, {key: str(tools)})
         assert "data.filter_overlong_prompts=true" in words, key
-        assert f"{key}={tools}" in words
+        # The file is off shared storage: it ships in the job's working_dir, named there by its file name.
+        assert f"{key}={tools.name}" in words
