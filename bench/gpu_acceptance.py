@@ -25,6 +25,16 @@ Scenarios (default: ``acceptance``):
     step and steady seconds per step of both, and their ratio. ``--real-size-profile
     qwen2.5-0.5b-ppo`` runs the same architecture with PPO (a critic of the same size, GAE); its
     critic is then checked as ``ppo``'s is.
+``learn-grpo`` / ``learn-ppo``
+    The example task (profiles ``repeat-digit`` and ``repeat-digit-ppo``: generated ``Repeat: …``
+    prompts, the reward function in ``configs/tasks/repeat-digit/``) trained through the DAG as the
+    profile says. Passes only when the report's learning verdict says the run learned (the train reward
+    rose by its margin, validation did not fall, entropy did not collapse) **and** the validation reward
+    (greedy, verl's ``val-core``) rose by at least ``VALIDATION_RISE``; the report's reward plot is kept
+    as ``<scenario>-reward.png`` in the workdir.
+``lora``
+    ``acceptance`` with a LoRA adapter (``LORA``): the export must be the base weights with the trained
+    adapter merged in, so it differs from the base model.
 ``resume-worker`` / ``resume-raylet`` / ``resume-ppo``
     A 6-step run whose attempt 1 loses, after checkpoint 3, a training worker (SIGKILL, as the OOM
     killer does) or its node's raylet; the DAG retries, and attempt 2 must train steps 4 to 6 only.
@@ -60,7 +70,16 @@ PROFILE = "gpu-acceptance"
 REAL_SIZE_MODEL_PROFILE = "qwen2.5-0.5b-grpo"
 #: The model profiles of the 0.5B architecture the real-size scenario runs (the same random weights).
 REAL_SIZE_PROFILES = (REAL_SIZE_MODEL_PROFILE, "qwen2.5-0.5b-ppo")
-SCENARIOS = ("acceptance", "ppo", "real-size", "resume-worker", "resume-raylet", "resume-ppo")
+SCENARIOS = ("acceptance", "ppo", "real-size", "learn-grpo", "learn-ppo", "lora", "resume-worker", "resume-raylet",
+             "resume-ppo")
+#: The example task's run profile of each learning scenario.
+LEARN_PROFILES = {"learn-grpo": "repeat-digit", "learn-ppo": "repeat-digit-ppo"}
+#: The least rise of the greedy validation reward (last validation minus the first, before training) that
+#: a learning scenario passes with: on the example's 0-to-1 reward, a tenth of its range.
+VALIDATION_RISE = 0.1
+#: A LoRA adapter on every linear of the tiny model, and a learning rate an adapter moves with.
+LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.actor.optim.lr=1e-3")
 PPO_MODEL_PROFILE = "tiny-ppo"
 #: The actor's entropy bonus (verl's key).
 ENTROPY_COEFF = "actor_rollout_ref.actor.entropy_coeff"
@@ -391,6 +410,55 @@ def acceptance(args: argparse.Namespace, configs: Path) -> Result:
         from verl_pipeline.rundir import RunDir
 
         check_export(result, RunDir(run_dir).model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
+    return result
+
+
+def learn(args: argparse.Namespace, configs: Path, name: str) -> Result:
+    """The example task trained as its profile says: the report's learning verdict must say it learned, and
+    the greedy validation reward must have risen by ``VALIDATION_RISE``."""
+    import yaml
+
+    result = Result(name)
+    profile = LEARN_PROFILES[name]
+    total = int(yaml.safe_load((configs / "profiles" / f"{profile}.yaml").read_text())["trainer"]
+                ["total_training_steps"])
+    conf: dict[str, Any] = {"profile": profile, "mode": "train", "verl_overrides": list(args.verl_override)}
+    if args.gpu_memory_utilization:
+        conf["verl_overrides"].append(f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}")
+    run = run_dag(args.workdir, configs, name, conf)
+    run_dir = check_trained_run(result, run, configs, total)
+    if run_dir is None:
+        return result
+    from verl_pipeline.report.plots import REWARD_PNG
+    from verl_pipeline.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    verdict = json.loads((rd.report_dir / "report.json").read_text()).get("learning") or {}
+    result.figures["learning"] = verdict
+    result.check(verdict.get("learned") is True, f"the report says the run did not learn: {verdict.get('words')}")
+    first, last = verdict.get("validation_first"), verdict.get("validation_last")
+    rise = None if first is None or last is None else round(last - first, 4)
+    result.figures["validation_rise"] = rise
+    result.check(rise is not None and rise >= VALIDATION_RISE,
+                 f"the validation reward rose {rise} ({first} to {last}), want at least {VALIDATION_RISE}")
+    if (rd.report_dir / REWARD_PNG).is_file():
+        shutil.copy(rd.report_dir / REWARD_PNG, args.workdir / f"{name}-reward.png")
+    return result
+
+
+def lora(args: argparse.Namespace, configs: Path) -> Result:
+    result = Result("lora")
+    conf = base_conf(args, args.steps)
+    conf["verl_overrides"] += list(LORA)
+    run = run_dag(args.workdir, configs, "lora", conf)
+    run_dir = check_trained_run(result, run, configs, args.steps)
+    if run_dir is not None:
+        from verl_pipeline.rundir import RunDir
+        from verl_pipeline.trainer.lora_merge import ADAPTER_DIR
+
+        model_dir = RunDir(run_dir).model_dir
+        result.check((model_dir / ADAPTER_DIR).is_dir(), f"the export has no {ADAPTER_DIR}/ (was the run LoRA?)")
+        check_export(result, model_dir, Path(job_overrides(run_dir)["actor_rollout_ref.model.path"]))
     return result
 
 
@@ -849,6 +917,10 @@ def main(argv: list[str] | None = None) -> int:
             r = ppo(args, configs)
         elif name == "real-size":
             r = real_size(args, configs)
+        elif name in LEARN_PROFILES:
+            r = learn(args, configs, name)
+        elif name == "lora":
+            r = lora(args, configs)
         else:
             r = resume(args, configs, name.removeprefix("resume-"))
         r.figures["scenario_seconds"] = round(time.monotonic() - t0, 1)

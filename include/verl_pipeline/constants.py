@@ -6,6 +6,9 @@ from enum import Enum
 
 #: The data recipe (``configs/recipes``) a run uses when its data options name none.
 DEFAULT_RECIPE = "gsm8k"
+#: The generated data sets (``builtin:<name>``): GSM8K-style word problems, and the example task's
+#: one-digit echo (``data/generator.py``), both answered ``#### N``.
+BUILTIN_DATA = ("arithmetic", "repeat-digit")
 
 
 class Placement(str, Enum):

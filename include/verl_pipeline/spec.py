@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.admission import Admission
-from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode, Placement, SetBy, WorldSizeChange
+from verl_pipeline.constants import BUILTIN_DATA, DEFAULT_TRAINER_COMMAND, Mode, Placement, SetBy, WorldSizeChange
 from verl_pipeline.durations import duration_setting, format_duration
 from verl_pipeline.exceptions import ConfigError, section_of
 from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
@@ -100,9 +100,9 @@ def _patterns(value: object, key: str) -> tuple[str, ...] | None:
 class DataSource:
     """Where the data comes from.
 
-    ``builtin:arithmetic``; an absolute local file, glob or directory (train.* + test.*/val.*) of
-    JSONL/JSON/CSV/Parquet (``files``), or a directory saved by ``datasets`` ``save_to_disk``
-    (``hf_disk``); an fsspec URL such as ``s3://bucket/data/*.parquet`` (``url``); or a
+    ``builtin:<name>`` (a generated set of ``constants.BUILTIN_DATA``); an absolute local file, glob
+    or directory (train.* + test.*/val.*) of JSONL/JSON/CSV/Parquet (``files``), or a directory saved
+    by ``datasets`` ``save_to_disk`` (``hf_disk``); an fsspec URL such as ``s3://bucket/data/*.parquet`` (``url``); or a
     HuggingFace dataset ``hf://name?config=main&revision=…&split=…`` (``hf``).
     """
 
@@ -114,10 +114,11 @@ class DataSource:
         import glob
 
         text = str(text).strip()
-        if text == "builtin:arithmetic":
-            return cls("builtin", "arithmetic")
         if text.startswith("builtin:"):
-            raise ConfigError(key, text, "unknown built-in data source", "builtin:arithmetic")
+            if text.removeprefix("builtin:") not in BUILTIN_DATA:
+                raise ConfigError(key, text, "unknown built-in data source",
+                                  " or ".join(f"builtin:{name}" for name in BUILTIN_DATA))
+            return cls("builtin", text.removeprefix("builtin:"))
         if text.startswith("hf://"):
             if not re.fullmatch(r"hf://[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?(\?[\w.\-=&/]*)?", text):
                 raise ConfigError(key, text, "is not a dataset reference",
@@ -145,7 +146,7 @@ class DataSource:
         return cls("files", str(path))
 
     def __str__(self) -> str:
-        return "builtin:arithmetic" if self.kind == "builtin" else self.ref
+        return f"builtin:{self.ref}" if self.kind == "builtin" else self.ref
 
 
 #: Bytes per parameter of the rollout engine's weights (bf16).

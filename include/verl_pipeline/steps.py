@@ -358,6 +358,13 @@ def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode:
     )
 
 
+def stage_job_files(spec: RunSpec, job: RenderedJob) -> None:
+    """Copy the files ``job`` ships into its ``runtime_env`` working_dir, before any Ray job uses that
+    runtime_env (the environment probe runs with it too)."""
+    if job.files.shipped:
+        stage(job.files, RunDir(spec.run_dir).job_files_dir)
+
+
 def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
     """Log the merged configuration and keep the exact job in the run dir and, with the spec, next to the
     checkpoints (the spec itself was frozen in the run dir at provision)."""
@@ -365,8 +372,7 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
         rule = job.derived.get(key)
         log.info("verl %s = %s", key, rule if rule else repr(job.settings[key]))
     merged = {"spec": spec.to_dict(), "job": job.to_dict()}
-    if job.files.shipped:
-        stage(job.files, RunDir(spec.run_dir).job_files_dir)
+    stage_job_files(spec, job)
     RunDir(spec.run_dir).save_job(job.to_dict())
     write_json_atomic(spec.checkpoint_dir / "run_config.json", merged)
     return spec.run_dir
@@ -396,6 +402,7 @@ def probe_cluster(spec: RunSpec, job: RenderedJob, *, client: RayJobsClient, sta
             return {**kept["report"], "reused": reuse.why, "wall_seconds": 0.0}
         log.info("Run %s: probing the nodes again before this restart: %s", spec.run_name, reuse.why)
     timeout = float(spec.cluster.get("probe_timeout_s", DEFAULT_TIMEOUT_S))
+    stage_job_files(spec, job)
     raw = run_probe(client, request=request, runtime_env=job.runtime_env, id_prefix=id_prefix, timeout_s=timeout)
     run.keep_probe(request, raw)
     return raw

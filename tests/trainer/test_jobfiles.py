@@ -124,7 +124,7 @@ def test_a_reward_file_only_on_the_airflow_side_reaches_a_two_node_cluster(
     data = steps.preprocess(spec, out_root=tmp_path / "data")
     job = render_job(spec, mode=Mode.PREFLIGHT, train_files=data.train_path, val_files=data.val_path,
                      model_path=str(tiny_model_path), length_filter=data.counts["length_filter"])
-    assert job.settings[REWARD] == "reward.py" and "--answer-form 'yes {ground_truth}'" in job.entrypoint
+    assert job.settings[REWARD] == "reward.py" and """--answer-form '"yes {ground_truth}"'""" in job.entrypoint
     steps.save_run_files(spec, job)
     (mine / "reward.py").unlink()
     backend = LocalBackend.from_spec({"backend": "local", "nodes": 2, "num_cpus": 1, "stop_grace_s": 3})

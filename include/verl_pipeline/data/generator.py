@@ -1,14 +1,20 @@
-"""A deterministic generator of arithmetic word problems in GSM8K's format.
+"""Deterministic generators of the built-in data sets, in GSM8K's format.
 
 Each problem has a ``question`` and an ``answer`` whose last line is ``#### N``, like GSM8K, so
-the same recipe and verl's GSM8K reward function handle both. Works offline.
+the same recipe and verl's GSM8K reward function handle them. Works offline.
+
+- ``arithmetic``: word problems of two steps (what the built-in model's tokenizer is trained on);
+- ``repeat-digit``: ``Repeat: 7`` answered ``#### 7``, the example task
+  (``configs/tasks/repeat-digit/``) that the built-in tiny model can learn on one GPU in minutes.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from verl_pipeline.constants import BUILTIN_DATA
 
 _NAMES = ["Ada", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kemal", "Lina"]
 _ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cookies", "stamps"]
@@ -55,8 +61,28 @@ def _problem(rng: random.Random) -> Problem:
     return Problem(question=q, answer=answer)
 
 
-def generate_problems(n: int, *, seed: int = 0) -> Iterator[Problem]:
-    """Yield ``n`` problems; the same ``(n, seed)`` always yields the same problems."""
-    rng = random.Random(seed)
+def _arithmetic(n: int, rng: random.Random) -> Iterator[Problem]:
     for _ in range(n):
         yield _problem(rng)
+
+
+def _repeat_digit(n: int, rng: random.Random) -> Iterator[Problem]:
+    """``Repeat: 7`` → ``#### 7``: the ten digits in a shuffled order, again and again, so any ten
+    consecutive problems ask each digit once (a validation split of 10 covers every prompt the task has)."""
+    digits: list[int] = []
+    for _ in range(n):
+        if not digits:
+            digits = rng.sample(range(10), 10)
+        digit = digits.pop()
+        yield Problem(question=f"Repeat: {digit}", answer=f"#### {digit}")
+
+
+#: Each built-in data set's generator, by the name ``builtin:<name>`` gives.
+GENERATORS: dict[str, Callable[[int, random.Random], Iterator[Problem]]] = {
+    "arithmetic": _arithmetic, "repeat-digit": _repeat_digit}
+assert tuple(GENERATORS) == BUILTIN_DATA, "constants.BUILTIN_DATA names the generators"
+
+
+def generate_problems(n: int, *, seed: int = 0, kind: str = "arithmetic") -> Iterator[Problem]:
+    """Yield ``n`` problems of the ``kind`` data set; the same ``(n, seed, kind)`` always yields the same."""
+    yield from GENERATORS[kind](n, random.Random(seed))

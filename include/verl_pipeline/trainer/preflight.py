@@ -41,8 +41,10 @@ def answer_for(forms: str | dict[str, str], data_source: str) -> str:
 
 
 def parse_answer_forms(text: str) -> str | dict[str, str]:
-    """``--answer-form``: a form, or a JSON mapping of data_source to form."""
-    return dict(json.loads(text)) if text.lstrip().startswith("{") else text
+    """``--answer-form``: JSON of a form (a string) or of a mapping of data_source to form; always JSON, since
+    a form may itself start with ``{`` (``{ground_truth}``)."""
+    value = json.loads(text)
+    return value if isinstance(value, str) else {str(k): str(v) for k, v in dict(value).items()}
 
 
 def _score_splits(cfg: Any, splits: dict[str, list[dict[str, Any]]],
@@ -259,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the provision task's verl validation; trusted when made for these overrides")
     parser.add_argument("--generate-prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=8)
-    parser.add_argument("--answer-form", default=ANSWER_FORM,
-                        help="a correct answer, with {ground_truth}: the recipe's check_solution (a JSON "
-                        "mapping of data_source to form for rows in verl's schema)")
+    parser.add_argument("--answer-form", default=json.dumps(ANSWER_FORM),
+                        help="JSON: a correct answer, with {ground_truth} (the recipe's check_solution), or a "
+                        "mapping of data_source to such a form (rows in verl's schema)")
     args = parser.parse_args(opts)
     summary = run(overrides, generate_prompts=args.generate_prompts, max_new_tokens=args.max_new_tokens,
                   validation_record=args.validation_record, answer_form=parse_answer_forms(args.answer_form))

@@ -193,7 +193,7 @@ def render_job(
         forms = spec.data_options.get("check_solution") or ANSWER_FORM
         command = (*PREFLIGHT_COMMAND, "--summary-path", str(run_dir.preflight_file),
                    "--validation-record", str(run_dir.validation_file),
-                   "--answer-form", forms if isinstance(forms, str) else json.dumps(forms, sort_keys=True), "--")
+                   "--answer-form", json.dumps(forms, sort_keys=True), "--")
     env = dict(BASE_ENV)
     if spec.hardware is not None:
         env.update(nccl_env(spec.hardware, debug=spec.nccl_debug))
