@@ -29,7 +29,7 @@ In order, from a clean state (this script's own compose project, env files and c
  8. the Celery way (second pass, on the same volumes): ``.env`` switched to CeleryExecutor + the celery
     profile, ``up -d`` -> redis and airflow-worker healthy; a run whose every task runs on the worker;
     Redis killed mid-run -> Docker restarts it, the run succeeds through it; ``.env`` switched back,
-    ``up -d`` + ``rm -sf redis airflow-worker`` -> neither left, the scheduler runs tasks again;
+    ``up -d`` + ``rm -sfv redis airflow-worker`` -> neither left, the scheduler runs tasks again;
  9. ``down -v``: no container, volume or network of the project left.
 The timings are printed as a table and written to .work/stack/timings.json.
 """
@@ -661,11 +661,11 @@ def switched_to_celery(stack: Stack) -> dict[str, str]:
 
 
 def switched_back(celery: Stack) -> tuple[Stack, str]:
-    """.env switched back to LocalExecutor, then `up -d` and `rm -sf redis airflow-worker` (compose stops no
+    """.env switched back to LocalExecutor, then `up -d` and `rm -sfv redis airflow-worker` (compose stops no
     service of a profile switched off): neither is left, every service healthy, the scheduler runs tasks."""
     local = with_executor(celery, "LocalExecutor", "", "local-again.env")
     local.compose("up", "-d", "--no-build")
-    local.compose("rm", "-sf", "redis", "airflow-worker")
+    local.compose("rm", "-sfv", "redis", "airflow-worker")
     local.wait_healthy()
     label = f"label=com.docker.compose.project={PROJECT}"
     service = '{{.Label "com.docker.compose.service"}}'
@@ -781,7 +781,7 @@ def main() -> None:
         assert not leaks, f"the Ray token is in: {leaks}"
         results["token in logs"] = "none (compose logs of every service, Airflow task logs, Ray logs)"
         if not args.no_celery:
-            with stack.timed("celery: .env switched back, up -d + rm -sf redis airflow-worker -> healthy"):
+            with stack.timed("celery: .env switched back, up -d + rm -sfv redis airflow-worker -> healthy"):
                 last, results["switched back"] = switched_back(last)
     finally:
         with stack.timed("down -v"):
