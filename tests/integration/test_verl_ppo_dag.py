@@ -119,6 +119,22 @@ def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Pat
         assert len(events) == 1 and events[0].extra["train_path"] == data["train_path"]
 
 
+def test_the_example_task_passes_its_preflight_through_the_dag(airflow_db: Path, tiny_model_path: Path) -> None:
+    """The shipped example task: its reward file ships with the job (the probe runs with the job's
+    runtime_env before the job does) and scores every ground truth of both splits 1.0."""
+    dr = _dag().test(run_conf={"profile": "repeat-digit", "cluster_profile": "local-cpu", "mode": "preflight"})
+    assert str(dr.state) == "success", _states(dr)
+    sub = _xcom(dr, "submit_verl_job")
+    run_dir = Path(sub["run_dir"])
+    job = json.loads((run_dir / "job.json").read_text())
+    assert "reward.custom_reward_function.path=reward.py" in job["overrides"]
+    assert job["runtime_env"]["working_dir"] == str(run_dir / "job_files")
+    assert (run_dir / "job_files" / "reward.py").is_file()
+    reward = json.loads((run_dir / "preflight.json").read_text())["checks"]["reward"]
+    assert reward["all_ground_truths_score_1"] and reward["val"]["scored"] == 10
+    assert reward["train"]["answer_form"] == "{ground_truth}" and reward["train"]["not_one"] == 0
+
+
 def test_invalid_params_fail_before_any_cluster_starts(airflow_db: Path) -> None:
     dag = _dag()
     dr = dag.test(run_conf={"data_source": "/does/not/exist.jsonl"})
