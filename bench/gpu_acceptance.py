@@ -390,9 +390,12 @@ def zero_gradient_expected(overrides: dict[str, str], rows: list[dict[str, float
 
 # -- the scenarios ----------------------------------------------------------------------------------
 
-def base_conf(args: argparse.Namespace, total: int, *, ppo: bool = False) -> dict[str, Any]:
-    conf: dict[str, Any] = {"profile": PROFILE, "mode": "train", "total_training_steps": total,
-                            "verl_overrides": list(args.verl_override)}
+def base_conf(args: argparse.Namespace, total: int | None, *, ppo: bool = False,
+              profile: str = PROFILE) -> dict[str, Any]:
+    """A scenario's DAG params (``total`` None: the profile's own steps)."""
+    conf: dict[str, Any] = {"profile": profile, "mode": "train", "verl_overrides": list(args.verl_override)}
+    if total is not None:
+        conf["total_training_steps"] = total
     if ppo:
         conf["model_profile"] = PPO_MODEL_PROFILE
         conf["verl_overrides"] += list(PPO_LEARNING_SIGNAL)
@@ -422,10 +425,7 @@ def learn(args: argparse.Namespace, configs: Path, name: str) -> Result:
     profile = LEARN_PROFILES[name]
     total = int(yaml.safe_load((configs / "profiles" / f"{profile}.yaml").read_text())["trainer"]
                 ["total_training_steps"])
-    conf: dict[str, Any] = {"profile": profile, "mode": "train", "verl_overrides": list(args.verl_override)}
-    if args.gpu_memory_utilization:
-        conf["verl_overrides"].append(f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}")
-    run = run_dag(args.workdir, configs, name, conf)
+    run = run_dag(args.workdir, configs, name, base_conf(args, None, profile=profile))
     run_dir = check_trained_run(result, run, configs, total)
     if run_dir is None:
         return result

@@ -102,8 +102,8 @@ class DataSource:
 
     ``builtin:<name>`` (a generated set of ``constants.BUILTIN_DATA``); an absolute local file, glob
     or directory (train.* + test.*/val.*) of JSONL/JSON/CSV/Parquet (``files``), or a directory saved
-    by ``datasets`` ``save_to_disk`` (``hf_disk``); an fsspec URL such as ``s3://bucket/data/*.parquet`` (``url``); or a
-    HuggingFace dataset ``hf://name?config=main&revision=…&split=…`` (``hf``).
+    by ``datasets`` ``save_to_disk`` (``hf_disk``); an fsspec URL such as ``s3://bucket/data/*.parquet``
+    (``url``); or a HuggingFace dataset ``hf://name?config=main&revision=…&split=…`` (``hf``).
     """
 
     kind: str

@@ -104,11 +104,8 @@ def resolve_parts(source: DataSource, options: dict[str, Any]) -> dict[str, list
     """``{split: [parts]}`` where split is ``train``, ``val`` or ``all`` (one split, to be divided)."""
     if source.kind == "builtin":
         seed = int(options.get("seed", 0))
-        # The arithmetic set keeps its labels (its data's hash); another names itself in them.
-        label = "builtin" if source.ref == "arithmetic" else f"builtin:{source.ref}"
-        return {"train": [Part(f"{label}:train", "builtin",
-                               (source.ref, int(options.get("train_size", 256)), seed))],
-                "val": [Part(f"{label}:val", "builtin",
+        return {"train": [Part(f"{source}:train", "builtin", (source.ref, int(options.get("train_size", 256)), seed))],
+                "val": [Part(f"{source}:val", "builtin",
                              (source.ref, int(options.get("val_size", 32)), seed + 1_000_003))]}
     if source.kind == "hf":
         return _hf_parts(source.ref, options)

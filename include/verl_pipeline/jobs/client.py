@@ -49,6 +49,10 @@ _NODE_SUMMARY = "/nodes?view=summary"
 #: Seconds a client reads a job's log through the state API after its dashboard agent could not be
 #: reached, before it tries the agent again (a busy moment must not cost the whole file every poll for good).
 AGENT_RETRY_S = 600.0
+#: Ray's answer (HTTP 500) to a submission that reached its head before the head's job agent registered,
+#: and the seconds a submission keeps trying again after it (Ray created no job: the id stays free).
+NO_AGENT = "No available agent to submit job"
+NO_AGENT_WAIT_S = 60.0
 #: Seconds to wait for a job the pipeline stopped to end, before a restart submits the next attempt or a
 #: teardown goes on. Ray sends SIGTERM, then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S`` (3 s by default;
 #: a site may raise it so a job can finish writing); the wait returns as soon as Ray says the job ended,
@@ -403,21 +407,29 @@ class RayJobsClient:
         from ray.job_submission import JobSubmissionClient
 
         headers = self.headers
-        try:
-            with _ray_sdk_adds_no_auth():
-                sdk = JobSubmissionClient(self.dashboard_url, headers=headers, verify=self.verify)
-            return str(
-                sdk.submit_job(
-                    entrypoint=entrypoint,
-                    submission_id=submission_id,
-                    runtime_env=runtime_env,
-                    metadata=metadata,
-                    entrypoint_num_cpus=entrypoint_num_cpus,
-                    entrypoint_num_gpus=entrypoint_num_gpus,
+        deadline = time.monotonic() + NO_AGENT_WAIT_S
+        while True:
+            try:
+                with _ray_sdk_adds_no_auth():
+                    sdk = JobSubmissionClient(self.dashboard_url, headers=headers, verify=self.verify)
+                return str(
+                    sdk.submit_job(
+                        entrypoint=entrypoint,
+                        submission_id=submission_id,
+                        runtime_env=runtime_env,
+                        metadata=metadata,
+                        entrypoint_num_cpus=entrypoint_num_cpus,
+                        entrypoint_num_gpus=entrypoint_num_gpus,
+                    )
                 )
-            )
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise JobError(f"Submitting Ray job {submission_id} to {self.dashboard_url} failed: {e}") from e
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                # Ray created no job: its head's job agent has not registered yet (a head just started on a
+                # busy machine). Ray asks to try again; the same submission_id is then still free.
+                if NO_AGENT in str(e) and time.monotonic() < deadline:
+                    log.info("Ray job %s: %s; submitting again", submission_id, NO_AGENT)
+                    time.sleep(2)
+                    continue
+                raise JobError(f"Submitting Ray job {submission_id} to {self.dashboard_url} failed: {e}") from e
 
     # -- async (for triggers) ---------------------------------------------------------------------
     @asynccontextmanager
