@@ -196,6 +196,16 @@ class RunDir:
         return self.path / "model.json"
 
     @property
+    def evaluation_file(self) -> Path:
+        """The trained, base and champion models' scores on the evaluation rows (``scores.Evaluation``)."""
+        return self.path / "evaluation.json"
+
+    @property
+    def promotion_file(self) -> Path:
+        """The promotion rule's verdict on this run (``promotion.Verdict``), written by the publish task."""
+        return self.path / "promotion.json"
+
+    @property
     def checkpoints_link(self) -> Path:
         """A relative link to the run's checkpoint directory."""
         return self.path / "checkpoints"
@@ -249,6 +259,20 @@ class RunDir:
 
     def save_validation(self, record: dict[str, Any]) -> None:
         write_json_atomic(self.validation_file, record)
+
+    def evaluation(self) -> dict[str, Any] | None:
+        """The run's evaluation record, None before the evaluation wrote one."""
+        return _read_json(self.evaluation_file)
+
+    def save_evaluation(self, record: dict[str, Any]) -> None:
+        write_json_atomic(self.evaluation_file, record)
+
+    def promotion(self) -> dict[str, Any] | None:
+        """The promotion verdict of this run, None before its publish task decided."""
+        return _read_json(self.promotion_file)
+
+    def save_promotion(self, record: dict[str, Any]) -> None:
+        write_json_atomic(self.promotion_file, record)
 
     def cluster(self) -> dict[str, Any] | None:
         """The run's current cluster handle (a dict), None when none is recorded or it was torn down."""
