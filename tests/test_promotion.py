@@ -121,3 +121,18 @@ def test_bad_sections_are_refused_in_one_line(section: object, key: str) -> None
     with pytest.raises(ConfigError) as e:
         PromotionRule.from_profile(section, "p")
     assert e.value.key == key and "\n" not in str(e.value)
+
+
+def test_a_frozen_spec_keeps_its_rule_and_evaluation_settings() -> None:
+    import dataclasses
+    import json
+
+    from verl_pipeline.profiles import build_run_spec
+    from verl_pipeline.scores import EvaluationSettings
+    from verl_pipeline.spec import RunSpec
+
+    spec = dataclasses.replace(build_run_spec({"profile": "smoke"}, run_name="r"),
+                               promotion=PromotionRule(Metric.PASS_RATE, None, 0.05, WithoutChampion.HOLD),
+                               evaluation=EvaluationSettings(sample=4, max_new_tokens=8))
+    again = RunSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert (again.promotion, again.evaluation) == (spec.promotion, spec.evaluation)

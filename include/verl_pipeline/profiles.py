@@ -26,8 +26,12 @@ from verl_pipeline.auth import check_job_env
 from verl_pipeline.constants import DEFAULT_RECIPE, DEFAULT_TRAINER_COMMAND, Mode, Placement, SetBy, WorldSizeChange
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.paths import configs_dir, pipeline_home
+from verl_pipeline.promotion import SECTION as PROMOTION_SECTION
+from verl_pipeline.promotion import PromotionRule
 from verl_pipeline.restarts import SECTION as RESTARTS_SECTION
 from verl_pipeline.restarts import RestartPolicy
+from verl_pipeline.scores import SECTION as EVALUATION_SECTION
+from verl_pipeline.scores import EvaluationSettings
 from verl_pipeline.spec import SECTION as WATCH_SECTION
 from verl_pipeline.spec import (
     DataSource,
@@ -185,6 +189,8 @@ def build_run_spec(
         nccl_debug=bool(runtime.get("nccl_debug", False)) if nccl_debug is None else nccl_debug,
         watch=WatchSettings.from_profile(prof.get(WATCH_SECTION), profile_name),
         restarts=RestartPolicy.from_profile(prof.get(RESTARTS_SECTION), profile_name),
+        evaluation=EvaluationSettings.from_profile(prof.get(EVALUATION_SECTION), profile_name),
+        promotion=PromotionRule.from_profile(prof.get(PROMOTION_SECTION), profile_name),
         trackers=TrackerSettings.from_profile(prof.get(TRACKERS_SECTION), profile_name),
         on_world_size_change=_world_size_change(prof.get("on_world_size_change"), profile_name),
         export_model=_export_model(prof.get("export", True), profile_name),

@@ -12,6 +12,13 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from verl_pipeline.exceptions import ConfigError, section_of
+
+#: The run profile's section of how the models are evaluated, and its keys.
+SECTION = "evaluation"
+_KEYS = ("enabled", "sample", "max_rows", "max_new_tokens")
+#: Rows a smoke evaluation (transformers on CPUs) scores unless the profile says otherwise.
+SMOKE_SAMPLE = 16
 #: The version of the ``evaluation.json`` layout.
 EVALUATION_VERSION = 1
 #: How many example responses each model keeps.
@@ -38,6 +45,54 @@ class Engine(str, Enum):
 
     VLLM = "vllm"
     TRANSFORMERS = "transformers"
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """The run profile's ``evaluation:`` section::
+
+        evaluation:
+          enabled: true        # score the trained, base and champion models after the export
+          sample: 16           # rows a smoke evaluation (transformers, no GPU) scores
+          max_rows: null       # at most this many rows with vLLM (null: the whole split)
+          max_new_tokens: null # null: the run's data.max_response_length
+    """
+
+    enabled: bool = True
+    sample: int = SMOKE_SAMPLE
+    max_rows: int | None = None
+    max_new_tokens: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> EvaluationSettings:
+        return cls(**(data or {}))
+
+    @classmethod
+    def from_profile(cls, section: Any, profile: str) -> EvaluationSettings:
+        where = f"profiles/{profile}.{SECTION}"
+        section = section_of(section, where, _KEYS, what="evaluation setting",
+                             example="evaluation: {enabled: true, sample: 16}")
+        if section is None:
+            return cls()
+        enabled = section.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{where}.enabled", enabled, "must be true or false",
+                              "enabled: true (score the models before promotion) or false")
+        counts: dict[str, Any] = {key: _count(section[key], f"{where}.{key}", none=key != "sample")
+                                  for key in ("sample", "max_rows", "max_new_tokens") if key in section}
+        return cls(enabled=enabled, **counts)
+
+
+def _count(value: Any, key: str, *, none: bool) -> int | None:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "must be a whole number of at least 1" + (", or null" if none else ""),
+                          f"{key.rsplit('.', 1)[1]}: 16")
+    return value
 
 
 @dataclass(frozen=True)
@@ -117,4 +172,5 @@ class Evaluation:
                    rows_total=data.get("rows_total"), errors=dict(data.get("errors") or {}))
 
 
-__all__ = ["EVALUATION_VERSION", "EXAMPLES", "Engine", "Evaluation", "Example", "Metric", "ModelScore", "Role"]
+__all__ = ["EVALUATION_VERSION", "EXAMPLES", "SECTION", "SMOKE_SAMPLE", "Engine", "Evaluation", "EvaluationSettings",
+           "Example", "Metric", "ModelScore", "Role"]

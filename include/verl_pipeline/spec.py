@@ -20,8 +20,10 @@ from verl_pipeline.constants import BUILTIN_DATA, DEFAULT_TRAINER_COMMAND, Mode,
 from verl_pipeline.durations import duration_setting, format_duration
 from verl_pipeline.exceptions import ConfigError, section_of
 from verl_pipeline.paths import fsspec_filesystem, short_hash, slug
+from verl_pipeline.promotion import PromotionRule
 from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.scores import EvaluationSettings
 from verl_pipeline.trackers import TrackerSettings
 
 _HF_SOURCE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<rev>[\w.\-/]+))?$")
@@ -361,6 +363,10 @@ class RunSpec:
     watch: WatchSettings = field(default_factory=WatchSettings)
     #: What the run affords in restarts after infrastructure failures (the run profile's ``restarts:``).
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    #: How the trained, base and champion models are scored after the export (the run profile's ``evaluation:``).
+    evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
+    #: When a retraining run becomes the profile's champion (the run profile's ``promotion:``).
+    promotion: PromotionRule = field(default_factory=PromotionRule)
     #: The Airflow connection of each tracker in ``trainer.logger`` (the run profile's ``trackers:`` section).
     trackers: TrackerSettings = field(default_factory=TrackerSettings)
     #: What a retry does on a cluster of another world size (the run profile's ``on_world_size_change``).
