@@ -55,6 +55,9 @@ from verl_pipeline.trainer.shape import check_shape
 #: Params a DAG run (or the CLI) may set; None means "take the profile's value".
 PARAM_KEYS = ("profile", "model_profile", "cluster_profile", "data_source", "recipe", "model_source", "nnodes",
               "n_gpus_per_node", "total_training_steps", "mode", "placement", "verl_overrides")
+#: The retraining DAG's param that promotes a run whatever its evaluation says: it decides what the
+#: publish task does, not what the run is, so the spec does not read it.
+PROMOTE_ANYWAY_PARAM = "promote_anyway"
 DEFAULT_PROFILE = "smoke"
 E = TypeVar("E", bound=Enum)
 
@@ -207,7 +210,7 @@ def build_run_spec(
 
 def _known_params(params: dict[str, Any] | None) -> dict[str, Any]:
     """The params given a value; one this pipeline does not have is refused."""
-    params = {k: v for k, v in (params or {}).items() if v is not None}
+    params = {k: v for k, v in (params or {}).items() if v is not None and k != PROMOTE_ANYWAY_PARAM}
     unknown = sorted(set(params) - set(PARAM_KEYS))
     if unknown:
         raise ConfigError(unknown[0], params[unknown[0]], "is not a parameter of this pipeline",

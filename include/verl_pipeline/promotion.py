@@ -47,6 +47,8 @@ class VerdictKind(str, Enum):
     CHAMPION_NOT_SCORED = "champion_not_scored"
     NO_EVALUATION = "no_evaluation"
     FORCED = "forced"
+    #: The run profile turned the evaluation off: promoted without comparison.
+    UNCHECKED = "unchecked"
 
 
 @dataclass(frozen=True)

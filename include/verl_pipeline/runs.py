@@ -60,6 +60,8 @@ class RunManifest:
     job_id: str | None
     #: verl's metrics of every attempt, oldest first (version 1 named a ``metrics.jsonl`` never written).
     metrics_files: list[str] = field(default_factory=list)
+    #: The promotion rule's verdict (``promotion.Verdict``) of a trained run; None: nothing was judged.
+    promotion: dict[str, Any] | None = None
     finished_at: float = field(default_factory=time.time)
     version: int = MANIFEST_VERSION
 
@@ -110,6 +112,7 @@ def record_run(
     data: dict[str, Any] | None = None,
     models: dict[str, Any] | None = None,
     submit: dict[str, Any] | None = None,
+    promotion: dict[str, Any] | None = None,
 ) -> RunManifest:
     """Write the run's ``manifest.json`` (atomically) and its ``checkpoints`` link; return the manifest."""
     data = data or {}
@@ -133,6 +136,7 @@ def record_run(
         latest_checkpoint_step=(tracker_step(checkpoint_dir) or 0),
         job_id=attempts[-1].submission_id if attempts else submit.get("submission_id"),
         metrics_files=[str(p) for p in RunDir(run_dir).metrics_files().values()],
+        promotion=promotion,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     _relative_link(RunDir(run_dir).checkpoints_link, checkpoint_dir)

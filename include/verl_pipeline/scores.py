@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from verl_pipeline.exceptions import ConfigError, section_of
+from verl_pipeline.rundir import RunDir
 
 #: The run profile's section of how the models are evaluated, and its keys.
 SECTION = "evaluation"
@@ -172,5 +173,35 @@ class Evaluation:
                    rows_total=data.get("rows_total"), errors=dict(data.get("errors") or {}))
 
 
-__all__ = ["EVALUATION_VERSION", "EXAMPLES", "SECTION", "SMOKE_SAMPLE", "Engine", "Evaluation", "EvaluationSettings",
-           "Example", "Metric", "ModelScore", "Role"]
+#: The key of ``evaluation.json`` when the evaluation failed: the one-line reason, instead of the scores.
+FAILED_KEY = "failed"
+
+
+def read_evaluation(run_dir: RunDir) -> tuple[Evaluation | None, str | None]:
+    """The run's evaluation, or None and why there is none (not run, failed, unreadable)."""
+    record = run_dir.evaluation()
+    if record is None:
+        return None, f"no {run_dir.evaluation_file.name}: the evaluation did not run"
+    if record.get(FAILED_KEY):
+        return None, str(record[FAILED_KEY])
+    try:
+        return Evaluation.from_dict(record), None
+    except (KeyError, TypeError, ValueError) as e:
+        return None, f"{run_dir.evaluation_file} is unreadable: {type(e).__name__}: {e}"
+
+
+__all__ = [
+    "EVALUATION_VERSION",
+    "EXAMPLES",
+    "FAILED_KEY",
+    "SECTION",
+    "SMOKE_SAMPLE",
+    "Engine",
+    "Evaluation",
+    "EvaluationSettings",
+    "Example",
+    "Metric",
+    "ModelScore",
+    "Role",
+    "read_evaluation",
+]

@@ -14,7 +14,15 @@ from tests.airflow.context import FakeDag, FakeTI, provisioned
 from verl_pipeline import runs
 from verl_pipeline.airflow.retrain import PublishRunOperator, promotion_blocker
 from verl_pipeline.profiles import build_run_spec
+from verl_pipeline.promotion import VerdictKind
 from verl_pipeline.rundir import RunDir
+from verl_pipeline.scores import FAILED_KEY, Engine, Evaluation, ModelScore, Role
+
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own storage: ``latest/smoke`` starts empty."""
+    monkeypatch.setenv("VERL_PIPELINE_HOME", str(tmp_path / "home"))
 
 
 def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
@@ -64,9 +72,95 @@ def test_a_trained_run_moves_latest_only_once_its_model_was_exported() -> None:
     spec = build_run_spec({"profile": "smoke"}, run_name="verl_retrain__smoke/scheduled__pub-noexport")
     assert runs.read_manifest(spec.run_dir).status is runs.RunStatus.FAILED
     assert runs.latest_run(_storage(), "smoke") == before
-    done = op.execute(_ctx("scheduled__pub-exported", {"status": "SUCCEEDED"}, mode="train",
-                           exported={"model_dir": "/runs/x/model", "step": 2}))
+    ctx = _ctx("scheduled__pub-exported", {"status": "SUCCEEDED"}, mode="train",
+               exported={"model_dir": "/runs/x/model", "step": 2})
+    _evaluated(ctx, trained=0.5, base=0.1)
+    done = op.execute(ctx)
+    assert done["promoted"] is True
     assert runs.latest_run(_storage(), "smoke") == Path(done["run_dir"]).resolve()
+
+
+class Events(dict):  # type: ignore[type-arg]
+    """Airflow's outlet_events accessor as the publish task uses it: ``events[alias].add(asset, extra=...)``."""
+
+    added: list[tuple[Any, dict[str, Any]]]
+
+    def __missing__(self, alias: Any) -> Any:
+        self.added = getattr(self, "added", [])
+        outer = self
+
+        class Accessor:
+            def add(self, asset: Any, extra: dict[str, Any]) -> None:
+                outer.added.append((asset, extra))
+
+        return Accessor()
+
+
+def _evaluated(ctx: dict[str, Any], *, trained: float, base: float, champion: float | None = None,
+               failed: str | None = None) -> RunDir:
+    """The evaluation task's record for the run of ``ctx``, with these mean rewards (a model dir beside it)."""
+    spec = build_run_spec(dict(ctx["params"]), run_name=f"verl_retrain__smoke/{ctx['run_id']}")
+    run = RunDir(spec.run_dir)
+    run.model_dir.mkdir(parents=True, exist_ok=True)
+    if failed:
+        run.save_evaluation({FAILED_KEY: failed})
+        return run
+    models = {Role.TRAINED: trained, Role.BASE: base, **({Role.CHAMPION: champion} if champion is not None else {})}
+    run.save_evaluation(Evaluation(
+        data_path="/d/v.parquet", data_hash="h", split="val", engine=Engine.TRANSFORMERS, sampling={},
+        models={r: ModelScore(path=f"/{r.value}", mean_reward=v, pass_rate=v, mean_response_length=3.0, n=8)
+                for r, v in models.items()}).to_dict())
+    return run
+
+
+def _trained(run_id: str, **params: Any) -> dict[str, Any]:
+    ctx = _ctx(run_id, {"status": "SUCCEEDED"}, mode="train",
+               exported={"model_dir": f"/runs/{run_id}/model", "step": 2})
+    ctx["params"].update(params)
+    ctx["outlet_events"] = Events()
+    return ctx
+
+
+def test_a_run_is_promoted_only_when_it_beats_the_base_and_the_champion() -> None:
+    op = PublishRunOperator(task_id="publish_run")
+    first = _trained("scheduled__gate-1")
+    champion = _evaluated(first, trained=0.4, base=0.1)
+    assert op.execute(first)["verdict"]["kind"] == VerdictKind.WIN.value
+    assert runs.latest_run(_storage(), "smoke") == champion.path.resolve()
+    (_, extra), = first["outlet_events"].added
+    assert extra["promoted"] is True and extra["model_dir"] == "/runs/scheduled__gate-1/model"
+
+    worse = _trained("scheduled__gate-2")
+    run = _evaluated(worse, trained=0.3, base=0.1, champion=0.4)
+    out = op.execute(worse)
+    assert (out["promoted"], out["verdict"]["kind"]) == (False, VerdictKind.NO_GAIN_OVER_CHAMPION.value)
+    assert out["verdict"]["champion_run"] == str(champion.path.resolve())
+    assert runs.latest_run(_storage(), "smoke") == champion.path.resolve()
+    assert not worse["outlet_events"].__dict__.get("added")  # no model event for a run that was not promoted
+    manifest = runs.read_manifest(run.path)
+    assert manifest.status is runs.RunStatus.SUCCEEDED and manifest.promotion["promoted"] is False
+    assert run.promotion()["scores"] == {"trained": 0.3, "base": 0.1, "champion": 0.4}
+
+    better = _trained("scheduled__gate-3")
+    run = _evaluated(better, trained=0.6, base=0.1, champion=0.4)
+    assert op.execute(better)["promoted"] is True
+    assert runs.latest_run(_storage(), "smoke") == run.path.resolve()
+
+
+def test_a_failed_evaluation_holds_the_run_and_an_override_promotes_it() -> None:
+    op = PublishRunOperator(task_id="publish_run")
+    kept = runs.latest_run(_storage(), "smoke")
+    ctx = _trained("scheduled__gate-failed")
+    _evaluated(ctx, trained=0, base=0, failed="the evaluation job eval-1 failed: CUDA out of memory")
+    out = op.execute(ctx)
+    assert out["verdict"]["kind"] == VerdictKind.NO_EVALUATION.value and "out of memory" in out["verdict"]["reason"]
+    assert runs.latest_run(_storage(), "smoke") == kept
+
+    forced = _trained("scheduled__gate-forced", promote_anyway=True)
+    run = _evaluated(forced, trained=0.0, base=0.5)
+    out = op.execute(forced)
+    assert (out["promoted"], out["verdict"]["kind"], out["verdict"]["forced"]) == (True, "forced", True)
+    assert runs.latest_run(_storage(), "smoke") == run.path.resolve()
 
 
 
@@ -84,3 +178,18 @@ def test_invalid_spec_is_not_published() -> None:
            "run_id": "scheduled__pub-bad", "dag": FakeDag("verl_retrain__smoke")}  # provision refused it
     with pytest.raises(AirflowFailException, match="has no frozen spec"):
         op.execute(ctx)
+
+
+def test_without_an_evaluation_setting_or_a_model_the_rule_is_not_applied() -> None:
+    import dataclasses
+
+    from verl_pipeline.airflow.retrain import promotion_verdict
+    from verl_pipeline.scores import EvaluationSettings
+
+    spec = build_run_spec({"profile": "smoke"}, run_name="verl_retrain__smoke/scheduled__unchecked")
+    off = dataclasses.replace(spec, evaluation=EvaluationSettings(enabled=False))
+    v = promotion_verdict(off, export_skipped=None, force=False)
+    assert (v.promoted, v.kind) == (True, VerdictKind.UNCHECKED) and "enabled: false" in v.reason
+    assert promotion_verdict(spec, export_skipped="the job ran in preflight mode", force=False) is None
+    v = promotion_verdict(spec, export_skipped=None, force=False)  # nothing evaluated this run
+    assert (v.promoted, v.kind) == (False, VerdictKind.NO_EVALUATION)

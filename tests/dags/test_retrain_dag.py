@@ -66,13 +66,15 @@ def test_task_order_publish_beside_teardown(dagbag) -> None:  # type: ignore[no-
     assert "export_model" not in dag.get_task("teardown_ray_cluster").upstream_task_ids
     assert dag.get_task("teardown_ray_cluster").is_teardown
     assert str(dag.get_task("publish_run").trigger_rule) in ("all_done", "TriggerRule.ALL_DONE")
-    # The consumer must not produce its own trigger: the only outlet is the trained model's alias.
+    # The consumer must not produce its own trigger: the only outlet is the trained model's alias, on the
+    # publish task (which adds an event for a promoted run only).
     from verl_pipeline.airflow.assets import TRAINED_MODEL_ALIAS
 
     assert [(t.task_id, [o.name for o in t.outlets]) for t in dag.tasks if t.outlets] == [
-        ("export_model", [TRAINED_MODEL_ALIAS])]
+        ("publish_run", [TRAINED_MODEL_ALIAS])]
     param = dag.params.get_param("profile")
     assert param.value == "smoke" and param.schema["enum"] == ["smoke"]
+    assert dag.params.get_param("promote_anyway").value is False
 
 
 def test_cron_only_when_data_updates_are_off() -> None:

@@ -69,6 +69,11 @@ def trained_model_alias() -> Any:
     return _alias(TRAINED_MODEL_ALIAS)
 
 
+def model_event_extra(exported: dict[str, Any]) -> dict[str, Any]:
+    """What a trained-model Asset event carries of the export's manifest (``model.json``)."""
+    return {k: exported.get(k) for k in ("model_dir", "step", "run_key", "final_reward", "data_hash")}
+
+
 def trained_model_asset(profile: str) -> Any:
     """The :class:`airflow.sdk.Asset` a serving DAG is scheduled on: a new model of ``profile`` (HF safetensors)."""
     return _asset("verl_trained_model", trained_model_uri(profile), profile)

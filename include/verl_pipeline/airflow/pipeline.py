@@ -14,12 +14,14 @@ from datetime import timedelta
 from typing import Any
 
 
-def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) -> None:
+def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = (), export_publishes: bool = True) -> None:
     """Create the pipeline's tasks in the DAG being defined (call inside ``with DAG(...)``).
 
     ``emit_asset``: the preprocess task updates the run profile's preprocessed-data Asset (off for a
     DAG scheduled on that Asset: it must not trigger itself). ``after_wait``: tasks run between the
     wait, in order, beside the teardown (they read the run's files, not the cluster).
+    ``export_publishes``: the export task publishes the trained-model Asset (off where a publish task in
+    ``after_wait`` does, for promoted runs only).
     """
     from airflow.sdk import TriggerRule, chain
 
@@ -40,7 +42,7 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = ()) ->
 
     chain(provision, preprocess, plan_models, prefetch, submit, wait, teardown)
     # The trained model is exported (and published) before the after_wait tasks, e.g. publish_run.
-    chain(wait, op.ExportModelOperator(task_id=op.EXPORT_TASK), *after_wait)
+    chain(wait, op.ExportModelOperator(task_id=op.EXPORT_TASK, publishes=export_publishes), *after_wait)
     # The run report, for failed runs too. A teardown (of the run's setup) in Airflow's eyes only so
     # that it never decides the DAG run's state: a report written for a failed run is no success.
     report = op.ReportRunOperator(task_id=op.REPORT_TASK)

@@ -18,9 +18,13 @@ rule, which the profile chooses (:func:`first_run_rule` states it in words, and 
   that old; otherwise the first run is the next tick.
 
 The DAG is the ``verl_ppo`` pipeline pinned to that profile plus ``publish_run``, after
-``export_model``: when the job succeeded and its trained model was exported and verified, it
-records the run's manifest and moves ``latest/<profile>`` to it (see :mod:`verl_pipeline.runs`); a
-failed run, or one whose export failed, records a ``failed`` manifest and leaves ``latest`` alone.
+``export_model`` and ``evaluate_model``: when the job succeeded and its trained model was exported and
+verified, it records the run's manifest; it moves ``latest/<profile>`` to the run and publishes the
+model as the profile's trained-model Asset (``promoted: true``) only when the profile's promotion rule
+(:mod:`verl_pipeline.promotion`) says the trained model beat the base and the champion on the
+evaluation (``evaluation.json``). A run that does not is kept, recorded as not promoted with the
+numbers (``promotion.json``). A failed run, or one whose export failed, records a ``failed`` manifest
+and leaves ``latest`` alone.
 Runs of one profile never overlap (``max_active_runs=1``) and missed intervals are not caught up.
 """
 
@@ -40,7 +44,7 @@ from verl_pipeline.airflow.task_ids import EXPORT_TASK, PREFETCH_TASK, PREPROCES
 from verl_pipeline.durations import format_duration, parse_duration
 from verl_pipeline.exceptions import ConfigError, PipelineError
 from verl_pipeline.paths import slug
-from verl_pipeline.profiles import list_profiles, load_yaml_profile
+from verl_pipeline.profiles import PROMOTE_ANYWAY_PARAM, list_profiles, load_yaml_profile
 
 PUBLISH_TASK = "publish_run"
 DAG_ID_PREFIX = "verl_retrain__"
@@ -155,15 +159,41 @@ def promotion_blocker(waited: Any, exported: Any, export_skipped: str | None) ->
     return None
 
 
+def promotion_verdict(spec: Any, *, export_skipped: str | None, force: bool) -> Any:
+    """The promotion rule's verdict on a run whose job succeeded (:func:`verl_pipeline.promotion.decide`
+    with the run's ``evaluation.json`` and the profile's champion); None when there is no model to judge
+    (``export_skipped``: a preflight run, ``export: false``) — ``latest`` then moves as for any good run."""
+    from verl_pipeline import runs
+    from verl_pipeline.promotion import Verdict, VerdictKind, decide
+    from verl_pipeline.rundir import RunDir
+    from verl_pipeline.scores import read_evaluation
+
+    if export_skipped is not None:
+        return None
+    champion = runs.latest_run(spec.storage_root, spec.profile)
+    champion_run = str(champion) if champion is not None and RunDir(champion).model_dir.is_dir() else None
+    if not spec.evaluation.enabled:
+        return Verdict(True, VerdictKind.UNCHECKED, "the run profile says evaluation: {enabled: false}",
+                       spec.promotion.metric.value, {}, spec.promotion.to_dict(), force, champion_run)
+    evaluation, error = read_evaluation(RunDir(spec.run_dir))
+    return decide(spec.promotion, evaluation, champion_run=champion_run, evaluation_error=error, force=force)
+
+
 class PublishRunOperator(BaseOperator):
-    """Record the run's manifest; move ``latest/<profile>`` to it when :func:`promotion_blocker` allows.
-    Runs whatever happened."""
+    """Record the run's manifest; move ``latest/<profile>`` to it when :func:`promotion_blocker` allows
+    and the promotion rule (:func:`promotion_verdict`) promotes it, and then publish its model as the
+    profile's trained-model Asset (``promoted: true``). Runs whatever happened."""
 
     ui_color = "#d5f5e3"
 
+    def __init__(self, **kwargs: Any) -> None:
+        from verl_pipeline.airflow.assets import trained_model_alias
+
+        kwargs.setdefault("outlets", [trained_model_alias()])
+        super().__init__(**kwargs)
+
     def execute(self, context: Any) -> dict[str, Any]:
         from verl_pipeline import runs
-        from verl_pipeline.models.prefetch import models_by_role
 
         ti = context["ti"]
         try:
@@ -171,25 +201,63 @@ class PublishRunOperator(BaseOperator):
         except PipelineError as e:
             # Nothing ran (provision refused the run's params/profiles): no run directory to record.
             raise AirflowFailException(f"run not published, it has no frozen spec (its provision failed): {e}") from e
-        blocker = promotion_blocker(ti.xcom_pull(task_ids=WAIT_TASK), ti.xcom_pull(task_ids=EXPORT_TASK),
-                                    run_skip_reason(spec, ti.xcom_pull(task_ids=SUBMIT_TASK)))
-        ok = blocker is None
-        manifest = runs.record_run(
+        skipped = run_skip_reason(spec, ti.xcom_pull(task_ids=SUBMIT_TASK))
+        exported = ti.xcom_pull(task_ids=EXPORT_TASK)
+        blocker = promotion_blocker(ti.xcom_pull(task_ids=WAIT_TASK), exported, skipped)
+        verdict = None
+        if blocker is None:
+            force = bool((context.get("params") or {}).get(PROMOTE_ANYWAY_PARAM))
+            verdict = promotion_verdict(spec, export_skipped=skipped, force=force)
+        manifest = self._record(context, spec, ok=blocker is None, verdict=verdict)
+        if blocker is not None:
+            kept = runs.latest_run(spec.storage_root, spec.profile)
+            raise AirflowFailException(f"run {spec.run_key} is not published ({blocker}): latest/{spec.profile} "
+                                       f"stays at {kept}")
+        out = {"run_dir": str(spec.run_dir), "manifest": manifest.to_dict(),
+               "latest": str(runs.latest_link(spec.storage_root, spec.profile)),
+               "promoted": verdict is None or verdict.promoted,
+               "verdict": verdict.to_dict() if verdict is not None else None}
+        if verdict is not None and not verdict.promoted:
+            kept = runs.latest_run(spec.storage_root, spec.profile)
+            self.log.warning("Run %s %s; latest/%s stays at %s", spec.run_key, verdict.line(), spec.profile, kept)
+            return {**out, "previous": str(kept) if kept else None}
+        previous = runs.promote(spec.storage_root, spec.profile, spec.run_dir)
+        self.log.info("Run %s %s; latest/%s -> %s (previous good run kept: %s)", spec.run_key,
+                      verdict.line() if verdict else "published (no model to evaluate)", spec.profile,
+                      spec.run_dir, previous)
+        if isinstance(exported, dict) and exported.get("model_dir"):
+            self._publish_model(context, spec.profile, exported, verdict)
+        return {**out, "previous": str(previous) if previous else None}
+
+    @staticmethod
+    def _record(context: Any, spec: Any, *, ok: bool, verdict: Any) -> Any:
+        from verl_pipeline import runs
+        from verl_pipeline.models.prefetch import models_by_role
+        from verl_pipeline.rundir import RunDir
+
+        ti = context["ti"]
+        if verdict is not None:
+            RunDir(spec.run_dir).save_promotion(verdict.to_dict())
+        return runs.record_run(
             run_dir=spec.run_dir, run_key=spec.run_key, run_name=spec.run_name, profile=spec.profile,
             status=runs.RunStatus.SUCCEEDED if ok else runs.RunStatus.FAILED,
             checkpoint_dir=spec.checkpoint_dir,
             data=ti.xcom_pull(task_ids=PREPROCESS_TASK), models=models_by_role(ti.xcom_pull(task_ids=PREFETCH_TASK)),
             submit=ti.xcom_pull(task_ids=SUBMIT_TASK),
+            promotion=verdict.to_dict() if verdict is not None else None,
         )
-        if not ok:
-            kept = runs.latest_run(spec.storage_root, spec.profile)
-            raise AirflowFailException(f"run {spec.run_key} is not published ({blocker}): latest/{spec.profile} "
-                                       f"stays at {kept}")
-        previous = runs.promote(spec.storage_root, spec.profile, spec.run_dir)
-        self.log.info("latest/%s -> %s (previous good run kept: %s)", spec.profile, spec.run_dir, previous)
-        return {"run_dir": str(spec.run_dir), "manifest": manifest.to_dict(),
-                "latest": str(runs.latest_link(spec.storage_root, spec.profile)),
-                "previous": str(previous) if previous else None}
+
+    @staticmethod
+    def _publish_model(context: Any, profile: str, exported: dict[str, Any], verdict: Any) -> None:
+        """The trained-model Asset event of a promoted run (a serving DAG scheduled on it deploys champions)."""
+        events = context.get("outlet_events")
+        if events is None:
+            return
+        from verl_pipeline.airflow.assets import model_event_extra, trained_model_alias, trained_model_asset
+
+        extra = {**model_event_extra(exported), "promoted": True,
+                 "promotion": verdict.line() if verdict is not None else None}
+        events[trained_model_alias()].add(trained_model_asset(profile), extra=extra)
 
 
 def build_retrain_dag(sched: RetrainSchedule) -> Any:
@@ -207,12 +275,16 @@ def build_retrain_dag(sched: RetrainSchedule) -> Any:
     params = build_params()
     params["profile"] = Param(sched.profile, type="string", enum=[sched.profile],
                               description="This retraining DAG's profile (fixed).")
+    params[PROMOTE_ANYWAY_PARAM] = Param(False, type="boolean",
+                                         description="Promote this run whatever its evaluation says (recorded as a "
+                                                     "manual override in promotion.json and the report).")
     doc = (f"### Scheduled retraining of `{sched.profile}`\n\nRuns on `{sched.cron}` (UTC)"
            + (f" and whenever the asset `{preprocessed_data_asset(sched.profile).uri}` is updated" if
               sched.on_data_update else "")
            + f".\n\nWhen this DAG is unpaused, {first_run_rule(sched)}"
            + ". Each run writes its own versioned run directory; `latest/" + sched.profile
-           + "` moves to a run only when it succeeded.")
+           + "` moves to a run only when it succeeded and its trained model beat the base and the champion "
+             "(the profile's `promotion:` rule).")
     with DAG(
         dag_id=sched.dag_id,
         description=f"Scheduled verl retraining of profile {sched.profile}",
@@ -229,5 +301,5 @@ def build_retrain_dag(sched: RetrainSchedule) -> Any:
         # No outlet on preprocess: this DAG consumes the preprocessed-data Asset, it must not re-trigger itself.
         publish = PublishRunOperator(task_id=PUBLISH_TASK, trigger_rule=TriggerRule.ALL_DONE, retries=1,
                                      retry_delay=timedelta(seconds=5))
-        wire_pipeline(emit_asset=False, after_wait=[publish])
+        wire_pipeline(emit_asset=False, after_wait=[publish], export_publishes=False)
     return dag

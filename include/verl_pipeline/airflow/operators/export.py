@@ -57,10 +57,14 @@ class ExportModelOperator(PipelineOperator):
 
     ui_color = "#fdebd0"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, publishes: bool = True, **kwargs: Any) -> None:
         from verl_pipeline.airflow.assets import trained_model_alias
 
-        kwargs.setdefault("outlets", [trained_model_alias()])
+        #: Whether this task publishes the model (``verl_ppo``, ``promoted: false``); a retraining DAG's
+        #: publish task does instead, only for a promoted run.
+        self.publishes = publishes
+        if publishes:
+            kwargs.setdefault("outlets", [trained_model_alias()])
         super().__init__(**kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -93,14 +97,12 @@ class ExportModelOperator(PipelineOperator):
             raise task_error(PipelineError(f"the model of job {job_id} could not be exported: {e}")) from e
         except PipelineError as e:
             raise task_error(e) from e
-        events = context.get("outlet_events")
+        events = context.get("outlet_events") if self.publishes else None
         if events is not None:
-            from verl_pipeline.airflow.assets import trained_model_alias, trained_model_asset
+            from verl_pipeline.airflow.assets import model_event_extra, trained_model_alias, trained_model_asset
 
-            events[trained_model_alias()].add(
-                trained_model_asset(spec.profile),
-                extra={"model_dir": manifest.model_dir, "step": manifest.step, "run_key": manifest.run_key,
-                       "final_reward": manifest.final_reward, "data_hash": manifest.data_hash})
+            events[trained_model_alias()].add(trained_model_asset(spec.profile),
+                                              extra={**model_event_extra(manifest.to_dict()), "promoted": False})
         self.log.info("Job %s: model of step %d exported to %s and published as %s", job_id, manifest.step,
                       manifest.model_dir, f"verl-pipeline://models/{spec.profile}")
         return manifest.to_dict()
