@@ -279,3 +279,37 @@ def test_an_idle_gpus_remedy_is_read_against_the_jobs_own_settings(tmp_path: Pat
     assert "This job already has actor_rollout_ref.actor.use_dynamic_bsz=true, " \
            "actor_rollout_ref.model.use_remove_padding=true" in flag["remedy"]
     assert "larger micro batches" not in flag["remedy"] and "a larger actor_rollout_ref.actor.ppo_max" in flag["remedy"]
+
+
+def test_the_evaluation_and_the_promotion_verdict_are_in_the_report(tmp_path: Path) -> None:
+    from verl_pipeline.promotion import PromotionRule, decide
+    from verl_pipeline.scores import Engine, Evaluation, Example, ModelScore, Role
+
+    run_dir = _run_dir(tmp_path, "r-eval")
+    _log(run_dir, 1, range(1, 4), resume_from=0)
+    ev = Evaluation(data_path="/d/val.parquet", data_hash="0123456789abcdef", split="val", engine=Engine.TRANSFORMERS,
+                    sampling={"temperature": 0.0, "max_new_tokens": 8}, rows_total=10,
+                    models={Role.TRAINED: ModelScore("/r/model", 0.625, 0.5, 7.0, 8,
+                                                     (Example("Repeat the digit 3", "333 <b>", "3", 1.0),)),
+                            Role.BASE: ModelScore("/m/base", 0.125, 0.0, 8.0, 8)},
+                    errors={"champion": "its model directory is gone"})
+    RunDir(run_dir).save_evaluation(ev.to_dict())
+    verdict = decide(PromotionRule(), ev, champion_run=None)
+    RunDir(run_dir).save_promotion(verdict.to_dict())
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    data = json.loads(files.json.read_text())
+    assert data["evaluation"]["models"]["trained"]["mean_reward"] == 0.625 and data["evaluation"]["smoke"] is True
+    assert data["promotion"]["promoted"] is True and data["promotion"]["kind"] == "win"
+    html = files.html.read_text()
+    section = html[html.index("<h2>Evaluation</h2>"):]
+    assert verdict.line() in section and "a smoke evaluation" in section and "8 of 10 rows" in section
+    assert "0.625" in section and "50%" in section and "not scored: its model directory is gone" in section
+    assert "333 &lt;b&gt;" in section  # responses are escaped
+
+
+def test_a_run_without_an_evaluation_has_no_evaluation_section(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "r-noeval")
+    _log(run_dir, 1, range(1, 3), resume_from=0)
+    files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
+    assert "<h2>Evaluation</h2>" not in files.html.read_text()
+    assert json.loads(files.json.read_text())["evaluation"] is None

@@ -16,11 +16,13 @@ from typing import Any
 
 from verl_pipeline.jobs.actor_starts import ActorStart
 from verl_pipeline.jobs.startup import PhaseTime, StartupPhases
+from verl_pipeline.promotion import Verdict
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.critic import CriticSummary
 from verl_pipeline.report.critic import summarise as summarise_critic
 from verl_pipeline.report.learning import LearningVerdict, judge
 from verl_pipeline.report.restarts import RestartSummary
+from verl_pipeline.scores import Evaluation
 from verl_pipeline.trainer import metrics as m
 from verl_pipeline.trainer.startup_markers import Phase
 
@@ -192,6 +194,10 @@ class Report:
     plots: dict[str, str] = field(default_factory=dict)
     #: The restart budget and the restart decisions (the run's ``restarts.jsonl``); None: not known.
     restarts: RestartSummary | None = None
+    #: The trained, base and champion models' scores on the evaluation rows (``evaluation.json``).
+    evaluation: Evaluation | None = None
+    #: Why the run was or was not promoted (``promotion.json``); None: no promotion was decided.
+    promotion: Verdict | None = None
 
     @property
     def steps_redone(self) -> int:
@@ -216,6 +222,8 @@ class Report:
         if self.learning is not None:
             out["learning"]["reasons"] = [r.value for r in self.learning.reasons]
         out["restarts"] = self.restarts.to_dict() if self.restarts else None
+        out["evaluation"] = self.evaluation.to_dict() if self.evaluation else None
+        out["promotion"] = self.promotion.to_dict() if self.promotion else None
         for row, g in zip(out["gpus"], self.gpus, strict=True):
             row.update(label=g.label, peak_memory_pct=g.peak_memory_pct)
         # Flat facts first, so a later run (the scaling check) or a UI reads them without nesting.
@@ -360,7 +368,8 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
                  generated_at: float, ended_at: float | None = None, preflight: dict[str, Any] | None = None,
                  earlier: list[scaling.ScalingPoint] | None = None,
                  gpu_series: list[gpu.GpuSeries] | None = None, restarts: RestartSummary | None = None,
-                 settings: Mapping[str, Any] | None = None) -> Report:
+                 settings: Mapping[str, Any] | None = None, evaluation: Evaluation | None = None,
+                 promotion: Verdict | None = None) -> Report:
     """The report of one run (pure: every input is passed in).
 
     ``rows``: every attempt's metric rows (unmerged); ``ended_at``: when the run's last file was
@@ -368,7 +377,8 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     successful runs for the scaling check; ``gpu_series``: the run's GPU readings, per physical GPU
     (:func:`~verl_pipeline.report.gpu.collect`; none: no GPUs were read, as on a CPU cluster);
     ``restarts``: its restart budget and decisions; ``settings``: the job's verl settings (its
-    ``job.json``), for the remedies that depend on them.
+    ``job.json``), for the remedies that depend on them; ``evaluation`` and ``promotion``: the models'
+    scores after the export and the promotion rule's verdict, when the run has them.
     """
     attempts = with_steps(attempts, rows)
     merged = merge_rows(rows)
@@ -377,7 +387,7 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     checks = preflight_checks(preflight) if preflight else []
     report = Report(run=facts, status=status, steps_done=steps[-1].step if steps else 0, attempts=attempts,
                     generated_at=generated_at, checks=checks, notes=_notes(facts, status, steps, attempts, checks),
-                    restarts=restarts)
+                    restarts=restarts, evaluation=evaluation, promotion=promotion)
     report.score = series(steps, m.SCORE)
     report.validation = {k: s for k in sorted({k for r in merged for k in r.metrics if k.startswith(m.VAL_CORE_PREFIX)})
                          if (s := series(merged, k)) is not None}

@@ -19,6 +19,7 @@ from typing import Any
 from verl_pipeline.jobs import actor_starts
 from verl_pipeline.jobs.actor_starts import ActorStart
 from verl_pipeline.paths import atomic_path, write_json_atomic
+from verl_pipeline.promotion import Verdict
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.build import (
     AttemptInfo,
@@ -32,6 +33,7 @@ from verl_pipeline.report.build import (
 )
 from verl_pipeline.report.restarts import RestartSummary, summarise
 from verl_pipeline.rundir import RunDir, actor_starts_file
+from verl_pipeline.scores import read_evaluation
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,16 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
+def _verdict(run_dir: Path) -> Verdict | None:
+    record = RunDir(run_dir).promotion()
+    try:
+        return Verdict.from_dict(record) if record else None
+    except (KeyError, TypeError, ValueError) as e:
+        log.warning("Run %s: %s is unreadable (%s); the report shows no promotion", run_dir.name,
+                    RunDir(run_dir).promotion_file, e)
+        return None
+
+
 def _restarts(run_dir: Path, spec: dict[str, Any]) -> RestartSummary:
     """The run's restart decisions and its budget (the frozen spec's, else the defaults)."""
     from verl_pipeline.restarts import RestartPolicy
@@ -155,7 +167,8 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
                           ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
                           earlier=earlier, gpu_series=gpu_series, restarts=_restarts(run_dir, spec),
-                          settings=job.get("settings") or None)
+                          settings=job.get("settings") or None, evaluation=read_evaluation(RunDir(run_dir))[0],
+                          promotion=_verdict(run_dir))
     out = report_dir(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plots:
