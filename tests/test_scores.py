@@ -24,8 +24,8 @@ def test_an_evaluation_round_trips_and_says_when_it_is_a_smoke_run() -> None:
 
 def test_the_evaluation_section() -> None:
     assert EvaluationSettings.from_profile(None, "p") == EvaluationSettings()
-    s = EvaluationSettings.from_profile({"enabled": False, "sample": 4, "max_rows": None, "max_new_tokens": 32}, "p")
-    assert s == EvaluationSettings(enabled=False, sample=4, max_rows=None, max_new_tokens=32)
+    s = EvaluationSettings.from_profile({"enabled": False, "sample": 4, "max_new_tokens": 32}, "p")
+    assert s == EvaluationSettings(enabled=False, sample=4, max_new_tokens=32)
     assert EvaluationSettings.from_dict(s.to_dict()) == s
 
 
@@ -33,7 +33,7 @@ def test_the_evaluation_section() -> None:
     ({"enabled": "yes"}, "profiles/p.evaluation.enabled"),
     ({"sample": 0}, "profiles/p.evaluation.sample"),
     ({"sample": None}, "profiles/p.evaluation.sample"),
-    ({"max_rows": 2.5}, "profiles/p.evaluation.max_rows"),
+    ({"max_new_tokens": 2.5}, "profiles/p.evaluation.max_new_tokens"),
     ({"max_new_tokens": True}, "profiles/p.evaluation.max_new_tokens"),
     ({"rows": 3}, "profiles/p.evaluation.rows"),
 ])

@@ -17,7 +17,7 @@ from verl_pipeline.rundir import RunDir
 
 #: The run profile's section of how the models are evaluated, and its keys.
 SECTION = "evaluation"
-_KEYS = ("enabled", "sample", "max_rows", "max_new_tokens")
+_KEYS = ("enabled", "sample", "max_new_tokens")
 #: Rows a smoke evaluation (transformers on CPUs) scores unless the profile says otherwise.
 SMOKE_SAMPLE = 16
 #: The version of the ``evaluation.json`` layout.
@@ -54,14 +54,12 @@ class EvaluationSettings:
 
         evaluation:
           enabled: true        # score the trained, base and champion models after the export
-          sample: 16           # rows a smoke evaluation (transformers, no GPU) scores
-          max_rows: null       # at most this many rows with vLLM (null: the whole split)
+          sample: 16           # rows a smoke evaluation (transformers, no GPU) scores; vLLM scores all
           max_new_tokens: null # null: the run's data.max_response_length
     """
 
     enabled: bool = True
     sample: int = SMOKE_SAMPLE
-    max_rows: int | None = None
     max_new_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,7 +81,7 @@ class EvaluationSettings:
             raise ConfigError(f"{where}.enabled", enabled, "must be true or false",
                               "enabled: true (score the models before promotion) or false")
         counts: dict[str, Any] = {key: _count(section[key], f"{where}.{key}", none=key != "sample")
-                                  for key in ("sample", "max_rows", "max_new_tokens") if key in section}
+                                  for key in ("sample", "max_new_tokens") if key in section}
         return cls(enabled=enabled, **counts)
 
 

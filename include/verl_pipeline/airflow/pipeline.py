@@ -1,10 +1,11 @@
 """The pipeline's tasks, wired once for every DAG that runs it (``verl_ppo`` and the retraining DAGs).
 
 provision → preprocess → plan models → prefetch (one mapped task per model) → submit → wait
-→ teardown, and after the wait, beside the teardown, the tasks that need only the run's files (the
-run report; publish). Teardown is the setup's Airflow teardown task and runs whatever happened (``ALL_DONE``):
-a provision that failed after starting Ray processes still gets them cleaned up, and no task that
-works on files keeps a GPU cluster up.
+→ export → evaluate → teardown: the evaluation is a job on the run's cluster, so the teardown waits
+for it; the export and the evaluation are skipped when the run trained nothing. After the evaluation,
+beside the teardown, the tasks that need only the run's files (publish; then the run report).
+Teardown is the setup's Airflow teardown task and runs whatever happened (``ALL_DONE``): a provision
+that failed after starting Ray processes still gets them cleaned up.
 """
 
 from __future__ import annotations
@@ -41,11 +42,17 @@ def wire_pipeline(*, emit_asset: bool = True, after_wait: Sequence[Any] = (), ex
                                       retry_delay=timedelta(seconds=5))
 
     chain(provision, preprocess, plan_models, prefetch, submit, wait, teardown)
-    # The trained model is exported (and published) before the after_wait tasks, e.g. publish_run.
-    chain(wait, op.ExportModelOperator(task_id=op.EXPORT_TASK, publishes=export_publishes), *after_wait)
-    # The run report, for failed runs too. A teardown (of the run's setup) in Airflow's eyes only so
-    # that it never decides the DAG run's state: a report written for a failed run is no success.
+    # The trained model is exported and evaluated before the after_wait tasks, e.g. publish_run; the
+    # evaluation runs on the cluster, so the teardown comes after it (whatever it did: ALL_DONE).
+    export = op.ExportModelOperator(task_id=op.EXPORT_TASK, publishes=export_publishes)
+    evaluate = op.EvaluateModelOperator(task_id=op.EVALUATE_TASK)
+    chain(wait, export, evaluate, *after_wait)
+    evaluate >> teardown
+    # The run report, for failed runs too, with the evaluation and the promotion verdict when there are.
+    # A teardown (of the run's setup) in Airflow's eyes only so that it never decides the DAG run's
+    # state: a report written for a failed run is no success.
     report = op.ReportRunOperator(task_id=op.REPORT_TASK)
+    (after_wait[-1] if after_wait else evaluate) >> report
     wait >> report
     report.as_teardown(setups=provision)
     report.trigger_rule = TriggerRule.ALL_DONE

@@ -16,6 +16,7 @@ SUBMIT_TASK = "submit_verl_job"
 WAIT_TASK = "wait_for_verl_job"
 TEARDOWN_TASK = "teardown_ray_cluster"
 EXPORT_TASK = "export_model"
+EVALUATE_TASK = "evaluate_model"
 REPORT_TASK = "report_run"
 
 #: The provision task's XCom naming the run directory (the frozen spec, the cluster record …).

@@ -13,6 +13,7 @@ module              step
 ``submit``          render, probe every node, submit the verl job (or reattach)
 ``wait``            defer to the trigger; act on the one decision of :mod:`verl_pipeline.jobs.outcome`
 ``export``          merge the trained model (verl's merger), verify it, publish ``models/<profile>``
+``evaluate``        score the trained, base and champion models on the run's cluster
 ``report``          the run report (report.json, plots, report.html), for failed runs too
 ``teardown``        stop the job, release the cluster — always; ``cleanup_failed_run`` for runs
                     that ended without their teardown task
@@ -22,6 +23,7 @@ module              step
 from __future__ import annotations
 
 from verl_pipeline.airflow.operators.base import HF_CONN_ID, PipelineOperator, run_name, spec_from_context
+from verl_pipeline.airflow.operators.evaluate import EvaluateModelOperator
 from verl_pipeline.airflow.operators.export import ExportModelOperator
 from verl_pipeline.airflow.operators.models import PlanModelsOperator, PrefetchModelOperator
 from verl_pipeline.airflow.operators.preprocess import PreprocessDataOperator
@@ -31,6 +33,7 @@ from verl_pipeline.airflow.operators.submit import SubmitVerlJobOperator
 from verl_pipeline.airflow.operators.teardown import TeardownRayClusterOperator, cleanup_failed_run
 from verl_pipeline.airflow.operators.wait import WaitForVerlJobOperator
 from verl_pipeline.airflow.task_ids import (
+    EVALUATE_TASK,
     EXPORT_TASK,
     PLAN_MODELS_TASK,
     PREFETCH_TASK,
@@ -43,6 +46,7 @@ from verl_pipeline.airflow.task_ids import (
 )
 
 __all__ = [
+    "EVALUATE_TASK",
     "EXPORT_TASK",
     "HF_CONN_ID",
     "PLAN_MODELS_TASK",
@@ -53,6 +57,7 @@ __all__ = [
     "SUBMIT_TASK",
     "TEARDOWN_TASK",
     "WAIT_TASK",
+    "EvaluateModelOperator",
     "ExportModelOperator",
     "PipelineOperator",
     "PlanModelsOperator",
