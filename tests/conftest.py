@@ -43,8 +43,9 @@ GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 #: The xdist groups: each runs its tests one after another in one worker, while ``make test`` runs
 #: the groups and the other tests side by side. The tests of the session's Airflow stack; those
 #: of the throwaway Slurm; and the other integration tests (fault clusters, DAG runs) with the
-#: ``serial`` ones (a machine-wide resource such as the Ray client's server ports).
-STACK_GROUP, SLURM_GROUP, SERIAL_GROUP = "stack", "slurm", "serial"
+#: ``serial`` ones (a machine-wide resource such as the Ray client's server ports); the other tests
+#: of the real MLflow server (one server for them all).
+STACK_GROUP, SLURM_GROUP, SERIAL_GROUP, MLFLOW_GROUP = "stack", "slurm", "serial", "mlflow"
 
 
 def xdist_group(item: pytest.Item) -> str | None:
@@ -53,6 +54,8 @@ def xdist_group(item: pytest.Item) -> str | None:
         return STACK_GROUP
     if item.get_closest_marker("integration") or item.get_closest_marker("serial"):
         return SLURM_GROUP if "slurm" in item.path.name else SERIAL_GROUP
+    if "mlflow_server" in getattr(item, "fixturenames", ()):
+        return MLFLOW_GROUP
     return None
 
 
