@@ -256,6 +256,22 @@ def tracker_env(backends: list[str], settings: TrackerSettings, lookup: Callable
     return env
 
 
+def registry_env(settings: TrackerSettings, lookup: Callable[[str], Any | None]) -> TrackerEnv | None:
+    """The MLflow server of the run profile's model registry (``settings.registry``) from the MLflow connection
+    ``lookup`` returns; None when the profile names no registry. A missing connection is a ConfigError naming it."""
+    if settings.registry is None:
+        return None
+    conn_id = settings.conn_id(Tracker.MLFLOW)
+    conn = lookup(conn_id)
+    if conn is None:
+        where = f"{SECTION}.{Tracker.MLFLOW.value}"
+        raise ConfigError(f"{where}.conn_id", conn_id, f"no such Airflow connection, and the run profile registers "
+                          f"its model as {settings.registry.model_name!r} on MLflow ({where}.{REGISTRY_KEY})",
+                          f"create the connection {conn_id!r}, name another one in {where}.conn_id, or remove "
+                          f"{where}.{REGISTRY_KEY}")
+    return connection_env(Tracker.MLFLOW, conn, conn_id)
+
+
 def exposure_problem(env: TrackerEnv, auth_mode: str, *, dashboard_url: str) -> ConfigError | None:
     """Refuse tracker credentials for a cluster whose Jobs API anyone can use (auth disabled): it runs
     whatever it is sent as the cluster's user, who can read the job's credentials file."""
