@@ -43,8 +43,9 @@ GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 #: The xdist groups: each runs its tests one after another in one worker, while ``make test`` runs
 #: the groups and the other tests side by side. The tests of the session's Airflow stack; those
 #: of the throwaway Slurm; and the other integration tests (fault clusters, DAG runs) with the
-#: ``serial`` ones (a machine-wide resource such as the Ray client's server ports).
-STACK_GROUP, SLURM_GROUP, SERIAL_GROUP = "stack", "slurm", "serial"
+#: ``serial`` ones (a machine-wide resource such as the Ray client's server ports); the other tests
+#: of the real MLflow server (one server for them all).
+STACK_GROUP, SLURM_GROUP, SERIAL_GROUP, MLFLOW_GROUP = "stack", "slurm", "serial", "mlflow"
 
 
 def xdist_group(item: pytest.Item) -> str | None:
@@ -53,6 +54,8 @@ def xdist_group(item: pytest.Item) -> str | None:
         return STACK_GROUP
     if item.get_closest_marker("integration") or item.get_closest_marker("serial"):
         return SLURM_GROUP if "slurm" in item.path.name else SERIAL_GROUP
+    if "mlflow_server" in getattr(item, "fixturenames", ()):
+        return MLFLOW_GROUP
     return None
 
 
@@ -169,3 +172,77 @@ def write_pooled_cluster(configs: Path, pool: str, name: str = "shared") -> str:
     prof["cluster"]["pool"] = pool
     (configs / "clusters" / f"{name}.yaml").write_text(yaml.safe_dump(prof))
     return name
+
+
+#: A cold ``mlflow server`` on a busy 2-core machine: ~30 s measured to healthy, more under load.
+MLFLOW_START_S = 180.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``mlflow server`` on a free loopback port, SQLite store, tmp artifact root; stopped by its process group.
+    One per test session (per xdist worker): each test names its own experiments and models.
+
+    gunicorn serves MLflow's Flask app (the default uvicorn app imports MLflow's whole FastAPI stack:
+    68 s against 32 s to healthy here), with one worker and no job runner (MLflow's own background jobs).
+    """
+    import time
+
+    import requests
+
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    log_file = open(root / "server.log", "wb")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "artifacts"),
+         "--workers", "1", "--gunicorn-opts", f"--timeout 60 --control-socket {root / 'gunicorn.ctl'}"],
+        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + MLFLOW_START_S
+        while True:
+            assert proc.poll() is None, f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}"
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, f"mlflow server not healthy after {MLFLOW_START_S}s"
+            time.sleep(0.25)
+        yield url
+    finally:
+        _stop_group(proc)
+        log_file.close()
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's own process group (its session: the CLI, gunicorn's master and worker), then SIGKILL."""
+    import signal
+    import time
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)

@@ -32,6 +32,8 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from verl_pipeline.exceptions import ConfigError
+from verl_pipeline.registry import KEY as REGISTRY_KEY
+from verl_pipeline.registry import RegistrySettings
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +113,17 @@ def chosen_trackers(backends: list[str]) -> list[Tracker]:
     return [Tracker(b) for b in backends if b in Tracker._value2member_map_]
 
 
+#: What each tracker's entry in the run profile's ``trackers:`` section takes.
+_ENTRY_KEYS = {Tracker.WANDB: ("conn_id",), Tracker.MLFLOW: ("conn_id", REGISTRY_KEY)}
+
+
 @dataclass(frozen=True)
 class TrackerSettings:
-    """The run profile's ``trackers:`` section: which Airflow connection holds each tracker's credentials."""
+    """The run profile's ``trackers:`` section: which Airflow connection holds each tracker's credentials, and
+    the model registry on the MLflow server (its ``mlflow`` entry's ``registry``; None: no model is registered)."""
 
     conn_ids: dict[str, str] = field(default_factory=dict)
+    registry: RegistrySettings | None = None
 
     def conn_id(self, tracker: Tracker) -> str:
         return self.conn_ids.get(tracker.value, tracker.default_conn_id)
@@ -128,29 +136,51 @@ class TrackerSettings:
         if not isinstance(section, Mapping):
             raise ConfigError(where, section, "must be a mapping of tracker to settings",
                               "trackers: {mlflow: {conn_id: mlflow_default}}")
-        conn_ids = {}
+        conn_ids, registry = {}, None
         for name, entry in section.items():
-            if name not in Tracker._value2member_map_:
-                raise ConfigError(f"{where}.{name}", entry, "no connection settings for this tracker",
-                                  f"one of {[t.value for t in Tracker]}")
-            if not isinstance(entry, Mapping) or set(entry) - {"conn_id"}:
-                raise ConfigError(f"{where}.{name}", entry, "takes only conn_id",
-                                  f"{name}: {{conn_id: {Tracker(name).default_conn_id}}}")
-            conn_id = entry.get("conn_id")
-            if not isinstance(conn_id, str) or not conn_id:
-                raise ConfigError(f"{where}.{name}.conn_id", conn_id, "must be an Airflow connection id",
-                                  f"conn_id: {Tracker(name).default_conn_id}")
-            conn_ids[name] = conn_id
-        return cls(conn_ids)
+            conn_id = _entry_conn_id(name, entry, where)
+            if conn_id is not None:
+                conn_ids[name] = conn_id
+            if name == Tracker.MLFLOW.value:
+                registry = RegistrySettings.from_profile(
+                    entry.get(REGISTRY_KEY), where=f"{where}.{name}.{REGISTRY_KEY}", profile=profile)
+        return cls(conn_ids, registry)
 
     def to_dict(self) -> dict[str, Any]:
-        """As the run profile's section spells it: ``{tracker: {conn_id: ...}}``."""
-        return {name: {"conn_id": conn_id} for name, conn_id in self.conn_ids.items()}
+        """As the run profile's section spells it: ``{tracker: {conn_id: ..., registry: {...}}}``."""
+        out: dict[str, dict[str, Any]] = {name: {"conn_id": conn_id} for name, conn_id in self.conn_ids.items()}
+        if self.registry is not None:
+            out.setdefault(Tracker.MLFLOW.value, {})[REGISTRY_KEY] = self.registry.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrackerSettings:
         """What :meth:`to_dict` wrote."""
-        return cls({name: entry["conn_id"] for name, entry in data.items()})
+        registry = (data.get(Tracker.MLFLOW.value) or {}).get(REGISTRY_KEY)
+        return cls({name: entry["conn_id"] for name, entry in data.items() if "conn_id" in entry},
+                   None if registry is None else RegistrySettings.from_dict(registry))
+
+
+def _entry_conn_id(name: Any, entry: Any, where: str) -> str | None:
+    """The connection id a tracker's entry of the ``trackers:`` section names (None: the default's)."""
+    if name not in Tracker._value2member_map_:
+        raise ConfigError(f"{where}.{name}", entry, "no connection settings for this tracker",
+                          f"one of {[t.value for t in Tracker]}")
+    tracker = Tracker(name)
+    keys = _ENTRY_KEYS[tracker]
+    if not isinstance(entry, Mapping) or set(entry) - set(keys):
+        raise ConfigError(f"{where}.{name}", entry, f"takes only {' and '.join(keys)}",
+                          f"{name}: {{conn_id: {tracker.default_conn_id}}}")
+    if not entry:
+        raise ConfigError(f"{where}.{name}", entry, f"sets nothing: it takes {' and '.join(keys)}",
+                          f"{name}: {{conn_id: {tracker.default_conn_id}}}, or leave {name} out")
+    if "conn_id" not in entry:
+        return None
+    conn_id = entry["conn_id"]
+    if not isinstance(conn_id, str) or not conn_id:
+        raise ConfigError(f"{where}.{name}.conn_id", conn_id, "must be an Airflow connection id",
+                          f"conn_id: {tracker.default_conn_id}")
+    return conn_id
 
 
 @dataclass(frozen=True)
@@ -224,6 +254,22 @@ def tracker_env(backends: list[str], settings: TrackerSettings, lookup: Callable
                               f"{SECTION}.{tracker.value}.conn_id, or leave {tracker.value} out of {LOGGER_KEY}")
         env = env.merged(connection_env(tracker, conn, conn_id))
     return env
+
+
+def registry_env(settings: TrackerSettings, lookup: Callable[[str], Any | None]) -> TrackerEnv | None:
+    """The MLflow server of the run profile's model registry (``settings.registry``) from the MLflow connection
+    ``lookup`` returns; None when the profile names no registry. A missing connection is a ConfigError naming it."""
+    if settings.registry is None:
+        return None
+    conn_id = settings.conn_id(Tracker.MLFLOW)
+    conn = lookup(conn_id)
+    if conn is None:
+        where = f"{SECTION}.{Tracker.MLFLOW.value}"
+        raise ConfigError(f"{where}.conn_id", conn_id, f"no such Airflow connection, and the run profile registers "
+                          f"its model as {settings.registry.model_name!r} on MLflow ({where}.{REGISTRY_KEY})",
+                          f"create the connection {conn_id!r}, name another one in {where}.conn_id, or remove "
+                          f"{where}.{REGISTRY_KEY}")
+    return connection_env(Tracker.MLFLOW, conn, conn_id)
 
 
 def exposure_problem(env: TrackerEnv, auth_mode: str, *, dashboard_url: str) -> ConfigError | None:

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import shutil
-import signal
-import socket
 import stat
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,69 +34,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 FAKE_TRAINER = REPO / "tests" / "fakes" / "fake_verl_trainer.py"
 STEPS = 3
-SERVER_START_S = 180.0  # a cold `mlflow server` on a busy 2-core machine: ~30 s measured, more under load
 JOB_S = 180.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """``mlflow server`` on a free loopback port, SQLite store, tmp artifact root; stopped by its process group.
-
-    gunicorn serves MLflow's Flask app (the default uvicorn app imports MLflow's whole FastAPI stack:
-    68 s against 32 s to healthy here), with one worker and no job runner (MLflow's own background jobs).
-    """
-    root = tmp_path / "mlflow"
-    root.mkdir()
-    port = _free_port()
-    log_file = open(root / "server.log", "wb")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "artifacts"),
-         "--workers", "1", "--gunicorn-opts", f"--timeout 60 --control-socket {root / 'gunicorn.ctl'}"],
-        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            assert proc.poll() is None, f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}"
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, f"mlflow server not healthy after {SERVER_START_S}s"
-            time.sleep(0.25)
-        yield url
-    finally:
-        _stop_group(proc)
-        log_file.close()
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the server's own process group (its session: the CLI, gunicorn's master and worker), then SIGKILL."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _configs(tmp_path: Path, home: Path) -> Path:

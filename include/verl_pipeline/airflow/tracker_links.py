@@ -1,9 +1,10 @@
 """The run's trackers inside Airflow: credentials from connections, and a button to the tracker's run.
 
-:func:`check_tracker_connections` runs in the provision task, so a missing connection fails the run
-before any cluster starts. :func:`job_trackers` is what a submit passes to the job
-(``submit_or_reattach(secret_env=trackers.env.values)``) and the run's tracker pages, which
-:func:`persist_tracker_links` stores for the task's :class:`MlflowRunLink` button.
+:func:`check_tracker_connections` runs in the provision task, so a missing connection (of a tracker, or of
+the profile's model registry) fails the run before any cluster starts. :func:`job_trackers` is what a submit
+passes to the job (``submit_or_reattach(secret_env=trackers.env.values)``) and the run's tracker pages, which
+:func:`persist_tracker_links` stores for the task's :class:`MlflowRunLink` button. :func:`run_registry_env`
+is the registry's server and login for :func:`verl_pipeline.registry.register`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from verl_pipeline.trackers import (
     exposure_problem,
     logger_backends,
     mlflow_run,
+    registry_env,
     tracker_env,
 )
 
@@ -69,11 +71,27 @@ def run_tracker_env(spec: RunSpec) -> TrackerEnv:
     return env
 
 
+def run_registry_env(spec: RunSpec) -> TrackerEnv | None:
+    """The MLflow server and login of the run profile's model registry (``MLFLOW_TRACKING_URI``,
+    ``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``), each secret registered with Airflow's masker;
+    None when the profile names no registry, ConfigError for a missing connection or field."""
+    from airflow.sdk.log import mask_secret
+
+    env = registry_env(spec.trackers, find_connection)
+    if env is not None:
+        for name in env.secret:
+            mask_secret(env.values[name])  # redacted should any library ever print it
+    return env
+
+
 def check_tracker_connections(spec: RunSpec) -> None:
-    """Fail before any cluster starts when a tracker of the run has no usable connection."""
+    """Fail before any cluster starts when a tracker of the run, or its model registry, has no usable connection."""
     env = run_tracker_env(spec)
     if env.values:
         log.info("Trackers of run %s: %s", spec.run_name, env.shown())
+    registry, registry_server = spec.trackers.registry, run_registry_env(spec)
+    if registry is not None and registry_server is not None:
+        log.info("Model registry of run %s: %s on %s", spec.run_name, registry.model_name, registry_server.shown())
 
 
 @dataclass(frozen=True)
@@ -115,4 +133,4 @@ def persist_tracker_links(context: Any, links: dict[str, str]) -> None:
 
 
 __all__ = ["JobTrackers", "MlflowRunLink", "check_tracker_connections", "find_connection", "job_trackers",
-           "persist_tracker_links", "run_tracker_env"]
+           "persist_tracker_links", "run_registry_env", "run_tracker_env"]
