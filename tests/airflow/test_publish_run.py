@@ -26,7 +26,7 @@ def _own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
-         exported: dict[str, Any] | None = None) -> dict[str, Any]:
+         exported: dict[str, Any] | None = None, **params: Any) -> dict[str, Any]:
     xcoms = {
         "preprocess_data": {"key": f"data-{run_id}", "train_path": "/d/t.parquet", "val_path": "/d/v.parquet"},
         "prefetch_model": {"actor": {"source": "builtin:tiny-qwen2", "revision": None, "path": "/m/tiny"}},
@@ -34,7 +34,7 @@ def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
         "wait_for_verl_job": waited,
         "export_model": exported,
     }
-    ctx = {"ti": FakeTI(xcoms), "params": {"profile": "smoke"}, "run_id": run_id, "dag": FakeDag("verl_retrain__smoke")}
+    ctx = {"ti": FakeTI(xcoms), "params": {"profile": "smoke", **params}, "run_id": run_id, "dag": FakeDag("verl_retrain__smoke")}
     provisioned(ctx)
     return ctx
 
@@ -115,8 +115,7 @@ def _evaluated(ctx: dict[str, Any], *, trained: float, base: float, champion: fl
 
 def _trained(run_id: str, **params: Any) -> dict[str, Any]:
     ctx = _ctx(run_id, {"status": "SUCCEEDED"}, mode="train",
-               exported={"model_dir": f"/runs/{run_id}/model", "step": 2})
-    ctx["params"].update(params)
+               exported={"model_dir": f"/runs/{run_id}/model", "step": 2}, **params)
     ctx["outlet_events"] = Events()
     return ctx
 
@@ -193,3 +192,34 @@ def test_without_an_evaluation_setting_or_a_model_the_rule_is_not_applied() -> N
     assert promotion_verdict(spec, export_skipped="the job ran in preflight mode", force=False) is None
     v = promotion_verdict(spec, export_skipped=None, force=False)  # nothing evaluated this run
     assert (v.promoted, v.kind) == (False, VerdictKind.NO_EVALUATION)
+
+
+def test_the_registry_gets_every_evaluated_model_and_champion_only_for_a_promoted_one(
+        mlflow_server: str, own_configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    port = int(mlflow_server.rsplit(":", 1)[1])
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_MLFLOW", json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": port}))
+    prof = yaml.safe_load((own_configs / "profiles" / "smoke.yaml").read_text())
+    prof["trackers"] = {"mlflow": {"conn_id": "team_mlflow", "registry": {"model_name": "publish-gate-model"}}}
+    (own_configs / "profiles" / "gate.yaml").write_text(yaml.safe_dump(prof))
+    op = PublishRunOperator(task_id="publish_run")
+
+    def trained(run_id: str, **scores: float) -> dict[str, Any]:
+        ctx = _trained(run_id, profile="gate")
+        run = _evaluated(ctx, **scores)
+        (run.model_dir / "config.json").write_text("{}")
+        ctx["ti"].xcoms["export_model"]["model_dir"] = str(run.model_dir)
+        return ctx
+
+    first = op.execute(trained("scheduled__reg-1", trained=0.5, base=0.1))
+    assert first["registry"] == {"name": "publish-gate-model", "version": 1, "aliases": ["challenger", "champion"]}
+    worse = op.execute(trained("scheduled__reg-2", trained=0.3, base=0.1, champion=0.5))
+    assert worse["promoted"] is False and worse["registry"]["version"] == 2
+    client = MlflowClient(mlflow_server)
+    assert client.get_model_version_by_alias("publish-gate-model", "champion").version == "1"
+    assert client.get_model_version_by_alias("publish-gate-model", "challenger").version == "2"
+    assert client.get_model_version("publish-gate-model", "2").tags["trained_mean_reward"] == "0.3"

@@ -220,14 +220,16 @@ class PublishRunOperator(BaseOperator):
         if verdict is not None and not verdict.promoted:
             kept = runs.latest_run(spec.storage_root, spec.profile)
             self.log.warning("Run %s %s; latest/%s stays at %s", spec.run_key, verdict.line(), spec.profile, kept)
-            return {**out, "previous": str(kept) if kept else None}
+            return {**out, "previous": str(kept) if kept else None,
+                    "registry": self._registry(spec, exported, promoted=False)}
         previous = runs.promote(spec.storage_root, spec.profile, spec.run_dir)
         self.log.info("Run %s %s; latest/%s -> %s (previous good run kept: %s)", spec.run_key,
                       verdict.line() if verdict else "published (no model to evaluate)", spec.profile,
                       spec.run_dir, previous)
         if isinstance(exported, dict) and exported.get("model_dir"):
             self._publish_model(context, spec.profile, exported, verdict)
-        return {**out, "previous": str(previous) if previous else None}
+        return {**out, "previous": str(previous) if previous else None,
+                "registry": self._registry(spec, exported, promoted=True)}
 
     @staticmethod
     def _record(context: Any, spec: Any, *, ok: bool, verdict: Any) -> Any:
@@ -246,6 +248,38 @@ class PublishRunOperator(BaseOperator):
             submit=ti.xcom_pull(task_ids=SUBMIT_TASK),
             promotion=verdict.to_dict() if verdict is not None else None,
         )
+
+    def _registry(self, spec: Any, exported: Any, *, promoted: bool) -> dict[str, Any] | None:
+        """With a model registry in the profile (``trackers.mlflow.registry``): the exported model as a new
+        version (alias ``challenger``), and ``champion`` moved to it when the run was promoted."""
+        from verl_pipeline.airflow.tracker_links import run_registry_env
+
+        env = run_registry_env(spec)
+        has_model = isinstance(exported, dict) and bool(exported.get("model_dir"))
+        if env is None or spec.trackers.registry is None or not has_model:
+            return None
+        from pathlib import Path
+
+        from verl_pipeline import registry
+        from verl_pipeline.rundir import RunDir
+        from verl_pipeline.scores import read_evaluation
+        from verl_pipeline.trainer.render import tracker_names
+
+        uri = env.values["MLFLOW_TRACKING_URI"]
+        login = {"username": env.values.get("MLFLOW_TRACKING_USERNAME"),
+                 "password": env.values.get("MLFLOW_TRACKING_PASSWORD")}
+        try:
+            mv = registry.register(uri, name=spec.trackers.registry.model_name, model_dir=Path(exported["model_dir"]),
+                                   run_key=spec.run_key, experiment=tracker_names(spec)[0],
+                                   evaluation=read_evaluation(RunDir(spec.run_dir))[0],
+                                   data_hash=exported.get("data_hash"), links={"run_dir": str(spec.run_dir)}, **login)
+            if promoted:
+                mv = registry.promote(uri, name=mv.name, version=mv.version, **login)
+        except PipelineError as e:
+            raise AirflowFailException(f"run {spec.run_key}: {e}") from e
+        self.log.info("Run %s: registered as %s version %d (aliases %s)", spec.run_key, mv.name, mv.version,
+                      list(mv.aliases))
+        return {"name": mv.name, "version": mv.version, "aliases": list(mv.aliases)}
 
     @staticmethod
     def _publish_model(context: Any, profile: str, exported: dict[str, Any], verdict: Any) -> None:
