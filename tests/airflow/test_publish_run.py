@@ -34,7 +34,8 @@ def _ctx(run_id: str, waited: dict[str, Any] | None, mode: str = "preflight",
         "wait_for_verl_job": waited,
         "export_model": exported,
     }
-    ctx = {"ti": FakeTI(xcoms), "params": {"profile": "smoke", **params}, "run_id": run_id, "dag": FakeDag("verl_retrain__smoke")}
+    ctx = {"ti": FakeTI(xcoms), "params": {"profile": "smoke", **params}, "run_id": run_id,
+           "dag": FakeDag("verl_retrain__smoke")}
     provisioned(ctx)
     return ctx
 
