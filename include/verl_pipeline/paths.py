@@ -58,6 +58,15 @@ def short_hash(*parts: object, length: int = 10) -> str:
     return h.hexdigest()[:length]
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (hex), read in 8 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 @contextmanager
 def atomic_path(dest: Path) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on success it is renamed over ``dest``.

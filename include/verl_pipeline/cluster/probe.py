@@ -297,12 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def parse_report(logs: str) -> dict[str, Any] | None:
+def parse_report(logs: str, marker: str = PROBE_REPORT_MARKER) -> dict[str, Any] | None:
+    """The JSON object printed after the last ``marker`` in a job's log (the probe's by default; the
+    evaluation job prints its record the same way); None when there is none or it is cut short."""
     for line in reversed(logs.splitlines()):
-        idx = line.find(PROBE_REPORT_MARKER)
+        idx = line.find(marker)
         if idx >= 0:
             try:
-                data: dict[str, Any] = json.loads(line[idx + len(PROBE_REPORT_MARKER):])
+                data: dict[str, Any] = json.loads(line[idx + len(marker):])
                 return data
             except json.JSONDecodeError:
                 return None

@@ -18,7 +18,6 @@ fetched again).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -29,6 +28,7 @@ from typing import Any
 from verl_pipeline.exceptions import ModelError
 from verl_pipeline.models.cache import ProgressLog, check_free_space, disk_full_error, ensure_writable, model_lock
 from verl_pipeline.models.manifest import FileEntry, Manifest, check_against_disk, manifest_path, read_manifest
+from verl_pipeline.paths import file_sha256
 from verl_pipeline.spec import ModelSource
 from verl_pipeline.trainer.verify import verify_model_dir
 
@@ -217,14 +217,6 @@ def _size(entry: Any) -> int:
     return int(lfs.size if lfs is not None else entry.size)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch_hub(source: ModelSource, cache_root: Path, *, token: str | None = None,
               verify_hashes: bool = True) -> tuple[Path, Manifest, bool]:
     """Fetch ``source`` into the cache (or find it there). Returns (model dir, manifest, was cached)."""
@@ -317,7 +309,7 @@ def _download(source: ModelSource, commit: str, dest: Path, *, token: str | None
             raise ModelError(f"{path}: {size} bytes after download, the hub lists {sizes[p]}")
         entry = tree[p]
         sha = entry.lfs.sha256 if entry.lfs else None
-        if verify_hashes and sha and _sha256(path) != sha:
+        if verify_hashes and sha and file_sha256(path) != sha:
             path.unlink()
             raise ModelError(f"{path}: sha256 differs from the hub's {sha} (corrupted transfer); removed it, "
                              "rerun to fetch it again")
