@@ -203,11 +203,12 @@ def cluster_has_gpus(client: RayJobsClient) -> bool:
 
 def evaluate_run(client: RayJobsClient, run_dir: Path, *, id_prefix: str, against: Path | None = None,
                  sample: int = DEFAULT_SAMPLE, max_new_tokens: int | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> EvaluationOutcome:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, val_path: str | None = None,
+                 base_model: str | None = None) -> EvaluationOutcome:
     """Evaluate the run in ``run_dir`` on ``client``'s cluster (:func:`plan_for_run`, then :func:`evaluate`)
     and write the record to its ``evaluation.json``."""
     plan = plan_for_run(run_dir, against=against, sample=sample, max_new_tokens=max_new_tokens,
-                        use_gpus=cluster_has_gpus(client))
+                        use_gpus=cluster_has_gpus(client), val_path=val_path, base_model=base_model)
     for note in plan.notes:
         log.info("Evaluation of %s: %s", run_dir, note)
     evaluation = evaluate(client, plan.request, runtime_env=plan.runtime_env, id_prefix=id_prefix, timeout_s=timeout_s)

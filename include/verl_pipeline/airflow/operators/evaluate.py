@@ -54,7 +54,7 @@ class EvaluateModelOperator(PipelineOperator):
         for role, score in ev.models.items():
             self.log.info("Run %s: %s model %s mean reward %.4g, pass rate %.2f, %d rows%s", spec.run_key, role.value,
                           score.path, score.mean_reward, score.pass_rate, score.n, " (smoke)" if ev.smoke else "")
-        for role, error in ev.errors.items():
-            self.log.warning("Run %s: the %s model was not scored: %s", spec.run_key, role, error)
+        for label, error in ev.errors.items():
+            self.log.warning("Run %s: the %s model was not scored: %s", spec.run_key, label, error)
         return {"evaluation_file": str(outcome.path), "smoke": ev.smoke, "notes": list(outcome.notes),
                 "scores": {r.value: s.mean_reward for r, s in ev.models.items()}, "errors": dict(ev.errors)}
