@@ -43,10 +43,15 @@ def test_verl_ppo_shape(dagbag) -> None:  # type: ignore[no-untyped-def]
     order = ["provision_ray_cluster", "preprocess_data", "plan_models", "prefetch_model", "submit_verl_job",
              "wait_for_verl_job", "teardown_ray_cluster"]
     # The run report runs after the wait, beside the teardown (tests/dags/test_report_task.py).
-    assert [t.task_id for t in dag.topological_sort() if t.task_id not in ("report_run", "export_model")] == order
-    # The trained model's export runs after the wait, beside the teardown (it reads files only).
+    assert [t.task_id for t in dag.topological_sort()
+            if t.task_id not in ("report_run", "export_model", "evaluate_model")] == order
+    # The trained model's export runs after the wait (it reads files only); its evaluation is a job on the
+    # run's cluster, so the teardown waits for it.
     assert dag.get_task("export_model").upstream_task_ids == {"wait_for_verl_job"}
-    assert "export_model" not in dag.get_task("teardown_ray_cluster").upstream_task_ids
+    assert dag.get_task("evaluate_model").upstream_task_ids == {"export_model"}
+    assert dag.get_task("teardown_ray_cluster").upstream_task_ids == {"provision_ray_cluster", "wait_for_verl_job",
+                                                                      "evaluate_model"}
+    assert "evaluate_model" in dag.get_task("report_run").upstream_task_ids
     for up, down in itertools.pairwise(order):
         assert down in dag.get_task(up).downstream_task_ids
     teardown = dag.get_task("teardown_ray_cluster")

@@ -59,9 +59,12 @@ def test_task_order_publish_beside_teardown(dagbag) -> None:  # type: ignore[no-
     for up, down in itertools.pairwise(ORDER):
         assert down in dag.get_task(up).downstream_task_ids
     # Publishing reads the run's files: it never holds the cluster up, and teardown never waits for it.
-    # publish_run moves latest only after the trained model was exported: wait -> export_model -> publish_run.
+    # publish_run decides only after the trained model was exported and evaluated:
+    # wait -> export_model -> evaluate_model -> publish_run -> report_run.
     assert "export_model" in dag.get_task("wait_for_verl_job").downstream_task_ids
-    assert "publish_run" in dag.get_task("export_model").downstream_task_ids
+    assert "evaluate_model" in dag.get_task("export_model").downstream_task_ids
+    assert "publish_run" in dag.get_task("evaluate_model").downstream_task_ids
+    assert "report_run" in dag.get_task("publish_run").downstream_task_ids
     assert "publish_run" not in dag.get_task("teardown_ray_cluster").upstream_task_ids
     assert "export_model" not in dag.get_task("teardown_ray_cluster").upstream_task_ids
     assert dag.get_task("teardown_ray_cluster").is_teardown

@@ -54,6 +54,7 @@ def test_dag_runs_end_to_end_in_preflight(airflow_db: Path, tiny_model_path: Pat
     assert str(dr.state) == "success", states
     # A preflight run trains nothing: there is no model to export (the task says so and is skipped).
     assert states.pop("export_model") == "skipped"
+    assert states.pop("evaluate_model") == "skipped"  # nor one to evaluate
     assert set(states.values()) == {"success"}
     # A run that went well says nothing alarming: no error for an extra link's XCom never stored, no failed
     # log read of a job Ray had not placed yet (the state API's 500). Only these two: a busy machine may
