@@ -11,11 +11,13 @@ Examples::
     eval "$(verl-pipeline cluster env)"          # then Ray's own CLI: ray job list / logs <id> / status <id>
     verl-pipeline cluster down
     verl-pipeline report .work/home/runs/<run>   # (re)build a run's report.json, plots, report.html
+    verl-pipeline evaluate .work/home/runs/<run> # score its trained, base and champion models: evaluation.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -23,11 +25,13 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verl_pipeline.constants import DEFAULT_RECIPE, BackendKind, Mode, Placement
+from verl_pipeline.evaluation.request import DEFAULT_SAMPLE
+from verl_pipeline.evaluation.run import DEFAULT_TIMEOUT_S
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.profiles import Asked, build_run_spec
 from verl_pipeline.rundir import RunDir
@@ -35,6 +39,7 @@ from verl_pipeline.spec import RunSpec
 
 if TYPE_CHECKING:
     from verl_pipeline.cluster.base import ClusterHandle
+    from verl_pipeline.scores import Evaluation
 
 CLI_DAG_ID = "cli"
 CLI_TASK_ID = "submit"
@@ -585,6 +590,70 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _evaluation_cluster(spec: RunSpec) -> Iterator[ClusterHandle]:
+    """The run's cluster when one is recorded (as ``submit`` finds it); else a local Ray head started for
+    the evaluation (the run's own cluster profile when it is a local one, else the local backend's
+    defaults) and stopped after it, by its processes' ids."""
+    from verl_pipeline import steps
+    from verl_pipeline.cluster.local import LocalBackend
+
+    handle = steps.find_handle(spec)
+    if handle is not None:
+        yield handle
+        return
+    local = BackendKind.LOCAL.value
+    backend = LocalBackend.from_spec(spec.cluster if spec.cluster.get("backend") == local else {"backend": local})
+    started = backend.provision(f"{spec.cluster_name}-evaluate")
+    try:
+        yield started
+    finally:
+        backend.teardown(started)
+
+
+def evaluation_lines(evaluation: Evaluation, notes: tuple[str, ...] = ()) -> list[str]:
+    """The evaluation as ``evaluate`` prints it: the rows, then one line per model (role, mean reward, pass
+    rate, mean response length in tokens, rows scored), the models not scored, the notes."""
+    from verl_pipeline.scores import Role
+
+    if evaluation.smoke:
+        scope = (f"a smoke evaluation: {evaluation.engine.value} on the first "
+                 f"{evaluation.sampling.get('sample')} of {evaluation.rows_total} rows")
+    else:
+        scope = f"{evaluation.engine.value}, every row"
+    lines = [f"rows: {evaluation.data_path} (sha256 {evaluation.data_hash[:12]}…), {scope}, greedy, "
+             f"{evaluation.sampling.get('max_new_tokens')} new tokens at most",
+             f"{'role':<9} {'mean reward':>11} {'pass rate':>9} {'length':>7} {'n':>5}"]
+    for role in Role:
+        score = evaluation.score(role)
+        if score is not None:
+            lines.append(f"{role.value:<9} {score.mean_reward:>11.3f} {score.pass_rate:>9.1%} "
+                         f"{score.mean_response_length:>7.1f} {score.n:>5}")
+        elif role.value in evaluation.errors:
+            lines.append(f"{role.value:<9} not scored: {evaluation.errors[role.value]}")
+    return lines + [f"note: {n}" for n in notes]
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Score the run's exported model, its base model and a champion on its validation rows with its reward
+    function, on the run's cluster (else a local Ray head started for it); write ``evaluation.json``."""
+    from verl_pipeline.evaluation.run import evaluate_run
+    from verl_pipeline.paths import slug
+
+    run = RunDir(Path(args.run_dir))
+    if not run.has_spec():
+        raise PipelineError(f"{args.run_dir} is not a run directory (no run_spec.json): pass <storage>/runs/<run_key>")
+    spec = RunSpec.load(run)
+    with _evaluation_cluster(spec) as handle:
+        outcome = evaluate_run(handle.client(), run.path, id_prefix=f"cli-{slug(spec.run_key, 40)}",
+                               against=Path(args.against) if args.against else None, sample=args.sample,
+                               max_new_tokens=args.max_new_tokens, timeout_s=args.timeout)
+    lines = [*evaluation_lines(outcome.evaluation, outcome.notes), f"written: {outcome.path}"]
+    _out(args, {"evaluation": outcome.evaluation.to_dict(), "file": str(outcome.path), "notes": list(outcome.notes)},
+         "\n".join(lines))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -660,6 +729,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib import)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("evaluate", help="score a run's trained, base and champion models on its validation rows "
+                                        "(evaluation.json)",
+                       description="Generate greedy responses of the run's exported model, its base model and the "
+                                   "profile's champion (or --against RUN_DIR) to the run's validation rows and score "
+                                   "them with the run's reward function, as a Ray job on the run's cluster (none "
+                                   "recorded: a local Ray head started for it). On GPUs with vLLM every row; else "
+                                   "transformers on the first --sample rows, a smoke evaluation.")
+    p.add_argument("run_dir", help="the run directory, <storage>/runs/<run_key>")
+    p.add_argument("--against", default=None, metavar="RUN_DIR",
+                   help="another run directory whose exported model is the champion (default: the profile's "
+                        "latest run, when it was evaluated on the same rows)")
+    p.add_argument("--sample", type=int, default=DEFAULT_SAMPLE,
+                   help=f"rows a transformers (CPU) evaluation scores, the first ones (default {DEFAULT_SAMPLE})")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="new tokens per response at most (default: the run's data.max_response_length)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"seconds the evaluation job has to finish (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_evaluate)
     return parser
 
 
