@@ -1,5 +1,5 @@
 """The request for a run's evaluation, built from the run's own files: its rows, its base model, its reward
-function as its job reads it, and the champion rules (none, a champion scored on other rows, on the same rows)."""
+function as its job reads it, and the champion rules (none; the latest published run, scored again on these rows)."""
 
 from __future__ import annotations
 
@@ -53,29 +53,19 @@ def test_no_published_run_means_no_champion(run: RunSpec) -> None:
     assert any(n.startswith("no champion: ") and str(latest_link(run.storage_root, PROFILE)) in n for n in plan.notes)
 
 
-def test_a_champion_evaluated_on_other_rows_is_not_compared(run: RunSpec, tiny_model_path: Path) -> None:
-    other = hashlib.sha256(b"other rows").hexdigest()
-    champion = published_run(run.storage_root, tiny_model_path, run_key="champion-other-rows", data_hash=other)
-    plan = plan_for_run(run.run_dir)
-    assert Role.CHAMPION not in plan.request.models
-    assert any(str(champion) in n and "evaluated on other rows" in n and other[:12] in n
-               for n in plan.notes), plan.notes
-
-
-def test_a_champion_evaluated_on_the_same_rows_is_scored_with_its_run_dir(run: RunSpec, tiny_model_path: Path) -> None:
-    same = hashlib.sha256(Path(_val_path(run)).read_bytes()).hexdigest()
-    champion = published_run(run.storage_root, tiny_model_path, run_key="champion-same-rows", data_hash=same)
+@pytest.mark.parametrize("its_rows", ["other", "same", None])
+def test_the_champion_is_scored_again_on_these_rows_whatever_its_own_evaluation_was(
+        run: RunSpec, tiny_model_path: Path, its_rows: str | None) -> None:
+    # A retraining run on new data is compared with the model in service on that data.
+    hashes = {"other": hashlib.sha256(b"other rows").hexdigest(),
+              "same": hashlib.sha256(Path(_val_path(run)).read_bytes()).hexdigest(), None: None}
+    champion = published_run(run.storage_root, tiny_model_path, run_key=f"champion-{its_rows}-rows",
+                             data_hash=hashes[its_rows])
     plan = plan_for_run(run.run_dir)
     assert plan.request.models[Role.CHAMPION] == str(RunDir(champion).model_dir)
     assert plan.request.run_dirs == {Role.CHAMPION: str(champion)}
-    assert any(n.startswith(f"champion: {champion}") for n in plan.notes)
+    assert any(n.startswith(f"champion: {champion}") and "scored on these rows" in n for n in plan.notes)
 
-
-def test_a_champion_without_an_evaluation_is_not_known_to_share_the_rows(run: RunSpec, tiny_model_path: Path) -> None:
-    champion = published_run(run.storage_root, tiny_model_path, run_key="champion-unevaluated", data_hash=None)
-    plan = plan_for_run(run.run_dir)
-    assert Role.CHAMPION not in plan.request.models
-    assert any(str(RunDir(champion).evaluation_file) in n for n in plan.notes)
 
 
 def test_the_run_itself_published_is_not_its_own_champion(run: RunSpec) -> None:

@@ -1,10 +1,10 @@
 """The profile's champion: the model a new run is compared with, beside its base model.
 
 The champion is the model of the run ``<storage>/runs/latest/<profile>`` points to
-(:func:`verl_pipeline.runs.latest_run`), when that run is not the one evaluated, has an exported model
-(:func:`verl_pipeline.models.export.read_export`) and was itself evaluated on the same rows: its
-``evaluation.json`` has the data hash of the rows scored now. A champion evaluated on other rows was
-trained and judged on other data; its scores here would compare two tasks. Every case without a
+(:func:`verl_pipeline.runs.latest_run`), when that run is not the one evaluated and has an exported model
+(:func:`verl_pipeline.models.export.read_export`). It is always scored again, in the same job and on the
+same rows as the new model: a retraining run on new data is compared with the model in service on that
+data, never with the champion's old scores on the rows it was trained for. Every case without a
 champion says why (:attr:`Champion.note`).
 """
 
@@ -31,8 +31,9 @@ def _none(note: str) -> Champion:
     return Champion(None, None, note)
 
 
-def find_champion(storage_root: Path, profile: str, *, this_run: Path, data_hash: str | None) -> Champion:
-    """The champion of ``profile`` for a run evaluated on rows of ``data_hash`` (None: not known here)."""
+def find_champion(storage_root: Path, profile: str, *, this_run: Path) -> Champion:
+    """The champion of ``profile`` for a run being evaluated (none, and why, when there is no other
+    published run with an exported model)."""
     link = latest_link(storage_root, profile)
     latest = latest_run(storage_root, profile)
     if latest is None:
@@ -42,17 +43,7 @@ def find_champion(storage_root: Path, profile: str, *, this_run: Path, data_hash
     export = read_export(latest)
     if export is None:
         return _none(f"no champion: the latest run {latest} has no exported model ({RunDir(latest).model_dir})")
-    if data_hash is None:
-        return _none(f"no champion: the hash of the rows is not known here, so {latest}'s evaluation cannot be "
-                     "matched to them")
-    recorded = (RunDir(latest).evaluation() or {}).get("data_hash")
-    if recorded is None:
-        return _none(f"no champion: the latest run {latest} has no evaluation ({RunDir(latest).evaluation_file}), "
-                     "so it is not known to have been scored on these rows")
-    if recorded != data_hash:
-        return _none(f"no champion: the latest run {latest} was evaluated on other rows (data hash "
-                     f"{recorded[:12]}…, these are {data_hash[:12]}…)")
-    return Champion(latest, export.model_dir, f"champion: {latest} ({link}), evaluated on the same rows")
+    return Champion(latest, export.model_dir, f"champion: {latest} ({link}), scored on these rows")
 
 
 __all__ = ["Champion", "find_champion"]

@@ -31,7 +31,6 @@ from verl_pipeline.evaluation.request import DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAM
 from verl_pipeline.exceptions import ConfigError, JobError
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.models.export import read_export
-from verl_pipeline.paths import file_sha256
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.scores import Evaluation, Role
 from verl_pipeline.spec import RunSpec
@@ -100,14 +99,7 @@ def reward_of(settings: Mapping[str, Any]) -> reward.RewardFunction | None:
                                  dict(kwargs.value) if kwargs and isinstance(kwargs.value, Mapping) else {})
 
 
-def _data_hash(path: str) -> str | None:
-    try:
-        return file_sha256(Path(path))
-    except OSError:
-        return None
-
-
-def _champion(run: RunDir, against: Path | None, val_path: str) -> Champion:
+def _champion(run: RunDir, against: Path | None) -> Champion:
     if against is not None:
         export = read_export(against)
         if export is None:
@@ -117,7 +109,7 @@ def _champion(run: RunDir, against: Path | None, val_path: str) -> Champion:
     if not run.has_spec():
         return Champion(None, None, f"no champion: {run.spec_file} is absent, so the run's profile is not known")
     spec = RunSpec.load(run)
-    return find_champion(spec.storage_root, spec.profile, this_run=run.path, data_hash=_data_hash(val_path))
+    return find_champion(spec.storage_root, spec.profile, this_run=run.path)
 
 
 def plan_for_run(run_dir: Path, *, against: Path | None = None, sample: int = DEFAULT_SAMPLE,
@@ -142,7 +134,7 @@ def plan_for_run(run_dir: Path, *, against: Path | None = None, sample: int = DE
     models = {Role.TRAINED: str(run.model_dir), Role.BASE: base}
     notes = [] if (run.model_dir / "config.json").is_file() else [
         f"{run.model_dir} holds no exported model: the trained model's line in errors says so"]
-    champion = _champion(run, against, val)
+    champion = _champion(run, against)
     notes.append(champion.note)
     run_dirs = {}
     if champion.model_dir is not None and champion.run_dir is not None:
