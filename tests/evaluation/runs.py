@@ -38,8 +38,8 @@ def example_run(tiny_model_path: Path, *, run_name: str, exported: bool = True) 
 
 
 def published_run(storage_root: Path, tiny_model_path: Path, *, run_key: str,
-                  data_hash: str | None) -> Path:
-    """A succeeded run of :data:`PROFILE` that ``runs/latest/<profile>`` points to, with the tiny model
+                  data_hash: str | None, profile: str = PROFILE) -> Path:
+    """A succeeded run of ``profile`` that ``runs/latest/<profile>`` points to, with the tiny model
     exported (``model.json`` beside it) and, unless ``data_hash`` is None, an evaluation of rows of that hash."""
     from verl_pipeline import runs
     from verl_pipeline.models.export import ExportManifest
@@ -50,7 +50,7 @@ def published_run(storage_root: Path, tiny_model_path: Path, *, run_key: str,
     run = RunDir(run_dir)
     shutil.copytree(tiny_model_path, run.model_dir)
     write_json_atomic(run.model_manifest_file, ExportManifest(
-        run_key=run_key, run_name=f"pytest/{run_key}", profile=PROFILE, step=2, checkpoint=str(run_dir / "ckpt"),
+        run_key=run_key, run_name=f"pytest/{run_key}", profile=profile, step=2, checkpoint=str(run_dir / "ckpt"),
         world_size=1, model_dir=str(run.model_dir), data_hash=None, base_model_source="builtin:tiny-qwen2",
         base_model_revision=None, final_reward=None, files={}).to_dict())
     if data_hash is not None:
@@ -58,9 +58,9 @@ def published_run(storage_root: Path, tiny_model_path: Path, *, run_key: str,
                                        engine=Engine.TRANSFORMERS, sampling={}, models={}).to_dict())
     checkpoints = storage_root / "checkpoints" / run_key
     checkpoints.mkdir(parents=True, exist_ok=True)
-    runs.record_run(run_dir=run_dir, run_key=run_key, run_name=f"pytest/{run_key}", profile=PROFILE,
+    runs.record_run(run_dir=run_dir, run_key=run_key, run_name=f"pytest/{run_key}", profile=profile,
                     status=runs.RunStatus.SUCCEEDED, checkpoint_dir=checkpoints)
-    runs.promote(storage_root, PROFILE, run_dir)
+    runs.promote(storage_root, profile, run_dir)
     return run_dir
 
 
