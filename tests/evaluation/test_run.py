@@ -45,6 +45,9 @@ def test_the_request_names_the_runs_rows_models_and_reward_as_its_job_does(run: 
     assert request.max_new_tokens == run.verl["data.max_response_length"]
     assert (request.sample, request.use_gpus, request.engine) == (4, False, None)
     assert plan_for_run(run.run_dir, max_new_tokens=3).request.max_new_tokens == 3
+    # vLLM's engine takes the share of the GPU the run's rollout had (verl's default when the job names none).
+    share = RunDir(run.run_dir).job()["settings"].get("actor_rollout_ref.rollout.gpu_memory_utilization")
+    assert request.gpu_memory_utilization == (None if share is None else float(share))
 
 
 def test_no_published_run_means_no_champion(run: RunSpec) -> None:

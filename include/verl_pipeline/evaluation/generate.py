@@ -122,14 +122,16 @@ def transformers_responses(model_path: str, prompts: Sequence[Messages], *, max_
 
 
 def vllm_responses(model_path: str, prompts: Sequence[Messages], *, max_new_tokens: int,
-                   seed: int) -> list[Response]:
-    """Greedy responses with vLLM's offline engine on this process's GPU (run in a process of its own)."""
+                   seed: int, gpu_memory_utilization: float | None = None) -> list[Response]:
+    """Greedy responses with vLLM's offline engine on this process's GPU (run in a process of its own),
+    taking ``gpu_memory_utilization`` of its memory (None: vLLM's default)."""
     from vllm import LLM, SamplingParams
 
     tokenizer = _tokenizer(model_path)
     ids = [prompt_ids(tokenizer, m) for m in prompts]
+    share = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
     llm = LLM(model=model_path, seed=seed, enforce_eager=True,
-              max_model_len=max(len(i) for i in ids) + max_new_tokens)
+              max_model_len=max(len(i) for i in ids) + max_new_tokens, **share)
     eos = _eos_ids(tokenizer, model_path)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, seed=seed)
     outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params)
@@ -137,8 +139,9 @@ def vllm_responses(model_path: str, prompts: Sequence[Messages], *, max_new_toke
 
 
 def responses(engine: Engine, model_path: str, prompts: Sequence[Messages], *, max_new_tokens: int,
-              seed: int) -> list[Response]:
-    """Every prompt's response from the model at ``model_path`` (a ModelError when the directory is absent)."""
+              seed: int, gpu_memory_utilization: float | None = None) -> list[Response]:
+    """Every prompt's response from the model at ``model_path`` (a ModelError when the directory is absent);
+    ``gpu_memory_utilization``: vLLM's share of the GPU."""
     if not prompts:
         return []
     if engine is Engine.TRANSFORMERS:
@@ -151,7 +154,7 @@ def responses(engine: Engine, model_path: str, prompts: Sequence[Messages], *, m
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
             return pool.submit(vllm_responses, model_path, list(prompts), max_new_tokens=max_new_tokens,
-                               seed=seed).result()
+                               seed=seed, gpu_memory_utilization=gpu_memory_utilization).result()
         except BrokenProcessPool as e:
             raise ModelError(f"vLLM's process for {model_path} died ({e}): see the job's log above") from None
 

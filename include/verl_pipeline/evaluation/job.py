@@ -50,7 +50,7 @@ def _score_model(request: EvaluationRequest, role: Role, rows: list[Row], engine
     path = request.models[role]
     t0 = time.monotonic()
     answers = responses(engine, path, [r.messages for r in rows], max_new_tokens=request.max_new_tokens,
-                        seed=request.seed)
+                        seed=request.seed, gpu_memory_utilization=request.gpu_memory_utilization)
     scores = scorer.scores(rows, answers, where=f"{role.value} model {path}: {request.data_path}")
     log.info("%s model %s: %d rows generated and scored in %.1fs", role.value, path, len(rows),
              time.monotonic() - t0)

@@ -7,12 +7,15 @@ An :class:`EvaluationRequest` travels as JSON on the job's command line
      "data_path": "/data/generic-v2-1a2b/val.parquet",
      "reward": {"path": "reward.py", "name": "compute_score", "kwargs": {}},
      "max_new_tokens": 8, "sample": 16, "seed": 0, "engine": null, "use_gpus": false,
-     "split": "val", "run_dirs": {"champion": "/runs/r0"}}
+     "split": "val", "run_dirs": {"champion": "/runs/r0"}, "gpu_memory_utilization": 0.5}
 
 ``reward`` null is verl's ``default_compute_score``; a relative reward path is read from the job's
 working directory (the run's ``runtime_env`` working_dir, where its reward file was shipped). ``engine``
 null is vLLM on a node with a GPU and vLLM, else transformers; ``sample`` is how many rows (the first
 ones) a transformers evaluation scores. ``use_gpus`` asks Ray for a GPU for the job.
+``gpu_memory_utilization`` is the share of the GPU's memory vLLM's engine takes (null: vLLM's default);
+the run's plan passes the share its rollout had, which is what the run's profile found fits beside the
+rest of the cluster's work.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ class EvaluationRequest:
     split: str = DEFAULT_SPLIT
     #: The run directory a role's model came from (the champion's).
     run_dirs: dict[Role, str] = field(default_factory=dict)
+    #: vLLM's share of the GPU's memory; None: vLLM's default.
+    gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         example = "{'trained': '/runs/<run>/model', 'base': '/models/<base model>'}"
@@ -117,6 +122,11 @@ class EvaluationRequest:
         _positive("sample", self.sample, "sample: 16")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError("seed", self.seed, "must be a whole number", "seed: 0")
+        share = self.gpu_memory_utilization
+        if share is not None and (isinstance(share, bool) or not isinstance(share, int | float)
+                                  or not 0 < share <= 1):
+            raise ConfigError("gpu_memory_utilization", share, "must be a share of the GPU's memory above 0, at most 1",
+                              "gpu_memory_utilization: 0.5, or null for vLLM's default")
         if not isinstance(self.use_gpus, bool):
             raise ConfigError("use_gpus", self.use_gpus, "must be true or false", "use_gpus: true on a GPU cluster")
 
@@ -126,7 +136,8 @@ class EvaluationRequest:
         return {"models": {r.value: p for r, p in self.models.items()}, "data_path": self.data_path,
                 "reward": reward, "max_new_tokens": self.max_new_tokens, "sample": self.sample, "seed": self.seed,
                 "engine": None if self.engine is None else self.engine.value, "use_gpus": self.use_gpus,
-                "split": self.split, "run_dirs": {r.value: p for r, p in self.run_dirs.items()}}
+                "split": self.split, "run_dirs": {r.value: p for r, p in self.run_dirs.items()},
+                "gpu_memory_utilization": self.gpu_memory_utilization}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvaluationRequest:

@@ -50,6 +50,8 @@ LOG_TAIL_LINES = 5
 VAL_FILES_KEY = "data.val_files"
 MODEL_KEY = "actor_rollout_ref.model.path"
 RESPONSE_LENGTH_KEY = "data.max_response_length"
+#: The rollout's share of the GPU: the evaluation's vLLM engine takes the same share.
+GPU_SHARE_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,16 @@ def _one_file(value: Any, where: Path) -> str:
         raise ConfigError(f"{where}:{VAL_FILES_KEY}", value, "an evaluation scores one parquet file",
                           "pass val_path= (the preprocess task's val_path)")
     return files[0]
+
+
+def _share(value: Any) -> float | None:
+    """The rollout's GPU share as a number (an override's text "0.2" included); None when unset."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def reward_of(settings: Mapping[str, Any]) -> reward.RewardFunction | None:
@@ -141,9 +153,11 @@ def plan_for_run(run_dir: Path, *, against: Path | None = None, sample: int = DE
         models[Role.CHAMPION] = champion.model_dir
         run_dirs[Role.CHAMPION] = str(champion.run_dir)
     length = spelled(settings, RESPONSE_LENGTH_KEY)
+    share = spelled(settings, GPU_SHARE_KEY)
     request = EvaluationRequest(
         models=models, data_path=val, reward=reward_of(settings), sample=sample, use_gpus=use_gpus,
-        max_new_tokens=max_new_tokens or int(length.value if length else DEFAULT_MAX_NEW_TOKENS), run_dirs=run_dirs)
+        max_new_tokens=max_new_tokens or int(length.value if length else DEFAULT_MAX_NEW_TOKENS), run_dirs=run_dirs,
+        gpu_memory_utilization=_share(share.value if share else None))
     return EvaluationPlan(request, dict(job.get("runtime_env") or {}), tuple(notes))
 
 
