@@ -315,7 +315,7 @@ def check_export(result: Result, model_dir: Path, base_dir: Path) -> None:
 def actor_lines(report: dict[str, Any]) -> list[list[str] | None]:
     """Each attempt's start by class of Ray actor, as the task log says it (None: not recorded): where
     the start's phases spent their seconds (waiting, process start, class load, ``__init__``)."""
-    from verl_pipeline.jobs.actor_starts import ActorStart, by_class
+    from verl_pipeline.jobs.startup.actors import ActorStart, by_class
 
     return [None if a.get("actors") is None else [g.text() for g in by_class(ActorStart(**x) for x in a["actors"])]
             for a in report.get("attempts", [])]
@@ -351,7 +351,7 @@ def check_trained_run(result: Result, run: DagRun, configs: Path, total: int) ->
     figures["phase_share_total"] = round(sum(shares.values()), 3)
     figures["time_to_first_step_s"] = [a.get("time_to_first_step_s") for a in report.get("attempts", [])]
     figures["flags"] = [f.get("kind") for f in report.get("flags", [])]
-    # Each attempt's start by phase (None: the line that ends it was not seen: trainer/startup_markers.py).
+    # Each attempt's start by phase (None: the line that ends it was not seen: jobs/startup/markers.py).
     figures["startup_s"] = [{p["phase"]: p["duration_s"] for p in a.get("startup", [])}
                             for a in report.get("attempts", [])]
     figures["actor_starts"] = actor_lines(report)

@@ -43,13 +43,13 @@ def first_step_file(metrics_path: Path) -> Path:
 
 def startup_file(metrics_path: Path) -> Path:
     """Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.startup.json``): when each
-    phase of its start ended: when the lines that end them were printed, or arrived (``jobs.startup``)."""
+    phase of its start ended: when the lines that end them were printed, or arrived (``jobs.startup.phases``)."""
     return metrics_path.with_suffix(".startup.json")
 
 
 def actor_starts_file(metrics_path: Path) -> Path:
     """Beside an attempt's metrics file (``metrics-a1.jsonl`` → ``metrics-a1.actors.json``): how each Ray
-    actor of its start came up, as Ray recorded it (``jobs.actor_starts``)."""
+    actor of its start came up, as Ray recorded it (``jobs.startup.actors``)."""
     return metrics_path.with_suffix(".actors.json")
 
 

@@ -870,8 +870,8 @@ async def test_the_start_is_timed_phase_by_phase_up_to_the_first_step(tmp_path: 
     """verl's and vLLM's start-up lines (as the stand-in trainer prints them) end the phases as they
     arrive; the task log says each and, at the first step, all of them; the attempt's record has them."""
     from tests.fakes.fake_verl_trainer import startup_lines
-    from verl_pipeline.jobs.startup import StartupPhases
-    from verl_pipeline.trainer.startup_markers import PHASES
+    from verl_pipeline.jobs.startup.markers import PHASES
+    from verl_pipeline.jobs.startup.phases import StartupPhases
 
     class Started(ScriptedHook):
         async def aget_job(self, job_id: str) -> JobInfo | None:
@@ -911,7 +911,7 @@ class ActorRecords(ScriptedHook):
         self.actor_reads: list[bool] = []
 
     async def aget_job(self, job_id: str) -> JobInfo | None:
-        from tests.jobs.test_actor_starts import SUBMITTED
+        from tests.jobs.startup.test_actors import SUBMITTED
 
         info = await super().aget_job(job_id)
         return info and replace(info, ray_job_id="02000000", start_time=int(SUBMITTED))
@@ -926,11 +926,11 @@ class ActorRecords(ScriptedHook):
 
 async def test_at_the_first_step_the_waiter_reads_once_how_each_actor_started_says_it_and_records_it(
         tmp_path: Path) -> None:
-    from tests.jobs.test_actor_starts import SUBMITTED, _task, _worker
-    from verl_pipeline.jobs import actor_starts
-    from verl_pipeline.jobs.startup import StartupPhases
+    from tests.jobs.startup.test_actors import SUBMITTED, _task, _worker
+    from verl_pipeline.jobs.startup import actors
+    from verl_pipeline.jobs.startup.markers import Phase
+    from verl_pipeline.jobs.startup.phases import StartupPhases
     from verl_pipeline.rundir import actor_starts_file
-    from verl_pipeline.trainer.startup_markers import Phase
 
     tasks = [_task("WorkerDict", f"w{i}", asked=57, running=60, loaded=85 + i, finished=90 + i) for i in range(2)]
     workers = [_worker(f"w{i}", launch=57.5, ready=59.5) for i in range(2)]
@@ -944,14 +944,14 @@ async def test_at_the_first_step_the_waiter_reads_once_how_each_actor_started_sa
     assert [m for m in lines if "by actor" in m] == [
         "Ray job job-1 start-up by actor: WorkerDict x 2: asked 57 s after submission, ready at 91 s (waiting 1 s · "
         "process 2 s · class load 26 s · __init__ 5 s)"]
-    assert actor_starts.load(actor_starts_file(metrics)) == actor_starts.from_ray(tasks, workers, SUBMITTED)
+    assert actors.load(actor_starts_file(metrics)) == actors.from_ray(tasks, workers, SUBMITTED)
     # Written in the same trip as the start's phases, each to its own file.
     assert list(StartupPhases.load(metrics).ended) == [Phase.FIRST_STEP]
 
 
 async def test_a_job_that_ends_before_its_first_step_is_read_at_its_end_and_a_failed_read_is_said_once(
         tmp_path: Path) -> None:
-    from tests.jobs.test_actor_starts import _task
+    from tests.jobs.startup.test_actors import _task
     from verl_pipeline.rundir import actor_starts_file
 
     tasks = [_task("TaskRunner", "w0", asked=24, running=26, loaded=50, finished=50.1)]
@@ -993,11 +993,11 @@ async def test_records_not_yet_whole_at_the_first_step_are_read_again_the_next_p
     """Ray sends an actor's record about once a second: one made just before the first step is read
     without its start or its end, and the next poll reads it whole; records that stay part-whole are kept
     as they are once the window after the first read closed (here 1 s, at 0.01 s polls)."""
-    from tests.jobs.test_actor_starts import SUBMITTED, _task, _worker
-    from verl_pipeline.jobs import actor_starts, startup
+    from tests.jobs.startup.test_actors import SUBMITTED, _task, _worker
+    from verl_pipeline.jobs.startup import actors, phases
     from verl_pipeline.rundir import actor_starts_file
 
-    monkeypatch.setattr(startup, "ACTOR_READ_WINDOW_S", 1.0)
+    monkeypatch.setattr(phases, "ACTOR_READ_WINDOW_S", 1.0)
 
     whole = [_task("WorkerDict", "w0", asked=57, running=60, loaded=85, finished=90),
              _task("TrackingRunner", "w1", asked=91, running=92, loaded=92.5, finished=92.6)]
@@ -1012,11 +1012,11 @@ async def test_records_not_yet_whole_at_the_first_step_are_read_again_the_next_p
         trigger = _trigger(total_steps=2, metrics_path=str(metrics))
         lines = capture(trigger)
         await _events(trigger, hook)
-        kept = actor_starts.load(actor_starts_file(metrics))
+        kept = actors.load(actor_starts_file(metrics))
         if attempt == 1:  # whole at the second read
             assert hook.actor_reads == [True, True]
-            assert kept == actor_starts.from_ray(whole, workers, SUBMITTED)
+            assert kept == actors.from_ray(whole, workers, SUBMITTED)
         else:  # never whole: read again on the polls of the window (however slow they are), then kept as it was
             assert 2 <= len(hook.actor_reads) < 200 and all(hook.actor_reads)
-            assert kept == actor_starts.from_ray(late, workers, SUBMITTED)
+            assert kept == actors.from_ray(late, workers, SUBMITTED)
         assert len([m for m in lines if "by actor: TrackingRunner" in m]) == 1  # said once, when kept

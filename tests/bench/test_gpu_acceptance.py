@@ -166,12 +166,12 @@ def test_the_configs_it_writes_with_shared_caches_make_a_run_spec(tmp_path: Path
 
 
 def test_each_attempts_actor_starts_read_back_from_the_report_as_the_task_log_says_them() -> None:
-    from tests.jobs.test_actor_starts import SUBMITTED, _task, _worker
-    from verl_pipeline.jobs import actor_starts
+    from tests.jobs.startup.test_actors import SUBMITTED, _task, _worker
+    from verl_pipeline.jobs.startup import actors
 
-    starts = actor_starts.from_ray([_task("TaskRunner", "w0", asked=24, running=26, loaded=50, finished=50.1)],
+    starts = actors.from_ray([_task("TaskRunner", "w0", asked=24, running=26, loaded=50, finished=50.1)],
                                    [_worker("w0", launch=24.5, ready=25.5)], SUBMITTED)
-    report = {"attempts": [actor_starts.to_record(starts), {"actors": None}]}
+    report = {"attempts": [actors.to_record(starts), {"actors": None}]}
     assert _bench().actor_lines(report) == [
         ["TaskRunner x 1: asked 24 s after submission, ready at 50 s (waiting 1 s · process 1 s · class load 24 s · "
          "__init__ 0 s)"], None]

@@ -26,7 +26,7 @@ It behaves like verl's trainer where the pipeline depends on it:
   the tracker credentials; ``console`` lines are printed in the format of verl's ``LocalLogger``
   (``step:N - key:np.float64(value) - …``) by the driver, as verl's console logger imports torch;
 - prints the lines verl and vLLM print while a job starts, in their order (:func:`startup_lines`:
-  the markers of ``verl_pipeline.trainer.startup_markers``), and ``Training from scratch`` or
+  the markers of ``verl_pipeline.jobs.startup.markers``), and ``Training from scratch`` or
   ``Resuming from …``;
 - exits non-zero with a traceback on failure.
 Extra knobs for tests (not verl keys): ``+fake.step_seconds``, ``+fake.fail_at_step`` (raise a
@@ -313,7 +313,7 @@ def main(argv: list[str]) -> int:
 
 def startup_lines(resume: str, *, validate: bool) -> list[str]:
     """The lines verl 0.9.1's v1 trainer and vLLM print between the worker group's start and the first
-    step that end each phase of a start (``verl_pipeline.trainer.startup_markers``), in their order and
+    step that end each phase of a start (``verl_pipeline.jobs.startup.markers``), in their order and
     shape: verl's logger (``INFO:<time>:<message>``), vLLM's (``INFO <date> <time> [<file>:<line>] …``)
     and verl's prints; ``resume``: the checkpoint line (verl's ``_load_checkpoint``)."""
     day, now = time.strftime("%m-%d"), time.strftime("%H:%M:%S")

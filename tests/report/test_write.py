@@ -11,13 +11,13 @@ from pathlib import Path
 from tests.report.rows import node_samples, verl_row
 from verl_pipeline.jobs.gpu_usage import append_samples
 from verl_pipeline.jobs.progress import Progress, record_first_step
-from verl_pipeline.jobs.startup import StartupPhases
+from verl_pipeline.jobs.startup.markers import Phase
+from verl_pipeline.jobs.startup.phases import StartupPhases
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.plots import RESPONSE_LENGTH_PNG, REWARD_PNG, THROUGHPUT_PNG, TIMING_PNG, gpu_png
 from verl_pipeline.report.write import write_report
 from verl_pipeline.rundir import Attempt, RunDir, actor_starts_file, startup_file
-from verl_pipeline.trainer.startup_markers import Phase
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -164,8 +164,8 @@ def test_each_attempt_shows_its_start_phase_by_phase_and_unknown_where_a_line_wa
 
 def test_each_attempts_actors_show_by_class_where_ray_recorded_them(tmp_path: Path) -> None:
     """Attempt 1's waiter recorded how its actors came up; attempt 2's did not (no table row, not zeros)."""
-    from tests.jobs.test_actor_starts import SUBMITTED, _task, _worker
-    from verl_pipeline.jobs import actor_starts
+    from tests.jobs.startup.test_actors import SUBMITTED, _task, _worker
+    from verl_pipeline.jobs.startup import actors
 
     run_dir = _run_dir(tmp_path, "actors")
     _log(run_dir, 1, range(1, 4), resume_from=0)
@@ -175,7 +175,7 @@ def test_each_attempts_actors_show_by_class_where_ray_recorded_them(tmp_path: Pa
                for i in range(2))]
     workers = [_worker(f"w{i}", launch=57.5, ready=59.5) for i in range(2)]
     write_json_atomic(actor_starts_file(RunDir(run_dir).metrics_file(1)),
-                      actor_starts.to_record(actor_starts.from_ray(tasks, workers, SUBMITTED)))
+                      actors.to_record(actors.from_ray(tasks, workers, SUBMITTED)))
     files = write_report(run_dir, status=RunOutcome.SUCCEEDED, plots=False)
     first, second = json.loads(files.json.read_text())["attempts"]
     assert [(a["cls"], a["load_s"]) for a in first["actors"]] == [("TaskRunner", 24.0), ("WorkerDict", 25.0),

@@ -6,7 +6,7 @@ The trigger is a loop over the parts of a wait, each with one concern and its ow
   forwards it; :class:`~verl_pipeline.jobs.logstream.CursorKeeper` saves the cursor in the run directory;
 - progress: :class:`~verl_pipeline.jobs.progress.ProgressWatch` (verl's console lines and metrics file);
 - nodes and GPUs: :class:`~verl_pipeline.jobs.cluster_watch.ClusterWatch` (node counts, GPU samples);
-- the start, phase by phase up to the first step: :class:`~verl_pipeline.jobs.startup.StartupWatch`;
+- the start, phase by phase up to the first step: :class:`~verl_pipeline.jobs.startup.phases.StartupWatch`;
 - the watchdog: :class:`~verl_pipeline.jobs.watchdog.StallWatch`.
 
 The parts' writes of a poll go to the run directory in one trip off the event loop
@@ -26,7 +26,7 @@ wait that starts with its job: :func:`poll_pause`):
    (:class:`ProgressWatch`); a progress line logged when due (``step 120/500 (24%) · 3.1 min/step
    · ETA … · GPU 87% (2 nodes, min 80%)``), and at the first step the start's phases; then, at
    the first step (or the end of a job without one), Ray's records of how each actor of the start
-   came up (:mod:`~verl_pipeline.jobs.actor_starts`, two reads of Ray's state API; again on the next
+   came up (:mod:`~verl_pipeline.jobs.startup.actors`, two reads of Ray's state API; again on the next
    polls while Ray has not recorded all of it, for ``startup.ACTOR_READ_WINDOW_S`` at most);
 3. **ended** → the parts' files written, the terminal event;
 4. **nodes and GPUs** (:class:`ClusterWatch`): ``node_lost`` when fewer nodes than the cluster
@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from verl_pipeline.jobs.actor_starts import from_ray
 from verl_pipeline.jobs.cluster_watch import ClusterWatch
 from verl_pipeline.jobs.logstream import CursorKeeper, LogFollower, WaitCursor, where_the_log_is
 from verl_pipeline.jobs.outcome import WaitEvent
@@ -70,11 +69,12 @@ from verl_pipeline.jobs.shared_reads import (  # noqa: F401  (the trigger's modu
     ClusterWaiters,
     SharedClusterReads,
 )
-from verl_pipeline.jobs.startup import StartupWatch
+from verl_pipeline.jobs.startup.actors import from_ray
+from verl_pipeline.jobs.startup.markers import Phase
+from verl_pipeline.jobs.startup.phases import StartupWatch
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import StallWatch, WatchSettings
 from verl_pipeline.rundir import RunDir
-from verl_pipeline.trainer.startup_markers import Phase
 
 if TYPE_CHECKING:
     from verl_pipeline.jobs.client import JobInfo

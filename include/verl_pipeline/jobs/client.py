@@ -560,7 +560,7 @@ class RayJobsClient:
     async def aactor_starts(self, ray_job_id: str, *, alive_only: bool) -> tuple[list[Any], list[Any]]:
         """Ray's records of the actors a job created (its ``ACTOR_CREATION_TASK`` tasks, with their events
         and profiling) and of the cluster's worker processes (``alive_only``: those alive now; a running
-        job's actors are), from the state API: two reads, for :func:`verl_pipeline.jobs.actor_starts.from_ray`."""
+        job's actors are), from the state API: two reads, for :func:`verl_pipeline.jobs.startup.actors.from_ray`."""
         tasks = await self._astate("tasks", [("job_id", ray_job_id), ("type", "ACTOR_CREATION_TASK")])
         workers = await self._astate("workers", [("worker_type", "WORKER"),
                                                  *([("is_alive", "True")] if alive_only else [])])

@@ -70,7 +70,7 @@ class WaitRequest:
     metrics_offset_bytes: int = 0
     #: The last progress seen (:meth:`verl_pipeline.jobs.progress.Progress.to_dict`).
     progress: dict[str, Any] | None = None
-    #: Start-up phases the job was rendered without (``jobs.startup.skipped_phases``: validation on a resume).
+    #: Start-up phases the job was rendered without (``jobs.startup.phases.skipped_phases``: validation on a resume).
     startup_skipped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

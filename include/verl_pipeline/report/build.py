@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from verl_pipeline.jobs.actor_starts import ActorStart
-from verl_pipeline.jobs.startup import PhaseTime, StartupPhases
+from verl_pipeline.jobs.startup.actors import ActorStart
+from verl_pipeline.jobs.startup.markers import Phase
+from verl_pipeline.jobs.startup.phases import PhaseTime, StartupPhases
 from verl_pipeline.promotion import Verdict
 from verl_pipeline.report import gpu, scaling
 from verl_pipeline.report.critic import CriticSummary
@@ -24,7 +25,6 @@ from verl_pipeline.report.learning import LearningVerdict, judge
 from verl_pipeline.report.restarts import RestartSummary
 from verl_pipeline.scores import Evaluation
 from verl_pipeline.trainer import metrics as m
-from verl_pipeline.trainer.startup_markers import Phase
 
 REPORT_VERSION = 1
 
@@ -66,11 +66,11 @@ class AttemptInfo:
     first_step_seen_at: float | None = None
     #: When (epoch seconds) the attempt's metrics file was last written: its last row.
     last_row_at: float | None = None
-    #: When each phase of the attempt's start ended, as its waiter saw the lines (``jobs.startup``).
+    #: When each phase of the attempt's start ended, as its waiter saw the lines (``jobs.startup.phases``).
     startup_ended: dict[Phase, float] = field(default_factory=dict)
     #: Phases the attempt's job was rendered not to run (validation before training on a resume).
     startup_skipped: frozenset[Phase] = frozenset()
-    #: How each Ray actor of the attempt's start came up, as Ray recorded it (``jobs.actor_starts``);
+    #: How each Ray actor of the attempt's start came up, as Ray recorded it (``jobs.startup.actors``);
     #: None: not recorded.
     actors: tuple[ActorStart, ...] | None = None
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from verl_pipeline.jobs.actor_starts import by_class
 from verl_pipeline.jobs.budget import RestartOutcome
-from verl_pipeline.jobs.startup import PhaseTime
+from verl_pipeline.jobs.startup.actors import by_class
+from verl_pipeline.jobs.startup.phases import PhaseTime
 from verl_pipeline.report.build import Report, Series
 from verl_pipeline.report.gpu import MIB_PER_GIB, GpuUsage
 from verl_pipeline.report.restarts import RestartSummary
@@ -106,7 +106,7 @@ def _startup(r: Report) -> str:
     rows = [(a.attempt, *(_phase_cell(t) for t in a.startup)) for a in r.attempts]
     return ("<h2>Start-up, phase by phase</h2><p>Seconds each phase of every attempt's start took, from its "
             "submission to its first training step. A phase ends when verl or vLLM printed the line that ends it "
-            "(the table of those lines: trainer/startup_markers.py), as the line's stamp says; validation and "
+            "(the table of those lines: jobs/startup/markers.py), as the line's stamp says; validation and "
             "the first step, whose lines carry none, end when the pipeline's log reader got them (every 10 s at "
             "the default poll), so those two are good to about 10 s. <i>skipped</i>: the job was rendered "
             "without the phase (validation before training on an attempt that resumes, or with "

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.jobs import actor_starts
-from verl_pipeline.jobs.actor_starts import ActorStart
+from verl_pipeline.jobs.startup import actors
+from verl_pipeline.jobs.startup.actors import ActorStart
 from verl_pipeline.paths import atomic_path, write_json_atomic
 from verl_pipeline.promotion import Verdict
 from verl_pipeline.report import gpu, scaling
@@ -133,7 +133,7 @@ def infer_status(run_dir: Path, facts: RunFacts, rows: list[StepRow], preflight:
 
 
 def _actors(metrics_path: Path) -> tuple[ActorStart, ...] | None:
-    starts = actor_starts.load(actor_starts_file(metrics_path))
+    starts = actors.load(actor_starts_file(metrics_path))
     return None if starts is None else tuple(starts)
 
 
@@ -149,7 +149,7 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     status = status or infer_status(run_dir, facts, rows, preflight)
     from verl_pipeline.jobs.gpu_usage import read_samples
     from verl_pipeline.jobs.progress import first_step_seen_at
-    from verl_pipeline.jobs.startup import StartupPhases, skipped_phases
+    from verl_pipeline.jobs.startup.phases import StartupPhases, skipped_phases
 
     decided = {d.get("attempt"): d for d in RunDir(run_dir).decisions()}
     attempts = [AttemptInfo(a.attempt, a.submission_id, a.submitted_at, a.resume_from_step, segment=a.segment,

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 #: verl's recommended environment for every worker (see verl's runtime_env.yaml), plus tokenizers
 #: parallelism off: forked dataloader workers deadlock with it on; and vLLM's INFO lines, which verl
 #: silences (``VLLM_LOGGING_LEVEL=WARN`` unless the job sets it): the waiter times the engine's start
-#: and its CUDA graph capture by them (``trainer/startup_markers.py``). vLLM prints a few INFO lines per
+#: and its CUDA graph capture by them (``jobs/startup/markers.py``). vLLM prints a few INFO lines per
 #: step (sleep and wake); Ray folds the same line from many workers into one.
 BASE_ENV = {
     "TOKENIZERS_PARALLELISM": "false",

@@ -54,7 +54,7 @@ from verl_pipeline.trainer.length import planned_steps
 
 def _skipped(spec: RunSpec) -> list[str]:
     """The start-up phases the run's current job was rendered without (its ``job.json``: validation on a resume)."""
-    from verl_pipeline.jobs.startup import skipped_phases
+    from verl_pipeline.jobs.startup.phases import skipped_phases
 
     return sorted(p.value for p in skipped_phases((RunDir(spec.run_dir).job() or {}).get("settings")))
 

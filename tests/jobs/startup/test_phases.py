@@ -11,9 +11,9 @@ import pytest
 from tests.fakes.fake_verl_trainer import startup_lines
 from verl_pipeline.jobs.progress import Progress, first_step_seen_at
 from verl_pipeline.jobs.run_files import write_all
-from verl_pipeline.jobs.startup import StartupPhases, StartupWatch, skipped_phases
+from verl_pipeline.jobs.startup.markers import MARKERS, PHASES, Phase
+from verl_pipeline.jobs.startup.phases import StartupPhases, StartupWatch, skipped_phases
 from verl_pipeline.rundir import startup_file
-from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
 
 
 def _lines(resume: str = "Training from scratch", *, validate: bool = True) -> list[str]:

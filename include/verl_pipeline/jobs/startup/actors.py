@@ -1,6 +1,6 @@
 """Where each Ray actor of a job's start spent its time, from Ray's own records of it.
 
-The start-up phases (:mod:`verl_pipeline.jobs.startup`) say when verl's and vLLM's lines came, not why a
+The start-up phases (:mod:`verl_pipeline.jobs.startup.phases`) say when verl's and vLLM's lines came, not why a
 phase took long. Each phase of a verl start is also Ray actors coming up, one after another: the
 TaskRunner, the worker group (``WorkerDict``), the rollout servers (``vLLMHttpServer``), the agent loop
 workers. A restart starts every one of them again. Ray records, for each actor it creates, when it was

@@ -1,8 +1,8 @@
 """What a wait keeps of its job's start: when each phase ended, up to the first training step.
 
-A start goes through the phases of :mod:`verl_pipeline.trainer.startup_markers` (worker start, model
+A start goes through the phases of :mod:`verl_pipeline.jobs.startup.markers` (worker start, model
 load, engine start, graph capture, checkpoint load, validation, first step); a phase ends when the
-line that ends it was printed: verl's and vLLM's lines say when (:mod:`verl_pipeline.trainer.log_times`),
+line that ends it was printed: verl's and vLLM's lines say when (:mod:`verl_pipeline.jobs.startup.log_times`),
 and a line that does not (verl's validation metrics) is timed by the log read that brought it (every
 other poll: 10 s at the default 5 s polls), as is the first step. A phase is **unknown** when its line
 never showed, and so is the length of the phase after it (its start is unknown): the report and the
@@ -14,7 +14,7 @@ one before the next phase's. A waiter that takes over mid-start (a restarted tri
 phases the earlier one recorded.
 
 Once the first step came (or the job ended without one) the waiter reads Ray's records of how each actor of
-the start came up (:mod:`verl_pipeline.jobs.actor_starts`; again the next polls while they are not whole,
+the start came up (:mod:`verl_pipeline.jobs.startup.actors`; again the next polls while they are not whole,
 for ``ACTOR_READ_WINDOW_S`` at most): what each phase spent waiting for workers, starting processes, importing and
 initialising. The task log says it class by class.
 
@@ -31,16 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.jobs import actor_starts
-from verl_pipeline.jobs.actor_starts import ActorStart
 from verl_pipeline.jobs.logstream import TaskLog
 from verl_pipeline.jobs.progress import Progress, record_first_step
 from verl_pipeline.jobs.run_files import FileWrite
+from verl_pipeline.jobs.startup import actors
+from verl_pipeline.jobs.startup.actors import ActorStart
+from verl_pipeline.jobs.startup.log_times import printed_at
+from verl_pipeline.jobs.startup.markers import MARKERS, PHASES, Phase
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import actor_starts_file, startup_file
-from verl_pipeline.trainer.log_times import printed_at
 from verl_pipeline.trainer.overrides import spelled
-from verl_pipeline.trainer.startup_markers import MARKERS, PHASES, Phase
 from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY
 
 #: How long after its first read the waiter reads Ray's records of a start's actors again (once a poll)
@@ -228,7 +228,7 @@ class StartupWatch:
         if not whole and not ended and now - self._actors_first_read_at < ACTOR_READ_WINDOW_S:
             return
         self._actors_read = True
-        for group in actor_starts.by_class(starts):
+        for group in actors.by_class(starts):
             self.log.info("Ray job %s start-up by actor: %s", self.job_id, group.text())
         if starts:
             self._actors = starts
@@ -263,7 +263,7 @@ class StartupWatch:
         starts, self._actors = self._actors, None
         if starts is None:
             return None
-        path, record = actor_starts_file(metrics), actor_starts.to_record(starts)
+        path, record = actor_starts_file(metrics), actors.to_record(starts)
         return FileWrite("record how its actors started", lambda: write_json_atomic(path, record),
                          lambda error: None)  # the task log said it; the report shows none
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from verl_pipeline.trainer.log_times import CLOCK_SKEW_S, MAX_LAG_S, printed_at
+from verl_pipeline.jobs.startup.log_times import CLOCK_SKEW_S, MAX_LAG_S, printed_at
 
 # The lines as a 0.5B GRPO run on the H200 (2026-12-05) forwarded them, Ray's actor prefix included.
 VERL = "\x1b[36m(TaskRunnerV1 pid=3221)\x1b[0m INFO:2026-12-05 10:29:23,189:create worker group dict_keys(['actor'])"

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from verl_pipeline.cluster.base import ClusterHandle
-from verl_pipeline.jobs import actor_starts
-from verl_pipeline.jobs.actor_starts import ActorStart, by_class, from_ray
+from verl_pipeline.jobs.startup import actors
+from verl_pipeline.jobs.startup.actors import ActorStart, by_class, from_ray
 
 SUBMITTED = 1_000_000_000_000.0  # the job's submission, epoch ms
 
@@ -110,11 +110,11 @@ def test_the_record_reads_back_as_written_and_a_missing_one_is_none(tmp_path: Pa
     starts = from_ray([_task("TaskRunner", "w0", asked=24, running=26, loaded=50, finished=50.1)],
                       [_worker("w0", launch=24.5, ready=25.5)], SUBMITTED)
     path = tmp_path / "metrics-a1.actors.json"
-    path.write_text(json.dumps(actor_starts.to_record(starts)))
-    assert actor_starts.load(path) == starts
-    assert actor_starts.load(tmp_path / "absent.json") is None
+    path.write_text(json.dumps(actors.to_record(starts)))
+    assert actors.load(path) == starts
+    assert actors.load(tmp_path / "absent.json") is None
     path.write_text('{"actors": [{"cls": 1}]}')
-    assert actor_starts.load(path) is None
+    assert actors.load(path) is None
 
 
 #: The job the real head runs: an actor whose module takes IMPORT_S to import and whose __init__ takes INIT_S.

@@ -1,7 +1,7 @@
 """The lines of a verl job's log that end each phase of its start, one table, in the order a start goes.
 
 A training job spends minutes between its submission and its first step; a restart pays it again.
-The waiter times each phase by the arrival of the line that ends it (:mod:`verl_pipeline.jobs.startup`).
+The waiter times each phase by the arrival of the line that ends it (:mod:`verl_pipeline.jobs.startup.phases`).
 Each :class:`Marker` is a literal piece of one line, as verl 0.9.1 (its v1 trainer, the default),
 vLLM 0.24 or Ray print it; the comment above each names the file and the call that prints it. To
 correct the table against a real job log, change the text (or add a marker for the same phase: any
@@ -9,7 +9,7 @@ of a phase's markers ends it).
 
 A phase whose line never shows is **unknown**, never guessed: the line differs from the table, the
 phase did not run, or the job logs at a level that hides it. A phase the job was rendered without
-(validation before training, off on a resume) is **skipped** instead (``jobs.startup.skipped_phases``). vLLM's
+(validation before training, off on a resume) is **skipped** instead (``jobs.startup.phases.skipped_phases``). vLLM's
 own lines are INFO, which verl's runtime environment silences (``VLLM_LOGGING_LEVEL=WARN``) unless
 the job sets the variable itself; the pipeline's jobs set it to INFO (``trainer/render.py``).
 
