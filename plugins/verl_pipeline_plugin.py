@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from verl_pipeline.airflow.links import RayJobLink
+from verl_pipeline.airflow.links import MlflowRunLink, RayJobLink
 from verl_pipeline.airflow.report_app import URL_PREFIX, ReportApp, view_href
 from verl_pipeline.airflow.report_link import RunReportLink
-from verl_pipeline.airflow.tracker_links import MlflowRunLink
 
 
 class VerlPipelinePlugin(AirflowPlugin):

@@ -517,7 +517,7 @@ def _trackers(spec: RunSpec, handle: Any) -> tuple[dict[str, str] | None, dict[s
 
     if not chosen_trackers(logger_backends(spec.verl.get(LOGGER_KEY))):
         return None, {}
-    from verl_pipeline.airflow.tracker_links import job_trackers
+    from verl_pipeline.airflow.tracker_connections import job_trackers
 
     trackers = job_trackers(spec, handle)
     return trackers.env.values, trackers.links

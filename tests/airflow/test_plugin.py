@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipeline.airflow.links import RayJobLink, job_link
+from verl_pipeline.airflow.links import MlflowRunLink, RayJobLink, job_link
 from verl_pipeline.airflow.operators import SubmitVerlJobOperator, WaitForVerlJobOperator
 from verl_pipeline.airflow.report_app import URL_PREFIX, dashboard_url
 from verl_pipeline.airflow.report_link import RunReportLink
-from verl_pipeline.airflow.tracker_links import MlflowRunLink
 from verl_pipeline.jobs.ids import job_page_url
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,6 @@
-"""A task button in the Airflow UI that opens the Ray dashboard page of the task's job, through Airflow."""
+"""The task buttons of the submit and wait tasks in the Airflow UI: the job's Ray dashboard page, through
+Airflow (``Ray job``), and the run's page on its MLflow server (``MLflow run``). The wait task's ``Run
+report`` button is the API server's own (:mod:`verl_pipeline.airflow.report_link`)."""
 
 from __future__ import annotations
 
@@ -39,3 +41,29 @@ class RayJobLink(BaseOperatorLink):
 
         value = XCom.get_value(key=self.xcom_key, ti_key=ti_key)
         return str(value) if value else ""
+
+
+class MlflowRunLink(BaseOperatorLink):
+    """``MLflow run``: the run's page on the MLflow server, stored in XCom once the run is found."""
+
+    name = "MLflow run"
+
+    def persist(self, context: Any, url: str) -> None:
+        context["ti"].xcom_push(key=self.xcom_key, value=url)
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        value = XCom.get_value(key=self.xcom_key, ti_key=ti_key)
+        return str(value) if value else ""
+
+
+def persist_tracker_links(context: Any, links: dict[str, str]) -> None:
+    """Store the tracker pages (``tracker_links`` of the submit task's result) for this task's buttons.
+
+    A run without MLflow stores an empty link (no button): Airflow reads every extra link's XCom when
+    the task ends and logs an error for one that is missing."""
+    MlflowRunLink().persist(context, links.get(MlflowRunLink.name) or "")
+
+
+__all__ = ["MlflowRunLink", "RayJobLink", "job_link", "persist_tracker_links"]

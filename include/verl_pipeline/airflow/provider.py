@@ -64,6 +64,6 @@ def get_provider_info() -> dict[str, Any]:
         "extra-links": [
             "verl_pipeline.airflow.links.RayJobLink",
             "verl_pipeline.airflow.report_link.RunReportLink",
-            "verl_pipeline.airflow.tracker_links.MlflowRunLink",
+            "verl_pipeline.airflow.links.MlflowRunLink",
         ],
     }

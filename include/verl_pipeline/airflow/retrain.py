@@ -252,7 +252,7 @@ class PublishRunOperator(BaseOperator):
     def _registry(self, spec: Any, exported: Any, *, promoted: bool) -> dict[str, Any] | None:
         """With a model registry in the profile (``trackers: {mlflow: {registry: ...}}``): the exported model as a new
         version (alias ``challenger``), and ``champion`` moved to it when the run was promoted."""
-        from verl_pipeline.airflow.tracker_links import run_registry_env
+        from verl_pipeline.airflow.tracker_connections import run_registry_env
 
         env = run_registry_env(spec)
         has_model = isinstance(exported, dict) and bool(exported.get("model_dir"))

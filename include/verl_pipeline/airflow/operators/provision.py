@@ -11,7 +11,7 @@ from verl_pipeline.airflow.operators.base import (
     provisioned_spec,
     task_error,
 )
-from verl_pipeline.airflow.tracker_links import check_tracker_connections
+from verl_pipeline.airflow.tracker_connections import check_tracker_connections
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.rundir import RunDir
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from verl_pipeline.airflow.links import RayJobLink
+from verl_pipeline.airflow.links import MlflowRunLink, RayJobLink, persist_tracker_links
 from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error, wait_deadline
 from verl_pipeline.airflow.task_ids import PREFETCH_TASK, PREPROCESS_TASK, PROVISION_TASK, WAIT_TASK
-from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
+from verl_pipeline.airflow.tracker_connections import job_trackers
 from verl_pipeline.constants import SubmitAction
 from verl_pipeline.exceptions import PipelineError
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from verl_pipeline.airflow.links import RayJobLink
+from verl_pipeline.airflow.links import MlflowRunLink, RayJobLink, persist_tracker_links
 from verl_pipeline.airflow.operators.base import PipelineOperator, spec_from_context, task_error, wait_deadline
 from verl_pipeline.airflow.operators.wait_result import run_mode, training_record, wait_result
 from verl_pipeline.airflow.task_ids import (
@@ -41,7 +41,7 @@ from verl_pipeline.airflow.task_ids import (
     RESTART_BUDGET_KEY,
     SUBMIT_TASK,
 )
-from verl_pipeline.airflow.tracker_links import MlflowRunLink, job_trackers, persist_tracker_links
+from verl_pipeline.airflow.tracker_connections import job_trackers
 from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
 from verl_pipeline.jobs.budget import spec_budget

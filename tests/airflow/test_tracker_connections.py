@@ -43,7 +43,7 @@ def test_a_registry_without_its_connection_fails_the_provision_task_before_any_c
 
 def test_the_registry_registers_on_the_server_of_the_mlflow_connection(
         mlflow_server: str, own_configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from verl_pipeline.airflow.tracker_links import run_registry_env
+    from verl_pipeline.airflow.tracker_connections import run_registry_env
     from verl_pipeline.registry import register
 
     assert run_registry_env(build_run_spec({}, run_name="verl_ppo/manual__none")) is None  # no registry named

@@ -1,9 +1,10 @@
-"""The run's trackers inside Airflow: credentials from connections, and a button to the tracker's run.
+"""The run's trackers inside Airflow: credentials from connections, and the tracker pages of its job.
 
 :func:`check_tracker_connections` runs in the provision task, so a missing connection (of a tracker, or of
 the profile's model registry) fails the run before any cluster starts. :func:`job_trackers` is what a submit
 passes to the job (``submit_or_reattach(secret_env=trackers.env.values)``) and the run's tracker pages, which
-:func:`persist_tracker_links` stores for the task's :class:`MlflowRunLink` button. :func:`run_registry_env`
+:func:`~verl_pipeline.airflow.links.persist_tracker_links` stores for the task's
+:class:`~verl_pipeline.airflow.links.MlflowRunLink` button. :func:`run_registry_env`
 is the registry's server and login for :func:`verl_pipeline.registry.register`.
 """
 
@@ -13,8 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperatorLink
-
+from verl_pipeline.airflow.links import MlflowRunLink
 from verl_pipeline.trackers import (
     LOGGER_KEY,
     MLFLOW_RUN_VAR,
@@ -32,21 +32,6 @@ if TYPE_CHECKING:
     from verl_pipeline.spec import RunSpec
 
 log = logging.getLogger(__name__)
-
-
-class MlflowRunLink(BaseOperatorLink):
-    """``MLflow run``: the run's page on the MLflow server, stored in XCom once the run is found."""
-
-    name = "MLflow run"
-
-    def persist(self, context: Any, url: str) -> None:
-        context["ti"].xcom_push(key=self.xcom_key, value=url)
-
-    def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        from airflow.sdk.execution_time.xcom import XCom
-
-        value = XCom.get_value(key=self.xcom_key, ti_key=ti_key)
-        return str(value) if value else ""
 
 
 def find_connection(conn_id: str) -> Any | None:
@@ -124,13 +109,5 @@ def job_trackers(spec: RunSpec, handle: Any) -> JobTrackers:
     return JobTrackers(env, links)
 
 
-def persist_tracker_links(context: Any, links: dict[str, str]) -> None:
-    """Store the tracker pages (``tracker_links`` of the submit task's result) for this task's buttons.
-
-    A run without MLflow stores an empty link (no button): Airflow reads every extra link's XCom when
-    the task ends and logs an error for one that is missing."""
-    MlflowRunLink().persist(context, links.get(MlflowRunLink.name) or "")
-
-
-__all__ = ["JobTrackers", "MlflowRunLink", "check_tracker_connections", "find_connection", "job_trackers",
-           "persist_tracker_links", "run_registry_env", "run_tracker_env"]
+__all__ = ["JobTrackers", "check_tracker_connections", "find_connection", "job_trackers", "run_registry_env",
+           "run_tracker_env"]
