@@ -6,7 +6,7 @@ over the steady steps (after the first, the checkpoint save taken out), time in 
 what NCCL said about itself (``NCCL_DEBUG=INFO``: version, communicators, their set-up time, the
 transport of every channel), each of the run's own GPUs' utilisation and peak memory (the report's
 ``gpus`` rows), time to the first step (the report's per-attempt start-up). Against the same model
-profile on one GPU: the weak-scaling efficiency (per-GPU throughput, ``report.scaling.efficiency``) and
+profile on one GPU: the weak-scaling efficiency (per-GPU throughput, ``report.scaling_check.efficiency``) and
 the share of the step the one-GPU run at the same work per GPU does not need (communication,
 synchronisation and imbalance together: NCCL reports no time spent in collectives).
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.report import scaling
+from verl_pipeline.report import scaling_check
 from verl_pipeline.trainer import metrics as m
 
 #: The seed's health indicator for communication: NCCL collectives under 10% of the step.
@@ -132,10 +132,10 @@ def table_rows(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         bf = (b or {}).get("figures") or {}
         row["efficiency"] = row["overhead_vs_1gpu"] = None
         if b is not None and r.get("ok") and f.get("tokens_per_s_per_gpu") and bf.get("tokens_per_s_per_gpu"):
-            one = scaling.ScalingPoint(str(b["config"]), 1, 1, float(bf["tokens_per_s_per_gpu"]))
-            this = scaling.ScalingPoint(str(r["config"]), int(r["nodes"]), int(r["gpus"]),
+            one = scaling_check.ScalingPoint(str(b["config"]), 1, 1, float(bf["tokens_per_s_per_gpu"]))
+            this = scaling_check.ScalingPoint(str(r["config"]), int(r["nodes"]), int(r["gpus"]),
                                         float(f["tokens_per_s_per_gpu"]))
-            row["efficiency"] = round(scaling.efficiency(one, this), 3)
+            row["efficiency"] = round(scaling_check.efficiency(one, this), 3)
             if r.get("weak") and f.get("step_s") and bf.get("step_s"):
                 row["overhead_vs_1gpu"] = round(max(0.0, 1 - float(bf["step_s"]) / float(f["step_s"])), 3)
         row["failing"] = failing(row)
@@ -146,12 +146,13 @@ def table_rows(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def failing(row: Mapping[str, Any]) -> list[str]:
     """The health indicators this row fails (only those it has a figure for)."""
     out = []
-    if row.get("gpus", 1) > 1 and row.get("efficiency") is not None and row["efficiency"] < scaling.MIN_EFFICIENCY:
-        out.append(f"efficiency {row['efficiency']:.0%} < {scaling.MIN_EFFICIENCY:.0%}")
+    efficiency = row.get("efficiency")
+    if row.get("gpus", 1) > 1 and efficiency is not None and efficiency < scaling_check.MIN_EFFICIENCY:
+        out.append(f"efficiency {row['efficiency']:.0%} < {scaling_check.MIN_EFFICIENCY:.0%}")
     if row.get("overhead_vs_1gpu") is not None and row["overhead_vs_1gpu"] > MAX_COMM_SHARE:
         out.append(f"beyond the 1-GPU step {row['overhead_vs_1gpu']:.0%} > {MAX_COMM_SHARE:.0%}")
-    if row.get("gpu_util_min_pct") is not None and row["gpu_util_min_pct"] < scaling.MIN_GPU_UTILIZATION_PCT:
-        out.append(f"a GPU at {row['gpu_util_min_pct']:.0f}% < {scaling.MIN_GPU_UTILIZATION_PCT:.0f}%")
+    if row.get("gpu_util_min_pct") is not None and row["gpu_util_min_pct"] < scaling_check.MIN_GPU_UTILIZATION_PCT:
+        out.append(f"a GPU at {row['gpu_util_min_pct']:.0f}% < {scaling_check.MIN_GPU_UTILIZATION_PCT:.0f}%")
     return out
 
 

@@ -4,7 +4,7 @@ A restart that follows an attempt which made progress (its checkpoint moved on) 
 only attempts *in a row* that made none (the same checkpoint, a crash before the first step) use up
 ``no_progress_limit``. The delay before a restart grows with those attempts only, so a run that
 keeps training pays ``delay`` for each failure, however many it has had. The budget itself is kept
-from the run's records by :mod:`verl_pipeline.jobs.budget`; ``jobs.outcome.decide`` decides with it.
+from the run's records by :mod:`verl_pipeline.jobs.restart_budget`; ``jobs.outcome.decide`` decides with it.
 
 .. code-block:: yaml
 

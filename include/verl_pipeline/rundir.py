@@ -130,7 +130,7 @@ class RunDir:
     def restarts_file(self) -> Path:
         """The restart decisions after infrastructure failures, one JSON line each: the attempt that
         failed, its progress, the budget left, the delay, ``restart`` or ``exhausted``
-        (``jobs.budget.RestartBudget.record``)."""
+        (``jobs.restart_budget.RestartBudget.record``)."""
         return self.path / "restarts.jsonl"
 
     @property

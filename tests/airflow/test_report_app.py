@@ -172,7 +172,7 @@ def test_reports_are_served_only_to_users_who_may_read_the_runs(api: Any, report
     assert r.status_code == 404 and "has no report" in r.text and "Restart budget" not in r.text
     # A run still training, restarted after a lost node: its page shows the restart budget so far.
     from verl_pipeline.airflow.task_ids import RESTART_BUDGET_KEY, WAIT_TASK
-    from verl_pipeline.jobs.budget import AttemptProgress, RestartBudget, RestartOutcome
+    from verl_pipeline.jobs.restart_budget import AttemptProgress, RestartBudget, RestartOutcome
     from verl_pipeline.restarts import RestartPolicy
 
     running = api_server.dag_run(tmp_path, "vp_report_app_running", WAIT_TASK)

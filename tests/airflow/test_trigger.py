@@ -17,12 +17,12 @@ from verl_pipeline.airflow.triggers import CLASSPATH, RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.constants import JobState
 from verl_pipeline.exceptions import ClusterError
-from verl_pipeline.jobs.budget import AttemptProgress, RestartBudget
 from verl_pipeline.jobs.client import JobInfo, LogSource, LogStream, NodeInfo
 from verl_pipeline.jobs.gpu_usage import read_samples, readings_from_summary
 from verl_pipeline.jobs.logstream import WaitCursor
 from verl_pipeline.jobs.outcome import Action, Observation, decide
 from verl_pipeline.jobs.progress import ProgressWatch, first_step_seen_at
+from verl_pipeline.jobs.restart_budget import AttemptProgress, RestartBudget
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.jobs.watchdog import Hang
 from verl_pipeline.restarts import RestartPolicy

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from verl_pipeline.constants import JobState
-from verl_pipeline.jobs.budget import AttemptProgress, RestartBudget
 from verl_pipeline.jobs.classify import FailureKind
 from verl_pipeline.jobs.client import JobInfo
 from verl_pipeline.jobs.outcome import Action, Observation, TrainingRecord, WaitEvent, decide
 from verl_pipeline.jobs.progress import GpuSummary
+from verl_pipeline.jobs.restart_budget import AttemptProgress, RestartBudget
 from verl_pipeline.jobs.watchdog import Hang
 from verl_pipeline.restarts import RestartPolicy
 

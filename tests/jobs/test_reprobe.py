@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from verl_pipeline.jobs.budget import RestartOutcome
 from verl_pipeline.jobs.client import NodeInfo
 from verl_pipeline.jobs.gpu_usage import GpuReading
 from verl_pipeline.jobs.reprobe import MAX_AGE_S, decide, latest_failure
+from verl_pipeline.jobs.restart_budget import RestartOutcome
 from verl_pipeline.restarts import Reprobe
 from verl_pipeline.rundir import Attempt, RunDir
 

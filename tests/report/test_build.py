@@ -19,7 +19,7 @@ from verl_pipeline.report.build import (
     merge_rows,
     preflight_checks,
 )
-from verl_pipeline.report.scaling import GPUS_NAMED, MIN_SAMPLES_JUDGED, FlagKind, ScalingPoint
+from verl_pipeline.report.scaling_check import GPUS_NAMED, MIN_SAMPLES_JUDGED, FlagKind, ScalingPoint
 
 FACTS = RunFacts(run_key="r2", run_name="verl_ppo/r2", profile="gsm8k", mode="train", nnodes=2, n_gpus_per_node=4,
                  total_steps=6, gpu_memory_gb=80)

@@ -34,7 +34,7 @@ def default_args() -> dict[str, Any]:
     failing (its worker lost, a cluster that cannot be provisioned just now). The run's restarts
     after infrastructure failures of its job are not these: the wait task restarts the job within
     its try while the run's restart budget lasts (the run profile's ``restarts:``,
-    :mod:`verl_pipeline.jobs.budget`); the user's errors fail at once whatever this says."""
+    :mod:`verl_pipeline.jobs.restart_budget`); the user's errors fail at once whatever this says."""
     from datetime import timedelta
 
     return {

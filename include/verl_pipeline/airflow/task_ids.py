@@ -21,7 +21,7 @@ REPORT_TASK = "report_run"
 
 #: The provision task's XCom naming the run directory (the frozen spec, the cluster record …).
 RUN_DIR_KEY = "run_dir"
-#: The wait task's XCom holding its latest restart decision (``jobs.budget.RestartBudget.record``): the
+#: The wait task's XCom holding its latest restart decision (``jobs.restart_budget.RestartBudget.record``): the
 #: restart budget while the run goes on, shown by the "Run report" tab until the report exists.
 RESTART_BUDGET_KEY = "restart_budget"
 

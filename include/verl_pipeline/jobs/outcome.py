@@ -8,7 +8,7 @@ stopped and why, the restart budget) and verl's metrics into one :class:`Decisio
 - ``FINISH``: the job succeeded (and, when training, reached its last step);
 - ``WAIT``: the job is alive — (re)attach and wait for it;
 - ``RESTART``: an infrastructure failure, and the run's restart budget
-  (:mod:`verl_pipeline.jobs.budget`) allows another attempt: after the decision's delay, provision a
+  (:mod:`verl_pipeline.jobs.restart_budget`) allows another attempt: after the decision's delay, provision a
   healthy cluster and submit the next attempt, resumed from the last checkpoint — within this task
   try, so Airflow's retries are not what a run's restarts are counted by;
 - ``FAIL``: the user's failure (a retry cannot fix it), or an infrastructure failure once the budget
@@ -27,8 +27,8 @@ from typing import Any
 
 from verl_pipeline.constants import JobState
 from verl_pipeline.durations import format_duration
-from verl_pipeline.jobs.budget import RestartBudget
 from verl_pipeline.jobs.classify import FailureKind, classify
+from verl_pipeline.jobs.restart_budget import RestartBudget
 from verl_pipeline.jobs.watchdog import Hang
 
 

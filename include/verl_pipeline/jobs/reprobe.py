@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_pipeline.jobs.budget import RestartOutcome
 from verl_pipeline.jobs.classify import NODES_SPARED
 from verl_pipeline.jobs.client import NodeInfo
+from verl_pipeline.jobs.restart_budget import RestartOutcome
 from verl_pipeline.restarts import Reprobe
 from verl_pipeline.rundir import RunDir
 

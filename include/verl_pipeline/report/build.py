@@ -18,11 +18,11 @@ from verl_pipeline.jobs.startup.actors import ActorStart
 from verl_pipeline.jobs.startup.markers import Phase
 from verl_pipeline.jobs.startup.phases import PhaseTime, StartupPhases
 from verl_pipeline.promotion import Verdict
-from verl_pipeline.report import gpu, scaling
+from verl_pipeline.report import gpu, scaling_check
 from verl_pipeline.report.critic import CriticSummary
 from verl_pipeline.report.critic import summarise as summarise_critic
 from verl_pipeline.report.learning import LearningVerdict, judge
-from verl_pipeline.report.restarts import RestartSummary
+from verl_pipeline.report.restart_history import RestartSummary
 from verl_pipeline.scores import Evaluation
 from verl_pipeline.trainer import metrics as m
 
@@ -187,9 +187,9 @@ class Report:
     wall_time_s: float | None = None
     gpu_hours: float | None = None
     checks: list[Check] = field(default_factory=list)
-    scaling_point: scaling.ScalingPoint | None = None
-    comparisons: list[scaling.Comparison] = field(default_factory=list)
-    flags: list[scaling.Flag] = field(default_factory=list)
+    scaling_point: scaling_check.ScalingPoint | None = None
+    comparisons: list[scaling_check.Comparison] = field(default_factory=list)
+    flags: list[scaling_check.Flag] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plots: dict[str, str] = field(default_factory=dict)
     #: The restart budget and the restart decisions (the run's ``restarts.jsonl``); None: not known.
@@ -366,7 +366,7 @@ def _notes(facts: RunFacts, status: RunOutcome, rows: list[StepRow], attempts: l
 
 def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptInfo], rows: list[StepRow],
                  generated_at: float, ended_at: float | None = None, preflight: dict[str, Any] | None = None,
-                 earlier: list[scaling.ScalingPoint] | None = None,
+                 earlier: list[scaling_check.ScalingPoint] | None = None,
                  gpu_series: list[gpu.GpuSeries] | None = None, restarts: RestartSummary | None = None,
                  settings: Mapping[str, Any] | None = None, evaluation: Evaluation | None = None,
                  promotion: Verdict | None = None) -> Report:
@@ -415,15 +415,15 @@ def build_report(facts: RunFacts, *, status: RunOutcome, attempts: list[AttemptI
     return report
 
 
-def _scaling_and_flags(report: Report, earlier: list[scaling.ScalingPoint], steps: list[StepRow],
+def _scaling_and_flags(report: Report, earlier: list[scaling_check.ScalingPoint], steps: list[StepRow],
                        settings: Mapping[str, Any] | None) -> None:
     facts = report.run
     if facts.mode == "train" and report.throughput_per_gpu:
         # Stored for every training run; later runs compare only with the successful ones.
-        report.scaling_point = scaling.ScalingPoint(facts.run_key, facts.nnodes, facts.n_gpus,
+        report.scaling_point = scaling_check.ScalingPoint(facts.run_key, facts.nnodes, facts.n_gpus,
                                                     report.throughput_per_gpu)
-        report.comparisons = scaling.compare(report.scaling_point, earlier)
-    report.flags = scaling.flags(
+        report.comparisons = scaling_check.compare(report.scaling_point, earlier)
+    report.flags = scaling_check.flags(
         timing_s=report.timing_s, peak_memory_gb=report.peak_memory_allocated_gb, gpu_memory_gb=facts.gpu_memory_gb,
         comparisons=report.comparisons, gpus=report.gpus,
         saves=[(r.metrics[m.TIMING_STEP], r.metrics.get(m.TIMING_SAVE_CHECKPOINT, 0.0)) for r in steps

@@ -9,13 +9,13 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from verl_pipeline.jobs.budget import RestartOutcome
+from verl_pipeline.jobs.restart_budget import RestartOutcome
 from verl_pipeline.jobs.startup.actors import by_class
 from verl_pipeline.jobs.startup.phases import PhaseTime
 from verl_pipeline.report.build import Report, Series
 from verl_pipeline.report.gpu import MIB_PER_GIB, GpuUsage
-from verl_pipeline.report.restarts import RestartSummary
-from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT, under_used
+from verl_pipeline.report.restart_history import RestartSummary
+from verl_pipeline.report.scaling_check import MIN_GPU_UTILIZATION_PCT, under_used
 from verl_pipeline.trainer import metrics as m
 
 _STYLE = """

@@ -14,7 +14,7 @@ from typing import Any
 
 from verl_pipeline.report.build import AttemptInfo, StepRow, timing_names, training_rows
 from verl_pipeline.report.gpu import GpuSeries, Window, by_host
-from verl_pipeline.report.scaling import MIN_GPU_UTILIZATION_PCT
+from verl_pipeline.report.scaling_check import MIN_GPU_UTILIZATION_PCT
 from verl_pipeline.trainer import metrics as m
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from verl_pipeline.jobs.startup import actors
 from verl_pipeline.jobs.startup.actors import ActorStart
 from verl_pipeline.paths import atomic_path, write_json_atomic
 from verl_pipeline.promotion import Verdict
-from verl_pipeline.report import gpu, scaling
+from verl_pipeline.report import gpu, scaling_check
 from verl_pipeline.report.build import (
     AttemptInfo,
     Report,
@@ -31,7 +31,7 @@ from verl_pipeline.report.build import (
     merge_rows,
     training_windows,
 )
-from verl_pipeline.report.restarts import RestartSummary, summarise
+from verl_pipeline.report.restart_history import RestartSummary, summarise
 from verl_pipeline.rundir import RunDir, actor_starts_file
 from verl_pipeline.scores import read_evaluation
 
@@ -163,7 +163,8 @@ def write_report(run_dir: Path, *, status: RunOutcome | None = None, spec: dict[
     gpu_series = gpu.collect(read_samples(RunDir(run_dir).gpu_usage_file))
     storage_root = Path(spec["storage_root"]) if spec.get("storage_root") else run_dir.parent.parent
     in_run = str((report_dir(run_dir) / REPORT_JSON).relative_to(run_dir))
-    earlier = scaling.earlier_points(storage_root, facts.profile, report_file=in_run, exclude_run_key=facts.run_key)
+    earlier = scaling_check.earlier_points(storage_root, facts.profile, report_file=in_run,
+                                           exclude_run_key=facts.run_key)
     report = build_report(facts, status=status, attempts=attempts, rows=rows, generated_at=round(time.time(), 3),
                           ended_at=_ended_at(run_dir), preflight=preflight if facts.mode == "preflight" else None,
                           earlier=earlier, gpu_series=gpu_series, restarts=_restarts(run_dir, spec),

@@ -7,7 +7,7 @@ The path from "Ray says the job failed" to "restart with resume", in reading ord
 2. :meth:`WaitForVerlJobOperator.execute_complete` turns it into an
    :class:`~verl_pipeline.jobs.outcome.Observation` — as :meth:`~WaitForVerlJobOperator.execute`
    does with its own look at the job when a try starts;
-3. the run's restart budget is read from its records (:func:`verl_pipeline.jobs.budget.run_budget`:
+3. the run's restart budget is read from its records (:func:`verl_pipeline.jobs.restart_budget.run_budget`:
    which attempts moved the checkpoint on) and :func:`~verl_pipeline.jobs.outcome.decide` decides
    (classifying a failure once);
 4. :meth:`WaitForVerlJobOperator._act` carries the decision out and records a restart decision
@@ -44,8 +44,8 @@ from verl_pipeline.airflow.task_ids import (
 from verl_pipeline.airflow.tracker_connections import job_trackers
 from verl_pipeline.constants import Mode, SubmitAction
 from verl_pipeline.exceptions import PipelineError
-from verl_pipeline.jobs.budget import spec_budget
 from verl_pipeline.jobs.outcome import Action, Decision, Observation, WaitEvent
+from verl_pipeline.jobs.restart_budget import spec_budget
 from verl_pipeline.jobs.wait_request import WaitRequest
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
@@ -210,7 +210,7 @@ class WaitForVerlJobOperator(PipelineOperator):
     def _record_budget(self, context: Any, spec: RunSpec, decision: Decision) -> None:
         """A restart decision into the run's ``restarts.jsonl`` (the report's and the next decision's
         record) and this task's ``restart_budget`` XCom (the UI shows it while the run goes on)."""
-        from verl_pipeline.jobs.budget import RestartOutcome
+        from verl_pipeline.jobs.restart_budget import RestartOutcome
 
         assert decision.budget is not None  # an infrastructure decision carries the budget it was made with
         outcome = RestartOutcome.RESTART if decision.action is Action.RESTART else RestartOutcome.EXHAUSTED

@@ -1,6 +1,6 @@
 """The report's restart section: the run's restart budget and each restart decision (its ``restarts.jsonl``).
 
-The wait task records every decision after an infrastructure failure (``jobs.budget.RestartBudget.record``):
+The wait task records every decision after an infrastructure failure (``jobs.restart_budget.RestartBudget.record``):
 the attempt that failed, whether it moved the checkpoint on, how many attempts in a row had not, what
 was left of the budget and how long the restart waited — or that the budget was used up. The
 report shows them as recorded, one row per attempt (the last decision for it, when a later try
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verl_pipeline.jobs.budget import RestartOutcome
+from verl_pipeline.jobs.restart_budget import RestartOutcome
 
 _RESTART, _EXHAUSTED = RestartOutcome.RESTART.value, RestartOutcome.EXHAUSTED.value
 
@@ -23,7 +23,8 @@ class RestartDecision:
 
     attempt: int
     reason: str
-    #: A :class:`~verl_pipeline.jobs.budget.RestartOutcome` value (``exhausted``: the budget was used up, run failed).
+    #: A :class:`~verl_pipeline.jobs.restart_budget.RestartOutcome` value (``exhausted``: the budget was used up,
+    #: the run failed).
     outcome: str
     progressed: bool
     resumed_from: int

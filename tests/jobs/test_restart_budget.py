@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_verl_trainer import save_checkpoint
-from verl_pipeline.jobs.budget import (
+from verl_pipeline.jobs.checkpoints import SEGMENTS_FILE, newest_run_step
+from verl_pipeline.jobs.restart_budget import (
     AttemptProgress,
     RestartBudget,
     RestartOutcome,
@@ -16,7 +17,6 @@ from verl_pipeline.jobs.budget import (
     renewed_after,
     run_budget,
 )
-from verl_pipeline.jobs.checkpoints import SEGMENTS_FILE, newest_run_step
 from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import Attempt, RunDir
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from verl_pipeline.jobs.budget import AttemptProgress, RestartBudget, RestartOutcome
+from verl_pipeline.jobs.restart_budget import AttemptProgress, RestartBudget, RestartOutcome
 from verl_pipeline.report.build import RunOutcome
 from verl_pipeline.report.html import restarts_html
-from verl_pipeline.report.restarts import RestartSummary, summarise
+from verl_pipeline.report.restart_history import RestartSummary, summarise
 from verl_pipeline.report.write import write_report
 from verl_pipeline.restarts import RestartPolicy
 from verl_pipeline.rundir import RunDir
