@@ -217,7 +217,7 @@ def cold_caches(root: Path) -> dict[str, str]:
     Triton, CUDA's JIT cache, flashinfer) and the rest of ``~/.cache``. Two runs compared on one machine then
     both start as a first run does, whichever went first. A DAG run's job keeps its caches under the run's
     storage (its runtime_env sets them over these), which each scenario starts empty."""
-    from verl_pipeline.trainer.warmstart import CACHE_DIRS
+    from verl_pipeline.trainer.nodes.warmstart import CACHE_DIRS
 
     return {"XDG_CACHE_HOME": str(root), **{var: str(root / sub) for var, sub in CACHE_DIRS.items()}}
 

@@ -447,10 +447,10 @@ def validate_all(configs: Sequence[Config], root: Path) -> list[str]:
     """Every configuration through the rules and verl's own composition and validation, its job decided for
     H200 nodes with flash-attn as the submit decides it: the refusals, one line each."""
     sys.path.insert(0, str(REPO))
-    from tests.trainer.nodes import h200
+    from tests.trainer.nodes.probed import h200
     from verl_pipeline import steps
     from verl_pipeline.exceptions import ConfigError
-    from verl_pipeline.trainer.decisions import decide_for_spec
+    from verl_pipeline.trainer.nodes.decisions import decide_for_spec
     from verl_pipeline.trainer.render import job_settings
     from verl_pipeline.trainer.validate import session
 

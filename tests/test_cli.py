@@ -148,7 +148,7 @@ def test_logs_follow_reads_each_byte_of_the_log_once(tmp_path: Path, ray_cluster
 
 def test_render_decides_for_the_nodes_a_probe_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.trainer.nodes import h200
+    from tests.trainer.nodes.probed import h200
     from verl_pipeline.cli import main
 
     home = tmp_path / "home"

@@ -389,7 +389,7 @@ def _render_nodes(spec: RunSpec, path: str | None) -> Any:
     """What the probe found on the nodes ``render`` decides for: ``--nodes FILE`` (a run's environment.json,
     job.json or decisions.jsonl, or a cluster's latest probe), else the cluster profile's latest probe on
     its storage when this machine sees it; None when neither is there."""
-    from verl_pipeline.trainer.nodefacts import NodeFacts
+    from verl_pipeline.trainer.nodes.facts import NodeFacts
 
     file = Path(path) if path else spec.cluster_facts_file
     if not file.is_file():
@@ -411,8 +411,8 @@ def _render_nodes(spec: RunSpec, path: str | None) -> Any:
 
 def _both_ways(spec: RunSpec, settings: dict[str, Any]) -> list[str]:
     """What ``submit`` would decide with and without flash-attn on the GPU nodes, for a render without a probe."""
-    from verl_pipeline.trainer.decisions import decide_for_spec
-    from verl_pipeline.trainer.nodefacts import GpuNode, NodeFacts
+    from verl_pipeline.trainer.nodes.decisions import decide_for_spec
+    from verl_pipeline.trainer.nodes.facts import GpuNode, NodeFacts
     from verl_pipeline.trainer.scaling import uses_critic
 
     memory = spec.hardware.gpu_memory_gb if spec.hardware else None
@@ -432,7 +432,7 @@ def _both_ways(spec: RunSpec, settings: dict[str, Any]) -> list[str]:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
-    from verl_pipeline.trainer.decisions import decide_for_spec
+    from verl_pipeline.trainer.nodes.decisions import decide_for_spec
     from verl_pipeline.trainer.render import job_settings
 
     spec = _spec(args)

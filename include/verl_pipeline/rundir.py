@@ -151,7 +151,7 @@ class RunDir:
 
     @property
     def decisions_file(self) -> Path:
-        """What was decided for each submitted attempt's nodes (``trainer.decisions``): one JSON line per
+        """What was decided for each submitted attempt's nodes (``trainer.nodes.decisions``): one JSON line per
         attempt, with what the probe found and what the job therefore used."""
         return self.path / "decisions.jsonl"
 

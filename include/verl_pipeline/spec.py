@@ -168,7 +168,7 @@ class ModelFacts:
     #: True when params_b was estimated from the shape rather than given.
     estimated: bool = False
     #: The vocabulary (config.json's ``vocab_size``): the logits' width, which sizes the dynamic-batch token
-    #: budgets (``trainer/fastpath.py``); None when the profile does not give it.
+    #: budgets (``trainer/nodes/fastpath.py``); None when the profile does not give it.
     vocab_size: int | None = None
     #: config.json's ``num_key_value_heads`` (grouped-query attention): the KV cache's size per token, which
     #: sizes vLLM's ``max_num_seqs`` (``trainer/scaling.py``); None: as many as the attention heads.
@@ -379,7 +379,7 @@ class RunSpec:
     #: a tool's module, say), absolute (``trainer/jobfiles.py``).
     job_files: tuple[str, ...] = ()
     #: Validate before training on a resume attempt too (the run profile's ``validate_on_resume``); by
-    #: default only the attempt that starts at step 0 does (``trainer/warmstart.py``).
+    #: default only the attempt that starts at step 0 does (``trainer/nodes/warmstart.py``).
     validate_on_resume: bool = False
 
     def model_sources(self) -> dict[str, ModelSource]:
@@ -430,7 +430,7 @@ class RunSpec:
     @property
     def cache_root(self) -> Path:
         """The workers' compile, autotune and kernel caches, one folder per versions-and-GPU key
-        (``trainer/warmstart.py``), shared by every run on this storage."""
+        (``trainer/nodes/warmstart.py``), shared by every run on this storage."""
         return Path(self.storage_paths["caches"]) if "caches" in self.storage_paths else self.storage_root / "caches"
 
     @property

@@ -20,8 +20,8 @@ from verl_pipeline.jobs.submit import Submission, existing_job, submit_or_reatta
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import RunDir, now
 from verl_pipeline.spec import DataSource, ModelSource, RunSpec
-from verl_pipeline.trainer.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.jobfiles import stage
+from verl_pipeline.trainer.nodes.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.render import RenderedJob, render_job
 
 if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
@@ -35,7 +35,7 @@ def validate_spec_with_verl(spec: RunSpec, *, record_in: RunDir | None = None, r
                             decision: Decision | None = None) -> dict[str, Any]:
     """Run verl's own composition + validation for the run's target shape, before any cluster.
 
-    ``decision`` is what was decided for the nodes (:mod:`verl_pipeline.trainer.decisions`; the submit
+    ``decision`` is what was decided for the nodes (:mod:`verl_pipeline.trainer.nodes.decisions`; the submit
     validates a training job's decided shape); without one, what is decided without a probe.
 
     verl's model config loads a tokenizer, so the built-in tiny model stands in for the run's
@@ -488,10 +488,10 @@ def resume_point(spec: RunSpec, settings: dict[str, Any]) -> int:
 
 
 def decide_for_nodes(spec: RunSpec, intent: RenderedJob, raw: dict[str, Any]) -> Decision:
-    """What the job uses on the nodes the probe (``raw``) found (:mod:`verl_pipeline.trainer.decisions`),
+    """What the job uses on the nodes the probe (``raw``) found (:mod:`verl_pipeline.trainer.nodes.decisions`),
     logged — with what changed since the run's previous attempt, which may have run on other nodes — and
     kept for ``render`` as the cluster's latest probe (:attr:`RunSpec.cluster_facts_file`)."""
-    from verl_pipeline.trainer.nodefacts import NodeFacts
+    from verl_pipeline.trainer.nodes.facts import NodeFacts
 
     nodes = NodeFacts.from_probe(raw["nodes"], source=f"probe job {raw['job_id']}")
     settings = intent.undecided_settings()

@@ -90,7 +90,7 @@ def test_the_model_profiles_vocabulary_is_the_models(tiny_model_path: Path) -> N
 
 
 def test_cold_caches_cover_every_cache_a_job_keeps_warm(tmp_path: Path) -> None:
-    from verl_pipeline.trainer.warmstart import CACHE_DIRS
+    from verl_pipeline.trainer.nodes.warmstart import CACHE_DIRS
 
     env = _bench().cold_caches(tmp_path)
     assert set(CACHE_DIRS) <= set(env) and all(v.startswith(str(tmp_path)) for v in env.values())

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.bench import bench_script
-from tests.trainer.nodes import h200
+from tests.trainer.nodes.probed import h200
 from verl_pipeline.cluster.local import LocalBackend
 from verl_pipeline.spec import Placement
 
@@ -73,7 +73,7 @@ def test_verl_accepts_the_new_shapes_as_decided_for_h200_nodes(config: Any, tmp_
     the suite's time."""
     assert set(NEW_SHAPES) <= set(scaling.matrix(8))
     from verl_pipeline import steps
-    from verl_pipeline.trainer.decisions import decide_for_spec
+    from verl_pipeline.trainer.nodes.decisions import decide_for_spec
     from verl_pipeline.trainer.render import job_settings
 
     spec = scaling.run_spec(config, tmp_path)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from verl_pipeline.cluster.probe import _module_facts
-from verl_pipeline.trainer.attention import ACTOR_ATTN_KEY
 from verl_pipeline.trainer.environment import evaluate, needs_for, read_verl_pins
+from verl_pipeline.trainer.nodes.attention import ACTOR_ATTN_KEY
 
 PINS = read_verl_pins(['vllm==0.24.0; extra == "vllm"'])
 #: GRPO with the actor on SDPA: vllm is the only package the job needs.

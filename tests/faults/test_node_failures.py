@@ -112,7 +112,7 @@ def _resumed_run(fault_env: Path, results_file: Path, scenario: str, rank: int) 
     assert set(kept) <= set(range(SAVE_FREQ, TOTAL_STEPS + 1, SAVE_FREQ))
     # Each attempt's start, phase by phase, from the lines the stand-in prints as verl and vLLM do: the
     # waiter saw every phase end, in order, the resume's too, which skips validation before training
-    # (the pipeline's rule for a resume attempt, trainer/warmstart.py): that phase is unknown, not guessed.
+    # (the pipeline's rule for a resume attempt, trainer/nodes/warmstart.py): that phase is unknown, not guessed.
     report = json.loads((rd / "report" / "report.json").read_text())
     for attempt in report["attempts"]:
         skipped = {"validation"} if attempt["resumed_from_step"] else set()

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from verl_pipeline.trainer.attention import SDPA_OVERRIDE, actor_attn_implementation
 from verl_pipeline.trainer.environment import (
     REPORTED_VERSIONS,
     Needs,
@@ -17,6 +16,7 @@ from verl_pipeline.trainer.environment import (
     read_verl_pins,
     transformers_problem,
 )
+from verl_pipeline.trainer.nodes.attention import SDPA_OVERRIDE, actor_attn_implementation
 
 PINS = read_verl_pins([
     "transformers!=5.6.0,<5.11,>=5.5.3",

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.trainer.nodes import h200
+from tests.trainer.nodes.probed import h200
 from verl_pipeline import steps
 from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.profiles import build_run_spec, list_profiles
-from verl_pipeline.trainer.attention import ACTOR_ATTN_OVERRIDE
-from verl_pipeline.trainer.decisions import decide_for_spec
-from verl_pipeline.trainer.fastpath import ACTOR_TOKENS_KEY, DYNAMIC_BSZ_KEY, FUSED_KERNELS_KEY, AttentionPath
+from verl_pipeline.trainer.nodes.attention import ACTOR_ATTN_OVERRIDE
+from verl_pipeline.trainer.nodes.decisions import decide_for_spec
+from verl_pipeline.trainer.nodes.fastpath import ACTOR_TOKENS_KEY, DYNAMIC_BSZ_KEY, FUSED_KERNELS_KEY, AttentionPath
 from verl_pipeline.trainer.render import job_settings
 from verl_pipeline.trainer.validate import session
 

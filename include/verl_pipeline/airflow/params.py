@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from verl_pipeline.profiles import DEFAULT_PROFILE, list_profiles
-from verl_pipeline.trainer.attention import SDPA_OVERRIDE
+from verl_pipeline.trainer.nodes.attention import SDPA_OVERRIDE
 
 MAX_ACTIVE_RUNS_ENV = "VERL_PIPELINE_MAX_ACTIVE_RUNS"
 DEFAULT_MAX_ACTIVE_RUNS = 4

@@ -6,7 +6,7 @@ module the job needs imports (flash-attn, sglang; verl and vllm are looked up, w
 require) with its version, transformers' version and the range the node's verl supports, the
 versions of the distributions the request names, and whether each path the job reads exists. On a
 node with GPUs flash-attn is also run once on a GPU (a build for another GPU or CUDA imports, then
-fails there): whether it is *usable* decides the attention path (:mod:`verl_pipeline.trainer.fastpath`).
+fails there): whether it is *usable* decides the attention path (:mod:`verl_pipeline.trainer.nodes.fastpath`).
 The tasks ask for no CPU, so they run on a node that is busy.
 
 The probe runs as a short Ray job through the Jobs API (the same path, cluster and

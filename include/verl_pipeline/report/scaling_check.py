@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.report.gpu import GpuUsage
-from verl_pipeline.trainer.fastpath import ACTOR_TOKENS_KEY, DYNAMIC_BSZ_KEY, REMOVE_PADDING_KEYS
+from verl_pipeline.trainer.nodes.fastpath import ACTOR_TOKENS_KEY, DYNAMIC_BSZ_KEY, REMOVE_PADDING_KEYS
 from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.scaling import PARAM_OFFLOAD_KEY, ROLLOUT_TP_KEY
 

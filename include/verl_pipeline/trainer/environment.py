@@ -14,22 +14,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verl_pipeline.trainer.attention import (
+from verl_pipeline.trainer.jobfiles import DIR_KEYS, FILE_KEYS
+from verl_pipeline.trainer.nodes.attention import (
     ACTOR_ATTN_KEY,
     FLASH_IMPLS,
     SDPA,
     SDPA_OVERRIDE,
     explicit_attn_implementation,
 )
-from verl_pipeline.trainer.jobfiles import DIR_KEYS, FILE_KEYS
 from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, MIN_RAY_VERSION, required_cpus, uses_critic
 
 #: What the probe always looks for on the GPU nodes, whatever the job needs: flash-attn decides the
-#: attention path (:mod:`verl_pipeline.trainer.fastpath`), so it is imported (and on a node with GPUs run
+#: attention path (:mod:`verl_pipeline.trainer.nodes.fastpath`), so it is imported (and on a node with GPUs run
 #: once on a GPU) even where the rendered settings do not need it.
 OPTIONAL_MODULES = ("flash_attn",)
 #: The distributions whose versions each node reports: what the warm caches are keyed by
-#: (:mod:`verl_pipeline.trainer.warmstart`) and what the decision record shows.
+#: (:mod:`verl_pipeline.trainer.nodes.warmstart`) and what the decision record shows.
 REPORTED_VERSIONS = ("torch", "triton", "vllm", "flashinfer-python", "flash-attn", "verl", "transformers")
 #: verl's extra that pins flash-attn for its torch 2.11 / CUDA 13 stack (``flash-attn==2.8.3`` in 0.9.1).
 FLASH_ATTN_EXTRA = "flash-attn-cu130torch211"
@@ -193,7 +193,7 @@ def needs_for(settings: Mapping[str, Any], pins: VerlPins | None = None) -> Need
     flash_pin = pins.pin(FLASH_ATTN_EXTRA, "flash-attn", "flash-attn")
     critic = uses_critic(dict(settings))
     # Left unset, the actor's attention is decided for the nodes (flash-attn where every GPU node has it,
-    # sdpa otherwise: trainer/fastpath.py), so only an attention the settings name is a need.
+    # sdpa otherwise: trainer/nodes/fastpath.py), so only an attention the settings name is a need.
     attn = explicit_attn_implementation(settings)
     if critic:
         modules.append(Need(

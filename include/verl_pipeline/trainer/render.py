@@ -13,9 +13,9 @@ from verl_pipeline.paths import package_dir
 from verl_pipeline.rundir import RunDir
 from verl_pipeline.spec import RunSpec
 from verl_pipeline.trackers import LOGGER_KEY, logger_backends
-from verl_pipeline.trainer.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.jobfiles import JobFiles, plan
 from verl_pipeline.trainer.length import EPOCHS_KEY, STEPS_KEY, length_of
+from verl_pipeline.trainer.nodes.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.overrides import entrypoint, render_overrides
 from verl_pipeline.trainer.owned import (
     ACTOR_KEEP_KEY,
@@ -161,7 +161,7 @@ def render_job(
 
     ``length_filter`` is what preprocessing recorded of its prompt-length filter (``stats.json``):
     when it matches the run, verl's own filter is turned off (:mod:`verl_pipeline.trainer.prefilter`).
-    ``decision`` is what was decided for the nodes the job goes to (:mod:`verl_pipeline.trainer.decisions`);
+    ``decision`` is what was decided for the nodes the job goes to (:mod:`verl_pipeline.trainer.nodes.decisions`);
     without one, what can be decided without a probe (nodes not probed) is. ``train_rows``: the training rows
     preprocessing wrote, which the run's length is counted against (:mod:`verl_pipeline.trainer.length`).
     """

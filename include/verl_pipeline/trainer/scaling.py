@@ -7,7 +7,7 @@ that produced it, and each is overridable: a key set explicitly in a profile's `
 (or passed as an override) is kept, and the record says what the rule would have chosen.
 
 What depends on the nodes themselves (flash-attn or not, the GPU they have, the versions their caches
-are keyed by) is decided at submit, once the probe has seen them: ``trainer/decisions.py``.
+are keyed by) is decided at submit, once the probe has seen them: ``trainer/nodes/decisions.py``.
 
 No heavy imports here: the rules run on the Airflow worker in microseconds.
 """

@@ -40,8 +40,8 @@ from verl_pipeline.jobs.startup.log_times import printed_at
 from verl_pipeline.jobs.startup.markers import MARKERS, PHASES, Phase
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import actor_starts_file, startup_file
+from verl_pipeline.trainer.nodes.warmstart import VAL_BEFORE_TRAIN_KEY
 from verl_pipeline.trainer.overrides import spelled
-from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY
 
 #: How long after its first read the waiter reads Ray's records of a start's actors again (once a poll)
 #: while they are not whole, before it keeps them as they are: Ray sends them about once a second, so an

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_pipeline.trainer.nodefacts import NodeFacts
+from verl_pipeline.trainer.nodes.facts import NodeFacts
 
 #: The versions of the H200 node that docs/benchmarks.md's GPU runs used (flash-attn 2.8.3.post2 built for it).
 H200_VERSIONS = {"torch": "2.11.0+cu130", "triton": "3.5.0", "vllm": "0.24.0", "flashinfer-python": "0.5.3",

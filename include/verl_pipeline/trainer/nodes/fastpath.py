@@ -1,6 +1,6 @@
 """verl's fast path where every GPU node has a usable flash-attn; PyTorch's attention and fused kernels where not.
 
-Decided at submit, from what the probe found on the nodes (:mod:`verl_pipeline.trainer.nodefacts`):
+Decided at submit, from what the probe found on the nodes (:mod:`verl_pipeline.trainer.nodes.facts`):
 
 - **flash-attn on every GPU node**: ``attn_implementation=flash_attention_2``, sequence packing
   (``use_remove_padding``) for actor, reference and critic, and dynamic batches
@@ -16,7 +16,7 @@ Decided at submit, from what the probe found on the nodes (:mod:`verl_pipeline.t
 - **no GPU node probed** (a CPU cluster, ``render`` without probe facts): nothing is decided; the job
   keeps the run's settings (verl's default attention) and says so.
 
-Whatever the run's settings set, in any spelling, is kept (:class:`~verl_pipeline.trainer.choices.Choices`).
+Whatever the run's settings set, in any spelling, is kept (:class:`~verl_pipeline.trainer.nodes.choices.Choices`).
 Pure functions; no heavy imports.
 """
 
@@ -29,7 +29,7 @@ from enum import Enum
 from typing import Any
 
 from verl_pipeline.spec import ModelFacts
-from verl_pipeline.trainer.attention import (
+from verl_pipeline.trainer.nodes.attention import (
     ACTOR_ATTN_KEY,
     ACTOR_ATTN_OVERRIDE,
     FLASH_IMPLS,
@@ -37,8 +37,8 @@ from verl_pipeline.trainer.attention import (
     VERL_DEFAULT_ATTN,
     explicit_attn_implementation,
 )
-from verl_pipeline.trainer.choices import Choices
-from verl_pipeline.trainer.nodefacts import NodeFacts
+from verl_pipeline.trainer.nodes.choices import Choices
+from verl_pipeline.trainer.nodes.facts import NodeFacts
 from verl_pipeline.trainer.overrides import spelled
 from verl_pipeline.trainer.scaling import (
     PARAM_OFFLOAD_KEY,

@@ -7,17 +7,17 @@ import json
 from pathlib import Path
 
 from tests.jobs.test_checkpoints import save
-from tests.trainer.nodes import CPU_MODEL, h200, probe_node
+from tests.trainer.nodes.probed import CPU_MODEL, h200, probe_node
 from verl_pipeline import steps
 from verl_pipeline.constants import Mode
 from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.spec import RunSpec
-from verl_pipeline.trainer.attention import ACTOR_ATTN_OVERRIDE
-from verl_pipeline.trainer.decisions import Decision, decide_for_spec
-from verl_pipeline.trainer.fastpath import DYNAMIC_BSZ_KEY, AttentionPath
-from verl_pipeline.trainer.nodefacts import NodeFacts
+from verl_pipeline.trainer.nodes.attention import ACTOR_ATTN_OVERRIDE
+from verl_pipeline.trainer.nodes.decisions import Decision, decide_for_spec
+from verl_pipeline.trainer.nodes.facts import NodeFacts
+from verl_pipeline.trainer.nodes.fastpath import DYNAMIC_BSZ_KEY, AttentionPath
+from verl_pipeline.trainer.nodes.warmstart import COMPILE_CACHE_SWITCH, VAL_BEFORE_TRAIN_KEY
 from verl_pipeline.trainer.render import job_settings, render_job
-from verl_pipeline.trainer.warmstart import COMPILE_CACHE_SWITCH, VAL_BEFORE_TRAIN_KEY
 
 
 def _spec(model_profile: str = "tiny-ppo", **params: object) -> RunSpec:

@@ -1,7 +1,7 @@
 """What the probe found on a cluster's GPU nodes, as far as the run's decisions depend on it.
 
 The probe (:mod:`verl_pipeline.cluster.probe`) reports everything it saw on every node; this keeps
-what :mod:`verl_pipeline.trainer.decisions` decides from — whether flash-attn imports *and runs* on
+what :mod:`verl_pipeline.trainer.nodes.decisions` decides from — whether flash-attn imports *and runs* on
 each GPU node, the GPU (name, memory, compute capability), the driver, and the versions the warm
 caches are keyed by — and the node's CPUs (count, model: nothing is decided from them, but two runs
 on one GPU kind compare only beside them), in a form the run directory keeps (``environment.json``,

@@ -1,6 +1,6 @@
 """A rule's value meets the user's: the user's wins, however it is written, and the record says both.
 
-The decisions made at submit for the nodes (:mod:`verl_pipeline.trainer.decisions`) each set a verl
+The decisions made at submit for the nodes (:mod:`verl_pipeline.trainer.nodes.decisions`) each set a verl
 key unless the run's settings already set it — bare, ``+key``, ``++key`` or inside a whole section
 given as one value (:func:`verl_pipeline.trainer.overrides.spelled`) — and record either the value and
 its reason, or the user's value with what the rule would have chosen (a

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_pipeline.trainer.choices import Choices
-from verl_pipeline.trainer.nodefacts import GpuNode, NodeFacts
+from verl_pipeline.trainer.nodes.choices import Choices
+from verl_pipeline.trainer.nodes.facts import GpuNode, NodeFacts
 from verl_pipeline.trainer.overrides import spelled, spellings
 
 #: Each cache the job's workers keep: environment variable -> its folder under the key's folder.

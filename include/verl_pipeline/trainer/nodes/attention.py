@@ -1,6 +1,6 @@
 """Which attention the actor (and reference) model runs in verl, and which need flash-attn.
 
-A fact the fast-path decision (:mod:`verl_pipeline.trainer.fastpath`: flash-attn where every GPU node
+A fact the fast-path decision (:mod:`verl_pipeline.trainer.nodes.fastpath`: flash-attn where every GPU node
 has it, SDPA and fused log-prob kernels where not) and the environment checks (which packages the
 nodes need) both read; pure, no imports beyond the standard library and the override reader.
 """

@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.nodes import h200, probe_node
+from tests.trainer.nodes.probed import h200, probe_node
 from verl_pipeline.spec import ModelFacts
-from verl_pipeline.trainer import fastpath
-from verl_pipeline.trainer.attention import ACTOR_ATTN_KEY, ACTOR_ATTN_OVERRIDE
-from verl_pipeline.trainer.choices import Choices
-from verl_pipeline.trainer.fastpath import (
+from verl_pipeline.trainer.nodes import fastpath
+from verl_pipeline.trainer.nodes.attention import ACTOR_ATTN_KEY, ACTOR_ATTN_OVERRIDE
+from verl_pipeline.trainer.nodes.choices import Choices
+from verl_pipeline.trainer.nodes.facts import NodeFacts
+from verl_pipeline.trainer.nodes.fastpath import (
     ACTOR_TOKENS_KEY,
     CRITIC_FORWARD_TOKENS_KEY,
     CRITIC_TOKENS_KEY,
@@ -27,7 +28,6 @@ from verl_pipeline.trainer.fastpath import (
     decide_fast_path,
     token_budget,
 )
-from verl_pipeline.trainer.nodefacts import NodeFacts
 
 QWEN_05B = ModelFacts(params_b=0.49, hidden_size=896, num_layers=24, num_attention_heads=14, vocab_size=151936)
 #: The settings of the 0.5B GRPO profile on one H200 as far as the budgets read them.

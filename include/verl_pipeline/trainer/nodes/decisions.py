@@ -2,14 +2,14 @@
 
 The frozen spec (``run_spec.json``) holds what the user asked for; every submission — the first,
 a retry on other nodes, the CLI's — decides here, from what the probe of the cluster as it is found
-(:class:`~verl_pipeline.trainer.nodefacts.NodeFacts`; a restart on unchanged nodes reuses the run's
+(:class:`~verl_pipeline.trainer.nodes.facts.NodeFacts`; a restart on unchanged nodes reuses the run's
 last probe, :mod:`verl_pipeline.jobs.reprobe`):
 
-- the attention path and what goes with it (:mod:`verl_pipeline.trainer.fastpath`): flash-attn's
+- the attention path and what goes with it (:mod:`verl_pipeline.trainer.nodes.fastpath`): flash-attn's
   fast path with packed sequences and dynamic batches sized for the GPU, or SDPA with fused
   log-prob kernels;
 - the workers' warm caches, keyed by the versions and the GPU the probe found
-  (:mod:`verl_pipeline.trainer.warmstart`);
+  (:mod:`verl_pipeline.trainer.nodes.warmstart`);
 - validation before training on an attempt that resumes from a checkpoint (``warmstart``).
 
 A setting the run's settings give, in any spelling, is kept, and the record says what the rule would
@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_pipeline.spec import Hardware, ModelFacts, RunSpec
-from verl_pipeline.trainer.attention import ACTOR_ATTN_KEY
-from verl_pipeline.trainer.choices import Choices
-from verl_pipeline.trainer.fastpath import (
+from verl_pipeline.trainer.nodes.attention import ACTOR_ATTN_KEY
+from verl_pipeline.trainer.nodes.choices import Choices
+from verl_pipeline.trainer.nodes.facts import NodeFacts
+from verl_pipeline.trainer.nodes.fastpath import (
     ACTOR_TOKENS_KEY,
     DYNAMIC_BSZ_KEY,
     FUSED_KERNELS_KEY,
@@ -37,10 +38,9 @@ from verl_pipeline.trainer.fastpath import (
     AttentionPath,
     decide_fast_path,
 )
-from verl_pipeline.trainer.nodefacts import NodeFacts
+from verl_pipeline.trainer.nodes.warmstart import VAL_BEFORE_TRAIN_KEY, CachePlan, plan_caches, resume_validation
 from verl_pipeline.trainer.overrides import spellings
 from verl_pipeline.trainer.scaling import Rule
-from verl_pipeline.trainer.warmstart import VAL_BEFORE_TRAIN_KEY, CachePlan, plan_caches, resume_validation
 
 #: A GPU memory the probe found this far from the cluster profile's is named in the record: the scaling
 #: rules of the frozen spec (rollout TP, vLLM's share, offload) were sized for the profile's.

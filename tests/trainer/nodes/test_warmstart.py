@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.nodes import H200_VERSIONS, h200, probe_node
-from verl_pipeline.trainer.choices import Choices
-from verl_pipeline.trainer.nodefacts import NodeFacts
-from verl_pipeline.trainer.warmstart import (
+from tests.trainer.nodes.probed import H200_VERSIONS, h200, probe_node
+from verl_pipeline.trainer.nodes.choices import Choices
+from verl_pipeline.trainer.nodes.facts import NodeFacts
+from verl_pipeline.trainer.nodes.warmstart import (
     CACHE_DIRS,
     COMPILE_CACHE_SWITCH,
     VAL_BEFORE_TRAIN_KEY,
