@@ -443,11 +443,24 @@ def run_spec(c: Config, root: Path, *, host_cpus: int = 128, host_gpus: int = 8,
         return build_run_spec(conf, run_name=f"gpu-scaling/{c.name}")
 
 
+def h200_node(gpus: int) -> Any:
+    """An H200 node of ``gpus`` GPUs with a working flash-attn, as the probe reports one (the GPU stack of
+    requirements/gpu.txt)."""
+    from verl_pipeline.trainer.nodes.facts import NodeFacts
+
+    versions = {"torch": "2.11.0+cu130", "vllm": "0.24.0", "flash-attn": "2.8.3.post2", "verl": "0.9.1"}
+    facts = {"python": "3.12.3", "versions": versions, "flash_attn_kernel": {"ok": True, "error": None},
+             "modules": {"verl": {"ok": True}, "flash_attn": {"ok": True, "version": versions["flash-attn"]}},
+             "torch": {"version": versions["torch"], "cuda": "13.0", "cuda_available": True, "device_count": gpus},
+             "gpu": {"devices": [{"name": "NVIDIA H200", "memory_gib": 139.8, "capability": "9.0"}] * gpus}}
+    node = {"node_id": "h200", "ip": "10.0.0.1", "is_head": True, "cpus": 16.0 * gpus, "gpus": float(gpus),
+            "facts": facts}
+    return NodeFacts.from_probe([node], source="an H200 node as the probe reports it")
+
+
 def validate_all(configs: Sequence[Config], root: Path) -> list[str]:
     """Every configuration through the rules and verl's own composition and validation, its job decided for
     H200 nodes with flash-attn as the submit decides it: the refusals, one line each."""
-    sys.path.insert(0, str(REPO))
-    from tests.trainer.nodes.probed import h200
     from verl_pipeline import steps
     from verl_pipeline.exceptions import ConfigError
     from verl_pipeline.trainer.nodes.decisions import decide_for_spec
@@ -462,7 +475,7 @@ def validate_all(configs: Sequence[Config], root: Path) -> list[str]:
                 spec = run_spec(c, root)
                 settings = job_settings(spec, train_files="/d/train.parquet", val_files="/d/val.parquet",
                                         model_path="/m")
-                decision = decide_for_spec(spec, settings, h200(gpus=c.gpus_per_node))
+                decision = decide_for_spec(spec, settings, h200_node(c.gpus_per_node))
                 out = steps.validate_spec_with_verl(spec, decision=decision)
                 print(f"{c.name:<46} verl accepts {out['n_gpus']} GPU(s), batch {spec.verl[BATCH_KEY]} "
                       f"({time.monotonic() - t0:.1f} s)", flush=True)

@@ -78,7 +78,10 @@ def test_verl_accepts_the_new_shapes_as_decided_for_h200_nodes(config: Any, tmp_
 
     spec = scaling.run_spec(config, tmp_path)
     settings = job_settings(spec, train_files="/d/train.parquet", val_files="/d/val.parquet", model_path="/m")
-    decision = decide_for_spec(spec, settings, h200(gpus=config.gpus_per_node))
+    decision = decide_for_spec(spec, settings, scaling.h200_node(config.gpus_per_node))
+    # The bench's H200 node decides the job's settings as a probe report of one does.
+    probed = decide_for_spec(spec, settings, h200(gpus=config.gpus_per_node))
+    assert (decision.settings, decision.attention) == (probed.settings, probed.attention)
     out = steps.validate_spec_with_verl(spec, decision=decision)  # raises ConfigError if verl refused it
     assert out["n_gpus"] == (4 if config.placement == scaling.SEPARATE else 8)
 
