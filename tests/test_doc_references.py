@@ -152,10 +152,10 @@ def test_every_reference_of_the_docs_and_docstrings_to_the_package_exists() -> N
 
 
 def test_the_scan_tells_code_from_verl_keys_and_file_names() -> None:
-    assert is_ours("steps.submit_attempt") and is_ours("jobs.attempts.metrics_file") and is_ours("RunDir.load")
+    assert is_ours("steps.submit.submit_attempt") and is_ours("jobs.attempts.metrics_file") and is_ours("RunDir.load")
     assert not is_ours("trainer.logger") and not is_ours("data.train_files") and not is_ours("report.json")
     assert not is_ours("airflow.sdk.Asset")  # Airflow's, though the package has an airflow subpackage
-    assert exists("steps.submit_attempt", None) and exists("RunDir.metrics_file", None)
+    assert exists("steps.submit.submit_attempt", None) and exists("RunDir.metrics_file", None)
     assert exists("RunSpec.run_name", None)  # a dataclass field without a default
     assert not exists("jobs.attempts.metrics_file", None) and not exists("RunDir.no_such_file", None)
     doc = Text("x.py", "verl_pipeline.jobs.submit", "each attempt's :meth:`RunDir.metrics_file`, see ``Submission``")

@@ -166,7 +166,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         _out(args, result)
     else:
         handle = _handle(spec)
-        backend = get_backend({"backend": handle.backend, **steps._backend_spec(handle)})
+        backend = get_backend({"backend": handle.backend, **steps.backend_spec(handle)})
         status = backend.status(handle)
         health = backend.health(handle)
         _out(args, {"cluster": handle.to_dict(), "status": status.to_dict(), "health": health.to_dict()},

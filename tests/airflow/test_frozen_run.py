@@ -24,6 +24,7 @@ from verl_pipeline.airflow.operators import ProvisionRayClusterOperator, SubmitV
 from verl_pipeline.airflow.task_ids import PROVISION_TASK, SUBMIT_TASK, WAIT_TASK
 from verl_pipeline.cluster.base import ClusterHandle
 from verl_pipeline.cluster.registry import get_backend
+from verl_pipeline.jobs.client import wait_job_ended
 from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import RunDir
 
@@ -54,7 +55,7 @@ def test_a_restart_resubmits_the_frozen_run_on_a_reprovisioned_cluster_it_probed
         client_1 = first.client()
         run_dir.record_stop(sub["submission_id"], "node died")
         client_1.stop(sub["submission_id"])
-        assert steps.wait_job_ended(client_1, sub["submission_id"], 60)
+        assert wait_job_ended(client_1, sub["submission_id"], 60)
         get_backend({"backend": first.backend}).teardown(first)
         # ... while someone edits the run profile for their next experiment.
         profile = own_configs / "profiles" / "smoke.yaml"

@@ -9,13 +9,13 @@ from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from tests.airflow.context import provisioned, task_context
-from verl_pipeline import steps
 from verl_pipeline.airflow.operators import (
     ProvisionRayClusterOperator,
     WaitForVerlJobOperator,
 )
 from verl_pipeline.airflow.triggers import RayJobTrigger
 from verl_pipeline.cluster.base import ClusterHandle
+from verl_pipeline.jobs.client import wait_job_ended
 from verl_pipeline.profiles import build_run_spec
 from verl_pipeline.rundir import Attempt, RunDir
 
@@ -79,7 +79,7 @@ def test_wait_defers_on_a_running_job_and_completes_from_the_event(ray_cluster: 
                                          "hang": {"last_step": 1, "waited_s": 42 * 60.0, "limit_s": 30 * 60.0}})
         assert restart.value.kwargs == {"reason": hang}
         assert RunDir(spec.run_dir).stop_reason(job_id) == hang
-        assert steps.wait_job_ended(client, job_id, 60)
+        assert wait_job_ended(client, job_id, 60)
         # ... once its delay is over, the next attempt is submitted (here without the upstream results it
         # needs); a try that starts meanwhile (a lost worker) looks at the STOPPED job and decides the same.
         with pytest.raises(AirflowException, match="cannot submit: data or model results"):

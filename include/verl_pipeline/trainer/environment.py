@@ -22,6 +22,7 @@ from verl_pipeline.trainer.nodes.attention import (
     SDPA_OVERRIDE,
     explicit_attn_implementation,
 )
+from verl_pipeline.trainer.nodes.facts import node_label
 from verl_pipeline.trainer.scaling import CPUS_PER_GPU_BUNDLE, MIN_RAY_VERSION, required_cpus, uses_critic
 
 #: What the probe always looks for on the GPU nodes, whatever the job needs: flash-attn decides the
@@ -246,11 +247,6 @@ def render_notes(needs: Needs, *, n_gpus: int | None = None, settings: Mapping[s
     return notes
 
 
-def node_label(node: Mapping[str, Any]) -> str:
-    role = "head" if node.get("is_head") else "worker"
-    return f"{node.get('ip', '?')} ({role} {str(node.get('node_id', ''))[:8]})"
-
-
 def _import_error(facts: Mapping[str, Any], module: str) -> str | None:
     entry = (facts.get("modules") or {}).get(module)
     if entry is None:
@@ -349,5 +345,5 @@ def _torch_findings(label: str, facts: Mapping[str, Any], gpus: float, gpu_work:
 
 
 __all__ = ["OPTIONAL_MODULES", "PATH_KEYS", "REPORTED_VERSIONS", "Finding", "Need", "Needs",
-           "VerlPins", "evaluate", "installed_verl_pins", "needs_for", "node_label", "read_verl_pins", "render_notes",
+           "VerlPins", "evaluate", "installed_verl_pins", "needs_for", "read_verl_pins", "render_notes",
            "transformers_problem", "unconditional_specifier"]

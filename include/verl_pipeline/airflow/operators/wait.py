@@ -319,11 +319,11 @@ class WaitForVerlJobOperator(PipelineOperator):
 
     def _stop(self, hook: Any, job_id: str) -> None:
         """Stop the job and wait (bounded) until Ray says it ended, so a restart or a later look sees it ended."""
-        from verl_pipeline import steps
+        from verl_pipeline.jobs.client import wait_job_ended
 
         try:
             hook.stop(job_id)
-            steps.wait_job_ended(hook.client, job_id)
+            wait_job_ended(hook.client, job_id)
         except PipelineError as e:
             self.log.warning("Could not stop Ray job %s: %s", job_id, e)
 

@@ -14,7 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from verl_pipeline.trainer.environment import node_label
+
+def node_label(node: Mapping[str, Any]) -> str:
+    """A node as the task log names it: its address, head or worker, and its id's first characters."""
+    role = "head" if node.get("is_head") else "worker"
+    return f"{node.get('ip', '?')} ({role} {str(node.get('node_id', ''))[:8]})"
 
 
 @dataclass(frozen=True)
