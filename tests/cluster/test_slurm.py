@@ -12,7 +12,7 @@ import pytest
 
 from tests.cluster.slurm_fixture import SlurmCluster, processes_of_job, slurm_cluster
 from tests.conftest import ray_processes
-from verl_pipeline.cluster.local import free_ports
+from verl_pipeline.cluster.local import free_port_range
 from verl_pipeline.cluster.registry import get_backend
 from verl_pipeline.cluster.slurm import SlurmBackend, parse_scontrol_job
 from verl_pipeline.exceptions import ClusterError, ConfigError
@@ -150,8 +150,11 @@ def slurm() -> Iterator[SlurmCluster]:
 
 
 def slurm_test_spec(slurm: SlurmCluster, shared: Path, **over: object) -> dict[str, object]:
-    """Two Ray nodes on this one host: distinct ports per node, dashboard on loopback, this venv's Ray."""
-    gcs, dashboard, client = free_ports(3)
+    """Two Ray nodes on this one host: distinct ports per node, dashboard on loopback, this venv's Ray. The
+    head's fixed ports lie below the kernel's ephemeral range, as a cluster profile's do (6379, 8265, 10001):
+    a port the kernel handed out once can be any outgoing connection's by the time a restart binds it again."""
+    base = free_port_range(3)
+    gcs, dashboard, client = base, base + 1, base + 2
     return {
         "backend": "slurm", "nodes": 2, "cpus_per_node": 1, "time": "00:30:00", "partition": "debug",
         "dashboard_host": "127.0.0.1", "gcs_port": gcs, "dashboard_port": dashboard,
