@@ -22,7 +22,7 @@ AIRFLOW_ENV := AIRFLOW_HOME=$(WORK)/airflow \
 # It applies when the venv is created (to switch an existing one: rm -rf .venv first).
 TORCH_INDEX ?=
 
-.PHONY: install run test lint compose-plugin system-deps stack-e2e clean
+.PHONY: install run test lint compose-plugin system-deps stack-e2e gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -81,6 +81,15 @@ TEST_WORKERS ?= 2
 
 test: install compose-plugin lint
 	DOCKER_CONFIG=$(WORK)/docker $(BIN)/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# A GPU machine checked end to end, with requirements/gpu.txt installed for PYTHON (docs/deployment.md, Checking
+# a GPU machine): the DAG in train mode on its GPU, GRPO then PPO with a critic, each through checkpoints,
+# report and export (bench/gpu_acceptance.py). Results: .work/gpu-check/results.json. Without a GPU it says so.
+GPU_CHECK_SCENARIOS ?= acceptance ppo
+gpu-check:
+	mkdir -p $(WORK)/gpu-check
+	$(PYTHON) bench/gpu_acceptance.py $(foreach s,$(GPU_CHECK_SCENARIOS),--scenario $(s)) \
+	  --workdir $(WORK)/gpu-check --out $(WORK)/gpu-check/results.json
 
 clean:
 	rm -rf $(WORK)
