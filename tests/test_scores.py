@@ -27,6 +27,9 @@ def test_the_evaluation_section() -> None:
     s = EvaluationSettings.from_profile({"enabled": False, "sample": 4, "max_new_tokens": 32}, "p")
     assert s == EvaluationSettings(enabled=False, sample=4, max_new_tokens=32)
     assert EvaluationSettings.from_dict(s.to_dict()) == s
+    held_out = EvaluationSettings.from_profile({"data": "/shared/eval/held-out.parquet"}, "p")
+    assert held_out.data == "/shared/eval/held-out.parquet"
+    assert EvaluationSettings.from_dict(held_out.to_dict()) == held_out
 
 
 @pytest.mark.parametrize(("section", "key"), [
@@ -36,6 +39,9 @@ def test_the_evaluation_section() -> None:
     ({"max_new_tokens": 2.5}, "profiles/p.evaluation.max_new_tokens"),
     ({"max_new_tokens": True}, "profiles/p.evaluation.max_new_tokens"),
     ({"rows": 3}, "profiles/p.evaluation.rows"),
+    ({"data": "eval/held-out.parquet"}, "profiles/p.evaluation.data"),
+    ({"data": "/shared/eval/held-out.jsonl"}, "profiles/p.evaluation.data"),
+    ({"data": ["/a.parquet"]}, "profiles/p.evaluation.data"),
 ])
 def test_bad_evaluation_settings_are_refused(section: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as e:

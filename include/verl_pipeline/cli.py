@@ -157,6 +157,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.action == "up":
         endpoint = (args.address, None) if args.address else None
         t0 = time.monotonic()
+        from verl_pipeline.evaluation.held_out import check_held_out
+
+        check_held_out(spec)  # as the DAG's provision task: before any cluster starts
         steps.freeze(spec)  # as the DAG's provision task: later commands of this run read this spec
         handle = steps.provision(spec, endpoint=endpoint)
         _out(args, handle.to_dict(),
@@ -432,10 +435,12 @@ def _both_ways(spec: RunSpec, settings: dict[str, Any]) -> list[str]:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from verl_pipeline import steps
+    from verl_pipeline.evaluation.held_out import check_held_out
     from verl_pipeline.trainer.nodes.decisions import decide_for_spec
     from verl_pipeline.trainer.render import job_settings
 
     spec = _spec(args)
+    check_held_out(spec)
     mode = Mode(args.mode) if args.mode else spec.mode
     if mode is Mode.AUTO:
         mode = Mode.TRAIN  # what a GPU cluster would get; `submit` resolves auto against the real cluster
@@ -446,9 +451,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     decision = decide_for_spec(spec, settings, nodes) if nodes is not None else None
     verl_check = None if args.no_verl_check else steps.validate_spec_with_verl(spec, decision=decision)
     job = steps.render(spec, data=data, models=models, mode=mode, decision=decision)
-    from verl_pipeline.trainer.environment import installed_verl_pins, needs_for, render_notes
+    from verl_pipeline.trainer.environment import render_notes
 
-    needs = render_notes(needs_for(job.settings, installed_verl_pins()), n_gpus=spec.n_gpus, settings=job.settings)
+    needs = render_notes(steps.job_needs(spec, job), n_gpus=spec.n_gpus, settings=job.settings)
     needs += job.files.notes()
     text = [
         f"# mode: {mode.value}; target: {spec.nnodes} node(s) x {spec.n_gpus_per_node} GPU(s) = {spec.n_gpus}; "

@@ -17,7 +17,9 @@ from verl_pipeline.rundir import RunDir
 
 #: The run profile's section of how the models are evaluated, and its keys.
 SECTION = "evaluation"
-_KEYS = ("enabled", "sample", "max_new_tokens")
+#: The held-out rows' setting, as the probe and ``render``'s ``# needs:`` lines name it.
+HELD_OUT_KEY = f"{SECTION}.data"
+_KEYS = ("enabled", "sample", "max_new_tokens", "data")
 #: Rows a smoke evaluation (transformers on CPUs) scores unless the profile says otherwise.
 SMOKE_SAMPLE = 16
 #: The version of the ``evaluation.json`` layout.
@@ -56,11 +58,15 @@ class EvaluationSettings:
           enabled: true        # score the trained, base and champion models after the export
           sample: 16           # rows a smoke evaluation (transformers, no GPU) scores; vLLM scores all
           max_new_tokens: null # null: the run's data.max_response_length
+          data: null           # null: the run's validation split; or a held-out parquet in verl's row
+                               # schema on storage every node sees, never trained on nor used to pick a model
     """
 
     enabled: bool = True
     sample: int = SMOKE_SAMPLE
     max_new_tokens: int | None = None
+    #: The held-out rows' parquet (absolute); None: the run's validation split.
+    data: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +88,17 @@ class EvaluationSettings:
                               "enabled: true (score the models before promotion) or false")
         counts: dict[str, Any] = {key: _count(section[key], f"{where}.{key}", none=key != "sample")
                                   for key in ("sample", "max_new_tokens") if key in section}
-        return cls(enabled=enabled, **counts)
+        return cls(enabled=enabled, data=_held_out(section.get("data"), f"{where}.data"), **counts)
+
+
+def _held_out(value: Any, key: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("/") or not value.endswith(".parquet"):
+        raise ConfigError(key, value, "must be the absolute path of a parquet file, or null (the run's validation "
+                          "split)", "data: /shared/eval/held-out.parquet (verl's row schema, on storage every node "
+                          "sees)")
+    return value
 
 
 def _count(value: Any, key: str, *, none: bool) -> int | None:
@@ -192,6 +208,7 @@ __all__ = [
     "EVALUATION_VERSION",
     "EXAMPLES",
     "FAILED_KEY",
+    "HELD_OUT_KEY",
     "SECTION",
     "SMOKE_SAMPLE",
     "Engine",

@@ -67,3 +67,19 @@ def published_run(storage_root: Path, tiny_model_path: Path, *, run_key: str,
 def home_for(tmp_path: Path) -> dict[str, str]:
     """The environment of a pipeline home of its own under ``tmp_path``."""
     return {**os.environ, "VERL_PIPELINE_HOME": str(tmp_path / "home")}
+
+
+def verl_rows(path: Path, *, n: int = 2, ground_truth: bool = True) -> Path:
+    """``n`` rows of the example task in verl's schema (chat messages, data_source, reward_model), or without
+    a ground truth: held-out rows as a team would keep them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    digits = [str((3 + 4 * i) % 10) for i in range(n)]
+    table = pa.table({
+        "prompt": [[{"role": "user", "content": f"Repeat: {d}"}] for d in digits],
+        "data_source": ["example/repeat-digit"] * n,
+        "reward_model": [{"style": "rule", "ground_truth": d} if ground_truth else {"style": "rule"} for d in digits],
+        "extra_info": [{"index": i} for i in range(n)]})
+    pq.write_table(table, path)
+    return path

@@ -2,8 +2,8 @@
 checkpoints (``+fake.real_fsdp``), the export merges them, ``evaluate_model`` scores the trained, base and
 champion models in a Ray job (transformers: a smoke evaluation) and ``publish_run`` decides with the rule.
 
-A published run of the tiny model is the champion; the DAG's run is judged against it (and the base), and
-``latest`` moves exactly when the rule says so."""
+A published run of the tiny model is the champion; the DAG's run is judged against it (and the base) on the
+held-out rows its profile names (``evaluation.data``), and ``latest`` moves exactly when the rule says so."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.evaluation.runs import published_run
+from tests.evaluation.runs import published_run, verl_rows
 from tests.faults.conftest import FAKE_TRAINER, write_fault_configs
 from verl_pipeline import runs
 from verl_pipeline.promotion import PromotionRule, decide
@@ -33,7 +33,8 @@ def promote_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Pat
     prof = yaml.safe_load((cfg / "profiles" / "repeat-digit.yaml").read_text())
     prof.update(cluster_profile="local-1node", trainer_command=[sys.executable, str(FAKE_TRAINER)],
                 retrain={"schedule": "0 3 * * 1", "on_data_update": False},
-                evaluation={"sample": 3, "max_new_tokens": 4})
+                evaluation={"sample": 3, "max_new_tokens": 4,
+                            "data": str(verl_rows(tmp_path / "held-out.parquet", n=4))})
     prof["data"].update(train_size=40, val_size=10)
     prof["trainer"]["total_training_steps"] = 2
     prof["verl"]["trainer"].update(save_freq=2, test_freq=-1, val_before_train=False)
@@ -84,6 +85,7 @@ def test_a_trained_run_is_evaluated_and_promoted_only_as_the_rule_says(promote_e
     run = Path(pub["run_dir"])
     ev = Evaluation.from_dict(RunDir(run).evaluation() or {})
     assert ev.smoke and set(ev.models) == {Role.TRAINED, Role.BASE, Role.CHAMPION}, ev.errors
+    assert ev.data_path == str(promote_env.parent / "held-out.parquet")  # the held-out rows, not data.val_files
     assert all(s.n == 3 for s in ev.models.values())
     champion = ev.score(Role.CHAMPION)
     assert champion is not None and champion.run_dir == str(champion_run.resolve())

@@ -4,7 +4,7 @@ environment checked, decided for the nodes found and validated by verl as decide
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +21,8 @@ from verl_pipeline.trainer.jobfiles import stage
 from verl_pipeline.trainer.nodes.decisions import Decision, decide_for_spec
 from verl_pipeline.trainer.render import RenderedJob, render_job
 
-if TYPE_CHECKING:  # pyarrow and numpy stay out of DAG parsing
-    pass
+if TYPE_CHECKING:
+    from verl_pipeline.trainer.environment import Needs
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,17 @@ def save_run_files(spec: RunSpec, job: RenderedJob) -> Path:
     return spec.run_dir
 
 
+def job_needs(spec: RunSpec, job: RenderedJob) -> Needs:
+    """What the run needs on every node: its job's packages and paths, and the held-out rows its evaluation
+    scores (``evaluation.data``) when it names them."""
+    from verl_pipeline.scores import HELD_OUT_KEY
+    from verl_pipeline.trainer.environment import installed_verl_pins, needs_for
+
+    needs = needs_for(job.settings, installed_verl_pins())
+    held_out = spec.evaluation.data if spec.evaluation.enabled else None
+    return replace(needs, paths=(*needs.paths, (HELD_OUT_KEY, held_out))) if held_out else needs
+
+
 def probe_cluster(spec: RunSpec, job: RenderedJob, *, client: RayJobsClient, status: ClusterStatus,
                   id_prefix: str) -> dict[str, Any]:
     """Run the environment probe (:mod:`verl_pipeline.cluster.probe`) with ``job``'s runtime_env, for what
@@ -85,12 +96,11 @@ def probe_cluster(spec: RunSpec, job: RenderedJob, *, client: RayJobsClient, sta
     (:func:`verl_pipeline.jobs.reprobe.decide`; the report then says ``reused`` and why)."""
     from verl_pipeline.cluster.probe import DEFAULT_TIMEOUT_S, run_probe
     from verl_pipeline.jobs.reprobe import decide, latest_failure
-    from verl_pipeline.trainer.environment import installed_verl_pins, needs_for
 
     hard = cluster_problems(spec, status, Mode.PREFLIGHT)  # too old a Ray: nothing else is worth probing
     if hard:
         raise hard[0]
-    request = needs_for(job.settings, installed_verl_pins()).request()
+    request = job_needs(spec, job).request()
     run = RunDir(spec.run_dir)
     kept = run.kept_probe()
     failure = latest_failure(run)
@@ -119,10 +129,10 @@ def check_environment(spec: RunSpec, job: RenderedJob, raw: dict[str, Any], *, s
     GPU nodes and the decision's summary).
     """
     from verl_pipeline.exceptions import EnvironmentCheckError
-    from verl_pipeline.trainer.environment import evaluate, installed_verl_pins, needs_for
+    from verl_pipeline.trainer.environment import evaluate
     from verl_pipeline.trainer.nodes.facts import node_label
 
-    needs = needs_for(job.settings, installed_verl_pins())
+    needs = job_needs(spec, job)
     findings = evaluate(needs, raw["nodes"])
     problems = [str(e) for e in cluster_problems(spec, status, Mode.TRAIN)]
     problems += [f.line() for f in findings if f.blocking]

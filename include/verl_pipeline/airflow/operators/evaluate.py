@@ -1,7 +1,8 @@
 """Evaluate the trained model after the export, on the run's cluster, before the teardown releases it.
 
 The trained model, the base model it started from and the profile's champion (``latest/<profile>``'s
-exported model) are scored on the run's validation rows with the run's reward function, by one Ray job
+exported model) are scored on the run's validation rows (or the held-out rows its profile names:
+``evaluation.data``) with the run's reward function, by one Ray job
 (:mod:`verl_pipeline.evaluation`): vLLM on GPUs; on a cluster without GPUs, transformers on a sample of
 the rows, marked as a smoke evaluation. The record goes to the run's ``evaluation.json``, which the
 promotion rule and the report read. A failed evaluation records why there (``scores.FAILED_KEY``), so the
@@ -42,7 +43,8 @@ class EvaluateModelOperator(PipelineOperator):
         if handle is None:
             raise task_error(PipelineError(f"run {spec.run_key} has no cluster to evaluate on (it was torn down)"))
         base = (models_by_role(self._pull(context, PREFETCH_TASK)).get("actor") or {}).get("path")
-        val_path = (self._pull(context, PREPROCESS_TASK) or {}).get("val_path")
+        # The held-out rows when the profile names them, else the run's validation split.
+        val_path = spec.evaluation.data or (self._pull(context, PREPROCESS_TASK) or {}).get("val_path")
         try:
             outcome = evaluate_run(self.hook(handle).client, spec.run_dir, id_prefix=spec.run_key,
                                    sample=spec.evaluation.sample, max_new_tokens=spec.evaluation.max_new_tokens,

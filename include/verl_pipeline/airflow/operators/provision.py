@@ -32,6 +32,7 @@ class ProvisionRayClusterOperator(PipelineOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from verl_pipeline import steps
+        from verl_pipeline.evaluation.held_out import check_held_out
 
         try:
             spec = provisioned_spec(context)
@@ -43,6 +44,7 @@ class ProvisionRayClusterOperator(PipelineOperator):
             if self.validate_with_verl:
                 steps.validate_spec_with_verl(spec, record_in=RunDir(spec.run_dir), reuse=True)
             check_tracker_connections(spec)  # a tracker without its connection fails before any cluster
+            check_held_out(spec)  # the held-out rows an evaluation would score, before any cluster
             freeze_run(context, spec)  # checked: what every later task, retry and resubmission reads
             endpoint = None
             conn_id = self.conn_id or spec.cluster.get("conn_id")
