@@ -41,7 +41,7 @@ from verl_pipeline.spec import (
     PoolSplit,
     RunSpec,
     WatchSettings,
-    under_shared,
+    require_shared,
 )
 from verl_pipeline.trackers import LOGGER_KEY, TrackerSettings, logger_backends
 from verl_pipeline.trackers import SECTION as TRACKERS_SECTION
@@ -488,9 +488,7 @@ def check_storage(spec: RunSpec) -> None:
                           f"{spec.storage_root / 'checkpoints'}")
     for name, path in (("checkpoints", ckpt), ("data", spec.data_root), ("models", spec.model_cache),
                        ("caches", spec.cache_root)):
-        if not under_shared(path, spec.shared_roots):
-            raise ConfigError(f"clusters/{spec.cluster_profile}.storage.{name}", str(path),
-                              f"is not under a shared mount {list(spec.shared_roots)}: other nodes would not see it",
-                              f"a path under {spec.shared_roots[0]}")
+        require_shared(f"clusters/{spec.cluster_profile}.storage.{name}", path, spec.shared_roots,
+                       "other nodes would not see it")
 
 

@@ -573,3 +573,11 @@ def _source_dict(source: ModelSource | DataSource) -> dict[str, Any]:
 def under_shared(path: str | Path, roots: tuple[str, ...]) -> bool:
     p = Path(path)
     return any(p == Path(r) or Path(r) in p.parents for r in roots)
+
+
+def require_shared(key: str, path: str | Path, roots: tuple[str, ...], why: str) -> None:
+    """A one-line ConfigError naming ``key`` when ``path`` is not under one of the shared mounts ``roots``
+    (``why``: what would go wrong on the other nodes)."""
+    if not under_shared(path, roots):
+        raise ConfigError(key, str(path), f"is not under a shared mount {list(roots)}: {why}",
+                          f"a path under {roots[0] if roots else 'the cluster storage'}")

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from verl_pipeline.exceptions import ConfigError, DataError
-from verl_pipeline.spec import RunSpec, under_shared
+from verl_pipeline.spec import RunSpec, require_shared
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,8 @@ def check_held_out(spec: RunSpec) -> str | None:
         return None
     key = f"profiles/{spec.profile}.evaluation.data"
     local = spec.cluster.get("backend") == "local"
-    if not local and not under_shared(path, spec.shared_roots):
-        mount = spec.shared_roots[0] if spec.shared_roots else "the cluster's shared storage"
-        raise ConfigError(key, path, f"is not under a shared mount {list(spec.shared_roots)}: the evaluation job's "
-                          "node would not find it", f"a path under {mount}")
+    if not local:
+        require_shared(key, path, spec.shared_roots, "the evaluation job's node would not find it")
     if not Path(path).is_file():
         if local:
             raise ConfigError(key, path, "does not exist", "the held-out rows' parquet, or data: null (the run's "

@@ -36,6 +36,7 @@ from verl_pipeline.scores import Evaluation, Role
 from verl_pipeline.spec import RunSpec
 from verl_pipeline.trainer import reward
 from verl_pipeline.trainer.overrides import spelled
+from verl_pipeline.trainer.scaling import ROLLOUT_GPU_SHARE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,6 @@ LOG_TAIL_LINES = 5
 VAL_FILES_KEY = "data.val_files"
 MODEL_KEY = "actor_rollout_ref.model.path"
 RESPONSE_LENGTH_KEY = "data.max_response_length"
-#: The rollout's share of the GPU: the evaluation's vLLM engine takes the same share.
-GPU_SHARE_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ def plan_for_run(run_dir: Path, *, against: Path | None = None, sample: int = DE
         models[Role.CHAMPION] = champion.model_dir
         run_dirs[Role.CHAMPION] = str(champion.run_dir)
     length = spelled(settings, RESPONSE_LENGTH_KEY)
-    share = spelled(settings, GPU_SHARE_KEY)
+    share = spelled(settings, ROLLOUT_GPU_SHARE_KEY)  # the evaluation's vLLM takes the rollout's share
     request = EvaluationRequest(
         models=models, data_path=val, reward=reward_of(settings), sample=sample, use_gpus=use_gpus,
         max_new_tokens=max_new_tokens or int(length.value if length else DEFAULT_MAX_NEW_TOKENS), run_dirs=run_dirs,

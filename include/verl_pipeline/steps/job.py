@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from verl_pipeline.cluster.base import ClusterHandle, ClusterStatus
 from verl_pipeline.constants import DEFAULT_TRAINER_COMMAND, Mode
-from verl_pipeline.exceptions import ConfigError
 from verl_pipeline.jobs.client import RayJobsClient
 from verl_pipeline.paths import write_json_atomic
 from verl_pipeline.rundir import RunDir, now
@@ -29,14 +28,13 @@ log = logging.getLogger(__name__)
 
 def check_paths_visible(spec: RunSpec, paths: dict[str, str]) -> None:
     """Data and model paths must be on storage every Ray node mounts (a local head shares this disk)."""
-    from verl_pipeline.spec import under_shared
+    from verl_pipeline.spec import require_shared
 
     if spec.cluster.get("backend") == "local":
         return
     for key, path in paths.items():
-        if path and not under_shared(path, spec.shared_roots):
-            raise ConfigError(key, path, f"is not under a shared mount {list(spec.shared_roots)}: the cluster's "
-                              "nodes would not find it", f"a path under {spec.shared_roots[0]}")
+        if path:
+            require_shared(key, path, spec.shared_roots, "the cluster's nodes would not find it")
 
 
 def render(spec: RunSpec, *, data: dict[str, Any], models: dict[str, Any], mode: Mode,

@@ -119,7 +119,7 @@ def plan(settings: Mapping[str, Any], extra: Iterable[str], *, shared_roots: tup
          local: bool) -> JobFiles:
     """Which of the run's files ship with the job and which are checked on the nodes (a pure function of
     absolute paths). ``local``: the cluster is this machine's own Ray head, which sees every path here."""
-    from verl_pipeline.spec import under_shared
+    from verl_pipeline.spec import require_shared, under_shared
 
     shipped: list[Shipped] = []
     checked: list[tuple[str, str]] = []
@@ -145,10 +145,9 @@ def plan(settings: Mapping[str, Any], extra: Iterable[str], *, shared_roots: tup
         path = settings.get(key)
         if not isinstance(path, str) or not path:
             continue
-        if not local and not under_shared(path, shared_roots):
-            raise ConfigError(key, path, f"is not under a shared mount {list(shared_roots)}: the nodes would not "
-                              "find the adapter (a directory of weights is not shipped with the job)",
-                              f"copy it under {shared_roots[0] if shared_roots else 'the cluster storage'}")
+        if not local:
+            require_shared(key, path, shared_roots,
+                           "the nodes would not find the adapter (a directory of weights is not shipped with the job)")
         checked.append((key, path))
     for source in extra:
         ship("", source)

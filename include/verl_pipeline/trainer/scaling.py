@@ -56,6 +56,8 @@ _UTILIZATION = ((24, 0.8), (48, 0.85), (96, 0.9), (math.inf, 0.95))
 VERL_MAX_NUM_SEQS = 256
 MAX_NUM_SEQS_KEY = "actor_rollout_ref.rollout.max_num_seqs"
 ROLLOUT_TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+#: vLLM's share of each GPU's memory (the rollout engine's weights and KV cache).
+ROLLOUT_GPU_SHARE_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
 #: The actor's FSDP parameter offload (the reference's and the critic's follow it in the offload rule).
 PARAM_OFFLOAD_KEY = "actor_rollout_ref.actor.fsdp_config.param_offload"
 #: The largest decode batch vLLM 0.24 captures a CUDA graph for by default (``min(2 x max_num_seqs, 512)``,
@@ -365,7 +367,7 @@ def derive(
     budget = TRAIN_STATE_SHARE * hw.gpu_memory_gb
     offload = state > budget
     util, why = rollout_memory_utilization(hw.gpu_memory_gb, 0.0 if offload else state)
-    d.set("actor_rollout_ref.rollout.gpu_memory_utilization", util,
+    d.set(ROLLOUT_GPU_SHARE_KEY, util,
           why + " (verl frees the KV cache while the actor trains)", explicit)
 
     why = (f"estimated FSDP state {state:.1f} GB per GPU ({_state_terms(model, critic=critic, ref=ref, **loras)} / "
@@ -401,7 +403,7 @@ def rollout_max_num_seqs(settings: dict[str, Any], model: ModelFacts, hw: Hardwa
         return None, f"{wave} fit verl's default {VERL_MAX_NUM_SEQS}: one wave"
     length = int(settings.get("data.max_prompt_length", VERL_DEFAULT_PROMPT) or VERL_DEFAULT_PROMPT) + \
         int(settings.get("data.max_response_length", VERL_DEFAULT_RESPONSE) or VERL_DEFAULT_RESPONSE)
-    util = float(settings.get("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
+    util = float(settings.get(ROLLOUT_GPU_SHARE_KEY, 0.5))
     kv_gb = (util * hw.gpu_memory_gb - model.weights_gb / tp) * (1 - ROLLOUT_NON_KV_SHARE)
     per_token = kv_bytes_per_token(model, tp)
     fit = int(kv_gb * 1e9 // (per_token * length)) if kv_gb > 0 else 0

@@ -97,7 +97,7 @@ def _check_rollout(spec: RunSpec) -> None:
             ok = [d for d in divisors if facts.num_attention_heads % d == 0]
             raise ConfigError(tp_key, tp, f"must divide the model's num_attention_heads ({facts.num_attention_heads})",
                               f"one of {ok}")
-        util_now = float(s.get("actor_rollout_ref.rollout.gpu_memory_utilization", 0.9) or 0.9)
+        util_now = float(s.get(scaling.ROLLOUT_GPU_SHARE_KEY, 0.9) or 0.9)
         limit = scaling.ROLLOUT_WEIGHT_LIMIT * util_now * hw.gpu_memory_gb if hw else 0.0
         if hw is not None and facts.weights_gb / tp > limit:
             best, _why = scaling.rollout_tp(facts, hw, g)
@@ -106,7 +106,7 @@ def _check_rollout(spec: RunSpec) -> None:
                               f"{hw.gpu_memory_gb:g} GB GPU ({util_now}) must keep half for the KV cache "
                               f"(limit {limit:.1f} GB)", f"{tp_key}={best}" if best else
                               f"n_gpus_per_node >= {scaling.min_gpus_per_node(facts, hw)}")
-    util_key = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    util_key = scaling.ROLLOUT_GPU_SHARE_KEY
     util = s.get(util_key)
     if util is not None and not 0.1 <= float(util) <= 0.95:
         util_ok = scaling.memory_utilization(hw.gpu_memory_gb)[0] if hw else 0.85

@@ -154,4 +154,4 @@ class NodeFacts:
                    str(data.get("source") or "a recorded probe"))
 
 
-__all__ = ["GpuNode", "NodeFacts"]
+__all__ = ["GpuNode", "NodeFacts", "node_label"]
